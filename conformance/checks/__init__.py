@@ -1,0 +1,1 @@
+"""The conformance checks: one module per area, each check a plain pytest function with a tier."""

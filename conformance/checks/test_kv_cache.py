@@ -1,0 +1,32 @@
+"""The paged KV cache is allocated while requests run and every block is released after."""
+
+import math
+
+import pytest
+
+from conformance import compare
+
+AREA = "kv-cache"
+
+
+@pytest.mark.p0
+def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, call_timeout_s, record_figure):
+    """A running request holds the blocks its length needs; after it and the prompt set finished,
+    every KV-cache block the engine allocated is free again and nothing is left scheduled.
+
+    Catches: block leaks in the allocator (a server that slowly runs out of KV cache and starts
+    preempting or rejecting requests), requests stuck in the scheduler, or no cache allocated at all.
+    Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1 core/block_pool.py
+    """
+    if engine.info.get("engine") != "vllm":
+        pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
+    prompt = max(prompts.prompts, key=len)
+    engine.call("add_request", prompt, 4, timeout_s=call_timeout_s)
+    engine.call("step", 1, timeout_s=call_timeout_s)
+    during = engine.call("kv_state", timeout_s=call_timeout_s)
+    engine.call("step", 8, timeout_s=call_timeout_s)  # 1 prefill + 4 decode steps are enough to finish
+    after = engine.call("kv_state", timeout_s=call_timeout_s)
+    report = compare.kv_blocks_released(during, after, math.ceil(len(prompt) / during.block_size))
+    for name, value in report.figures().items():
+        record_figure(name, value)
+    report.raise_if_failed()

@@ -1,0 +1,71 @@
+"""`conformance`: the command-line front door.
+
+  conformance run --tier p0 [--rocm|--cuda|--cpu] [--model DIR] [--engine vllm|transformers] [-- pytest args]
+  conformance dashboard [--runs DIR] [--db FILE] [--out DIR]
+
+Exit codes of `run`: 0 every selected check passed (skips and known-bug xfails allowed),
+1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+CHECKS = Path(__file__).parent / "checks"
+
+
+def run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run conformance checks against the installed stack",
+                       description="Run the checks of the given tiers against the stack installed here and "
+                                   "write reports/runs/<run-id>/{results.json,junit.xml,fingerprint.json}.")
+    p.add_argument("--tier", action="append", choices=["p0", "p1", "p2", "p3"],
+                   help="tier to run (repeatable; default p0)")
+    target = p.add_mutually_exclusive_group()
+    for name in ("cpu", "cuda", "rocm"):
+        target.add_argument(f"--{name}", dest="target", action="store_const", const=name,
+                            help=f"assert the {name} stack and test it")
+    p.add_argument("--model", help="local gpt-oss checkpoint directory (default: the tiny generated one)")
+    p.add_argument("--engine", choices=["vllm", "transformers"], help="engine under test (default per target)")
+    p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default per target)")
+    p.add_argument("--combo", help="matrix combination id to record")
+    p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
+    p.add_argument("-k", dest="keyword", help="only checks matching this pytest -k expression")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+
+
+def build_pytest_args(ns: argparse.Namespace) -> list[str]:
+    tiers = ns.tier or ["p0"]
+    args = [str(CHECKS), "-p", "conformance.plugin", "-m", " or ".join(tiers), "-q", "--no-header",
+            "-p", "no:cacheprovider", "--rootdir", str(CHECKS), "--reports-dir", ns.reports_dir,
+            "-o", "console_output_style=classic"]
+    for flag in ("model", "engine", "dtype", "combo"):
+        if getattr(ns, flag):
+            args += [f"--{flag}", getattr(ns, flag)]
+    if ns.target:
+        args.append(f"--{ns.target}")
+    if ns.keyword:
+        args += ["-k", ns.keyword]
+    return args + list(ns.pytest_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="conformance", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser(sub)
+    sub.add_parser("dashboard", help="ingest reports/runs into history and render the site", add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["dashboard"]:
+        from reports.dashboard import main as dashboard_main
+
+        return dashboard_main(argv[1:])
+    ns = parser.parse_args(argv)
+    import pytest
+
+    code = int(pytest.main(build_pytest_args(ns)))
+    return {0: 0, 1: 1, 2: 2, 3: 3, 4: 2, 5: 1}.get(code, 3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

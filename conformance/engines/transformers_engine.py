@@ -1,0 +1,67 @@
+"""transformers as an engine under test: the path on GPU boxes without vLLM (e.g. a CUDA reference
+runner) and a second implementation on the CPU. It has no paged KV cache, so KV checks skip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.engines.base import Completion, KVState, StepLogprobs
+
+
+class TransformersEngine:
+    def __init__(self, model: str, options: dict[str, Any]) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.device = options.get("device", "cpu")
+        self.dtype = getattr(torch, options.get("dtype", "float32"))
+        # tf32 would turn an fp32 verdict into a tf32 one on Ampere and later
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model, dtype=self.dtype, attn_implementation="eager", experts_implementation="eager"
+        ).to(self.device).eval()
+
+    def info(self) -> dict[str, Any]:
+        import transformers
+
+        torch = self.torch
+        info: dict[str, Any] = {
+            "engine": "transformers",
+            "transformers_version": transformers.__version__,
+            "platform": self.device.split(":")[0] if not self.device.startswith("cuda") else (
+                "rocm" if torch.version.hip else "cuda"),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "backends": {"attention": "eager", "moe": "eager"},
+        }
+        if self.device.startswith("cuda"):
+            info["device_name"] = torch.cuda.get_device_name(0)
+        return info
+
+    def generate_greedy(
+        self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool = False
+    ) -> list[Completion]:
+        torch = self.torch
+        out = []
+        with torch.no_grad():
+            for prompt in prompts:
+                ids = list(prompt)
+                steps, prompt_steps = [], []
+                for i in range(max_tokens):
+                    logits = self.model(torch.tensor([ids], device=self.device)).logits[0]
+                    lp = logits.float().log_softmax(-1).cpu()
+                    if i == 0 and prompt_logprobs:
+                        prompt_steps = [StepLogprobs.from_row(lp[t], top_k, prompt[t + 1])
+                                        for t in range(len(prompt) - 1)]
+                    token = int(lp[-1].argmax())
+                    steps.append(StepLogprobs.from_row(lp[-1], top_k, token))
+                    ids.append(token)
+                out.append(Completion(list(prompt), ids[len(prompt):], steps, prompt_steps))
+        return out
+
+    def kv_state(self) -> KVState:
+        raise NotImplementedError("the transformers engine has no paged KV cache")
+
+    def close(self) -> None:
+        del self.model

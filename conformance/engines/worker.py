@@ -1,0 +1,119 @@
+"""Engines run in a child process: a crash, a hang or an OOM kill in the stack under test becomes
+the failure of the check that was talking to it, with the child's captured output, and the run
+goes on (ARCHITECTURE.md rule 7)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+class EngineError(RuntimeError):
+    """The engine under test raised, crashed or hung; the message says which and shows its output."""
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output captured)"
+
+
+def _build(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
+    os.environ.update(env)
+    if kind == "vllm":
+        from conformance.engines.vllm_offline import VllmOffline
+
+        return VllmOffline(model, options)
+    if kind == "transformers":
+        from conformance.engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine(model, options)
+    raise ValueError(f"unknown engine {kind!r}: use vllm or transformers")
+
+
+def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        engine = _build(kind, model, options, env)
+        conn.send(("ok", engine.info()))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        return
+    while True:
+        try:
+            method, args, kwargs = conn.recv()
+        except EOFError:
+            return
+        if method == "close":
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", getattr(engine, method)(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+
+
+class EngineProcess:
+    """A live engine in a child process; `call` forwards a method call with a timeout."""
+
+    def __init__(self, kind: str, model: str, options: dict[str, Any], env: dict[str, str],
+                 log_path: Path, start_timeout_s: float) -> None:
+        self.kind, self.model, self.log_path = kind, model, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        ctx = mp.get_context("spawn")  # vLLM needs spawn; fork would copy the parent's torch state
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, kind, model, options, env, str(log_path)),
+                                 daemon=True, name=f"engine-{kind}")
+        self._proc.start()
+        child.close()
+        self.info: dict[str, Any] = self._receive(start_timeout_s, "starting")
+
+    def _receive(self, timeout_s: float, what: str) -> Any:
+        if not self._conn.poll(timeout_s):
+            self.kill()
+            raise EngineError(f"{self.kind} engine hung: no answer after {timeout_s:.0f} s while {what}; "
+                              f"it was killed. Its last output:\n{_tail(self.log_path)}")
+        try:
+            status, payload = self._conn.recv()
+        except (EOFError, ConnectionError):
+            self._proc.join(5)
+            code = self._proc.exitcode
+            how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+            raise EngineError(f"{self.kind} engine died ({how}) while {what}. "
+                              f"Its last output:\n{_tail(self.log_path)}") from None
+        if status == "error":
+            raise EngineError(f"{self.kind} engine raised while {what}: {payload}")
+        return payload
+
+    def call(self, method: str, *args: Any, timeout_s: float = 300.0, **kwargs: Any) -> Any:
+        if not self._proc.is_alive():
+            raise EngineError(f"{self.kind} engine is not running (exit code {self._proc.exitcode}); "
+                              f"its last output:\n{_tail(self.log_path)}")
+        self._conn.send((method, args, kwargs))
+        return self._receive(timeout_s, f"running {method}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def kill(self) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(10)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("close", (), {}))
+                self._conn.poll(timeout_s)
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(timeout_s)
+        self.kill()

@@ -1,0 +1,167 @@
+"""Session fixtures shared by the checks: the target, the model under test, engines (one per
+configuration, in child processes), the fp64 reference, the prompt set and figure recording."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from conformance import settings
+from conformance.engines.base import Completion
+from conformance.engines.worker import EngineError, EngineProcess
+from conformance.modeldir import ModelDirError, inspect_model_dir
+from conformance.plugin import RunContext, ctx_of
+
+# Above this many parameters the fp64 reference does not fit a CI host's memory (8 bytes each).
+REFERENCE_MAX_PARAMS = 500_000_000
+
+
+@dataclass(frozen=True)
+class ModelUnderTest:
+    name: str
+    path: Path
+    content_hash: str | None
+    config: dict
+    num_params: int
+
+
+@pytest.fixture(scope="session")
+def run(request: pytest.FixtureRequest) -> RunContext:
+    return ctx_of(request.config)
+
+
+@pytest.fixture(scope="session")
+def model_under_test(run: RunContext) -> ModelUnderTest:
+    from conformance.models import content_hash, tiny_gpt_oss
+
+    if run.model_arg:
+        try:
+            info = inspect_model_dir(Path(run.model_arg))
+        except ModelDirError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        m = ModelUnderTest(str(info.path), info.path, content_hash(info.path), info.config, info.num_params)
+    else:
+        tiny = tiny_gpt_oss()
+        info = inspect_model_dir(tiny.path)
+        m = ModelUnderTest("tiny-gpt-oss", tiny.path, tiny.content_hash, info.config, info.num_params)
+    run.model_meta = {"name": m.name, "content_hash": m.content_hash, "path": str(m.path),
+                      "num_params": m.num_params}
+    return m
+
+
+class EngineFactory:
+    """Engines keyed by configuration; at most `max_alive` live at once (GPU memory)."""
+
+    def __init__(self, run: RunContext, model: ModelUnderTest, max_alive: int = 2) -> None:
+        self.run, self.model, self.max_alive = run, model, max_alive
+        self.live: OrderedDict[str, EngineProcess] = OrderedDict()
+        self.start_seconds: dict[str, float] = {}
+
+    def options(self, **overrides: Any) -> dict[str, Any]:
+        table = settings.targets()[self.run.resolved().resolved]
+        return dict(table.get(self.run.engine, {})) | {"dtype": self.run.dtype_name} | overrides
+
+    def get(self, **overrides: Any) -> EngineProcess:
+        options = self.options(**overrides)
+        key = json.dumps(options, sort_keys=True)
+        if key in self.live:
+            self.live.move_to_end(key)
+            return self.live[key]
+        while len(self.live) >= self.max_alive:
+            self.live.popitem(last=False)[1].close()
+        table = settings.targets()
+        started = time.perf_counter()
+        proc = EngineProcess(
+            self.run.engine, str(self.model.path), options, dict(table[self.run.resolved().resolved].get("env", {})),
+            self.run.run_dir / f"engine-{self.run.engine}-{len(self.start_seconds)}.log",
+            start_timeout_s=float(table["timeouts"]["engine_start_s"]))
+        self.start_seconds[key] = time.perf_counter() - started
+        self.live[key] = proc
+        if not self.run.engine_info:
+            self.run.engine_info = proc.info
+        return proc
+
+    def close(self) -> None:
+        for proc in self.live.values():
+            proc.close()
+        self.live.clear()
+
+
+@pytest.fixture(scope="session")
+def engines(run: RunContext, model_under_test: ModelUnderTest) -> Any:
+    target = run.resolved()
+    if target.problems:
+        pytest.fail(f"cannot test the engine: {target.sentence()}", pytrace=False)
+    factory = EngineFactory(run, model_under_test)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="session")
+def engine(engines: EngineFactory) -> EngineProcess:
+    try:
+        return engines.get()
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def call_timeout_s() -> float:
+    return float(settings.targets()["timeouts"]["engine_call_s"])
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    prompts: list[list[int]]
+    max_tokens: int
+
+
+@pytest.fixture(scope="session")
+def prompts(model_under_test: ModelUnderTest) -> PromptSet:
+    ids, max_tokens = settings.tiny_prompts(int(model_under_test.config["vocab_size"]))
+    return PromptSet(ids, max_tokens)
+
+
+@pytest.fixture(scope="session")
+def tolerance(run: RunContext) -> Any:
+    return settings.tolerance(run.dtype_name)
+
+
+@pytest.fixture(scope="session")
+def reference(model_under_test: ModelUnderTest) -> Any:
+    from conformance.reference import Reference
+
+    if model_under_test.num_params > REFERENCE_MAX_PARAMS:
+        pytest.skip(f"the fp64 reference of a {model_under_test.num_params / 1e9:.1f}B-parameter model does not "
+                    f"fit here; layer-wise references for real checkpoints are issue #3")
+    return Reference(model_under_test.path)
+
+
+@pytest.fixture(scope="session")
+def engine_greedy(engine: EngineProcess, prompts: PromptSet, tolerance: Any,
+                  call_timeout_s: float) -> tuple[list[Completion], float]:
+    """One greedy run of the prompt set with prompt logprobs, shared by the checks; and its seconds."""
+    _, top_k = tolerance
+    started = time.perf_counter()
+    try:
+        out = engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
+                          timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return out, time.perf_counter() - started
+
+
+@pytest.fixture
+def record_figure(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
+    """Record a measured figure; it lands in results.json and the junit properties."""
+
+    def record(name: str, value: float) -> None:
+        request.node.user_properties.append((f"figure:{name}", float(value)))
+
+    return record

@@ -1,0 +1,73 @@
+"""Writes the run (results.json, fingerprint.json beside pytest's junit.xml) and prints the
+closing summary table. A failure here must never hide the verdict, so the fingerprint is
+collected defensively and the writer's own errors are shown, not swallowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance import runrecord
+from conformance.plugin import RunContext
+
+
+def fingerprint(ctx: RunContext) -> dict[str, Any]:
+    extra = {"target": ctx.resolved().as_dict(), "engine": ctx.engine_info}
+    try:
+        from env_checks.fingerprint import collect
+
+        return collect(extra=extra)
+    except Exception as exc:  # noqa: BLE001 - a broken probe must not lose the run
+        return {"error": f"fingerprint collection failed: {type(exc).__name__}: {exc}", "runtime": extra}
+
+
+def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any]) -> dict[str, Any]:
+    records = list(ctx.records.values())
+    for r in records:
+        if r.duration_s == 0 and r.outcome == "error" and not r.message:
+            r.message = "did not run (the run was interrupted or stopped first)"
+    return {
+        "schema_version": 1,
+        "run_id": ctx.run_id,
+        "started_at": ctx.started_at,
+        "finished_at": runrecord.now_iso(),
+        "complete": complete,
+        "exit_status": exit_status,
+        "target": ctx.resolved().resolved,
+        "engine": ctx.engine,
+        "dtype": ctx.dtype_name,
+        "combo": ctx.combo,
+        "tiers": sorted({r.tier for r in records}),
+        "model": ctx.model_meta,
+        "fingerprint": fp,
+        "summary": runrecord.summary_of(records),
+        "checks": [r.as_dict() for r in records],
+        "unmatched_expectations": ctx.unmatched_expectations,
+    }
+
+
+def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
+    from reports.results import write_run
+
+    fp = fingerprint(ctx)
+    write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
+
+
+def print_summary(tr: Any, ctx: RunContext) -> None:
+    records = sorted(ctx.records.values(), key=lambda r: (r.tier, r.id))
+    tr.write_sep("=", "conformance summary")
+    name_w = max((len(r.id.split("::")[-1]) for r in records), default=10)
+    tr.write_line(f"{'outcome':9s} {'tier':4s} {'area':12s} {'check':{name_w}s} {'time':>7s}  figures")
+    for r in records:
+        figs = ", ".join(f"{k}={v:.3g}" for k, v in r.figures.items() if isinstance(v, (int, float)))
+        colour = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}}.get(r.outcome, {})
+        tr.write_line(f"{r.outcome:9s} {r.tier:4s} {r.area[:12]:12s} {r.id.split('::')[-1]:{name_w}s} "
+                      f"{r.duration_s:6.1f}s  {figs}", **colour)
+        if r.outcome in ("failed", "error") and r.message:
+            tr.write_line(f"{'':9s} -> {r.message.splitlines()[0][:300]}")
+    counts = runrecord.summary_of(records)
+    tr.write_line(", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    for u in ctx.unmatched_expectations:
+        tr.write_line(f"expectation matched no check: {u}", yellow=True)
+    verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 else "FAIL"
+    tr.write_line(f"verdict: {verdict}   run written to {ctx.run_dir}/", bold=True,
+                  green=verdict == "PASS", red=verdict == "FAIL")

@@ -1,0 +1,227 @@
+"""fp64 gpt-oss forward pass written from the formulas in GPT_OSS.md, plain torch ops.
+
+It shares no code with transformers or vLLM: weights are read straight from the safetensors
+files (MXFP4 expert blocks are dequantized here too), and every formula is spelled out below.
+`Math` holds the choices the formulas make; a mutant flips one of them into a failure mode
+seen in the wild (rounded YaRN range, window off by one, sinks dropped ...), so the checks can
+prove they would catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from conformance.engines.base import Completion, StepLogprobs
+
+
+@dataclass(frozen=True)
+class Math:
+    rope_style: str = "neox"  # rotate-half; "interleaved" rotates adjacent pairs (wrong for gpt-oss)
+    yarn_rounded: bool = False  # floor/ceil the YaRN correction range (vllm#27722)
+    window_offset: int = 0  # +-1: the sliding window sees one key too many or too few
+    sink_count: int = 1  # 0: sinks ignored; 2: counted twice (split-KV decode bug)
+    swiglu_clamp: bool = True
+    swiglu_plus_one: bool = True
+    gate_up_interleaved: bool = True  # False: gate = first half, up = second half
+    renormalise_topk: bool = True  # False: softmax over all experts, then take the top-k weights
+    router_bias: bool = True
+    expert_bias: bool = True
+
+
+MUTATIONS: dict[str, Math] = {
+    "yarn_rounded": Math(yarn_rounded=True),
+    "rope_interleaved": Math(rope_style="interleaved"),
+    "window_127": Math(window_offset=-1),
+    "window_129": Math(window_offset=+1),
+    "sinks_dropped": Math(sink_count=0),
+    "sinks_twice": Math(sink_count=2),
+    "swiglu_no_clamp": Math(swiglu_clamp=False),
+    "swiglu_no_plus_one": Math(swiglu_plus_one=False),
+    "gate_up_halves": Math(gate_up_interleaved=False),
+    "routing_not_renormalised": Math(renormalise_topk=False),
+    "router_bias_dropped": Math(router_bias=False),
+    "expert_bias_dropped": Math(expert_bias=False),
+}
+
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequant_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """OCP MX: 32 E2M1 values per block (low nibble = even element) times 2^(scale-127)."""
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    lo, hi = blocks & 0x0F, blocks >> 4
+    vals = torch.stack([lut[lo.long()], lut[hi.long()]], dim=-1).flatten(-2)  # [..., nblocks, 32]
+    vals = vals * torch.pow(2.0, scales.to(torch.float64) - 127.0).unsqueeze(-1)
+    return vals.flatten(-2)
+
+
+def yarn_inv_freq(cfg: dict, head_dim: int, rounded: bool = False) -> tuple[torch.Tensor, float]:
+    """inv_freq and the concentration (attention scaling) of gpt-oss YaRN RoPE."""
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    base = float(cfg.get("rope_theta") or rs.get("rope_theta"))
+    factor, orig = float(rs["factor"]), float(rs["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(rs["beta_fast"]), float(rs["beta_slow"])
+    d_half = head_dim / 2
+    freq = base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    concentration = 0.1 * math.log(factor) + 1.0
+    low = d_half * math.log(orig / (beta_fast * 2 * math.pi)) / math.log(base)
+    high = d_half * math.log(orig / (beta_slow * 2 * math.pi)) / math.log(base)
+    if rounded:
+        low, high = math.floor(low), math.ceil(high)
+    ramp = ((torch.arange(d_half, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    inv_freq = ramp / (factor * freq) + (1 - ramp) / freq
+    return inv_freq, concentration
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """x [T, heads, D]; cos/sin [T, D/2]."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if style == "neox":
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Reference:
+    """fp64 gpt-oss on the CPU for a checkpoint directory (HF layout, plain or MXFP4 experts)."""
+
+    def __init__(self, model_dir: Path | str, math_: Math | str | None = None) -> None:
+        from safetensors import safe_open
+
+        self.model_dir = Path(model_dir)
+        self.math = MUTATIONS[math_] if isinstance(math_, str) else (math_ or Math())
+        self.cfg = json.loads((self.model_dir / "config.json").read_text())
+        raw: dict[str, torch.Tensor] = {}
+        for f in sorted(self.model_dir.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    raw[k] = fh.get_tensor(k)
+        self.w = self._normalise(raw)
+        c = self.cfg
+        self.head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+        self.inv_freq, self.concentration = yarn_inv_freq(c, self.head_dim, self.math.yarn_rounded)
+
+    def _normalise(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """fp64 tensors; experts as [E, out, in] whichever way the checkpoint stores them."""
+        out: dict[str, torch.Tensor] = {}
+        for k, v in raw.items():
+            if k.endswith("_scales"):
+                continue
+            if k.endswith("_blocks"):
+                stem = k[: -len("_blocks")]
+                out[stem] = dequant_mxfp4(v, raw[stem + "_scales"])  # on disk as [E, out, in]
+            elif k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                out[k] = v.to(torch.float64).transpose(1, 2)  # HF plain layout is [E, in, out]
+            else:
+                out[k] = v.to(torch.float64)
+        return out
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.cfg["vocab_size"])
+
+    def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
+        n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
+        t = x.shape[0]
+        q = (x @ w[p + "q_proj.weight"].T + w[p + "q_proj.bias"]).view(t, n_h, d)
+        k = (x @ w[p + "k_proj.weight"].T + w[p + "k_proj.bias"]).view(t, n_kv, d)
+        v = (x @ w[p + "v_proj.weight"].T + w[p + "v_proj.bias"]).view(t, n_kv, d)
+        q, k = rope(q, cos, sin, m.rope_style), rope(k, cos, sin, m.rope_style)
+        rep = n_h // n_kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+        qi = torch.arange(t)[:, None]
+        kj = torch.arange(t)[None, :]
+        visible = kj <= qi
+        layer_types = c.get("layer_types") or ["sliding_attention" if j % 2 == 0 else "full_attention"
+                                               for j in range(c["num_hidden_layers"])]
+        if layer_types[i] == "sliding_attention":
+            window = int(c["sliding_window"]) + m.window_offset
+            visible &= (qi - kj) < window  # window 128: keys i-127 .. i
+        scores = scores.masked_fill(~visible, float("-inf"))
+        sink = w[p + "sinks"].view(n_h, 1, 1).expand(n_h, t, 1)
+        if m.sink_count == 0:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            # the sink joins the softmax normaliser once (or, mutated, twice) and carries no value
+            sinks = [sink] * m.sink_count
+            probs = torch.softmax(torch.cat([scores, *sinks], dim=-1), dim=-1)[..., :t]
+        attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(t, n_h * d)
+        return attn @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
+
+    def _moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.mlp."
+        top_k, limit = int(c["num_experts_per_tok"]), float(c.get("swiglu_limit", 7.0))
+        logits = x @ w[p + "router.weight"].T + (w[p + "router.bias"] if m.router_bias else 0.0)
+        if m.renormalise_topk:
+            top_val, top_idx = torch.topk(logits, top_k, dim=-1)
+            weights = torch.softmax(top_val, dim=-1)
+        else:
+            weights, top_idx = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+        w1, w2 = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]  # [E, 2I, H], [E, H, I]
+        h = torch.einsum("th,eoh->teo", x, w1)
+        if m.expert_bias:
+            h = h + w[p + "experts.gate_up_proj_bias"]
+        if m.gate_up_interleaved:
+            g, u = h[..., 0::2], h[..., 1::2]
+        else:
+            g, u = h.chunk(2, dim=-1)
+        if m.swiglu_clamp:
+            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+        act = g * torch.sigmoid(1.702 * g) * (u + 1 if m.swiglu_plus_one else u)
+        y = torch.einsum("tei,ehi->teh", act, w2)
+        if m.expert_bias:
+            y = y + w[p + "experts.down_proj_bias"]
+        chosen = torch.gather(y, 1, top_idx[..., None].expand(-1, -1, y.shape[-1]))
+        return (weights[..., None] * chosen).sum(1)
+
+    @torch.no_grad()
+    def logprobs(self, ids: list[int]) -> torch.Tensor:
+        """log-softmax of the next-token logits at every position, [T, vocab], fp64."""
+        c, w = self.cfg, self.w
+        eps = float(c.get("rms_norm_eps", 1e-5))
+        pos = torch.arange(len(ids), dtype=torch.float64)
+        angles = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = angles.cos() * self.concentration, angles.sin() * self.concentration
+        x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+        for i in range(int(c["num_hidden_layers"])):
+            p = f"model.layers.{i}."
+            x = x + self._attention(i, rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin)
+            x = x + self._moe(i, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
+        logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        return torch.log_softmax(logits, dim=-1)
+
+    def score(self, prompt: list[int], continuation: list[int], top_k: int) -> Completion:
+        """Teacher-forced along a given path: the reference's top-k at every prompt position
+        (prefill) and at every step of the continuation (decode)."""
+        lp = self.logprobs(prompt + continuation[:-1] if continuation else prompt)
+        prompt_steps = [StepLogprobs.from_row(lp[t], top_k, chosen=prompt[t + 1]) for t in range(len(prompt) - 1)]
+        steps = [StepLogprobs.from_row(lp[len(prompt) - 1 + t], top_k, chosen=continuation[t])
+                 for t in range(len(continuation))]
+        return Completion(list(prompt), list(continuation), steps, prompt_steps)
+
+    def generate_greedy(self, prompts: list[list[int]], max_tokens: int, top_k: int) -> list[Completion]:
+        out = []
+        for prompt in prompts:
+            ids: list[int] = []
+            steps = []
+            for _ in range(max_tokens):
+                row = self.logprobs(prompt + ids)[-1]
+                token = int(row.argmax())
+                steps.append(StepLogprobs.from_row(row, top_k, chosen=token))
+                ids.append(token)
+            out.append(Completion(prompt_ids=list(prompt), token_ids=ids, steps=steps))
+        return out
+
+
