@@ -125,6 +125,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch))}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Records for the checks that will run (after -k / -m deselection)."""
+    ctx, items = ctx_of(session.config), session.items
     for item in items:
         tier = next(m.name for m in item.iter_markers() if m.name in runrecord.TIERS)
         ref = runrecord.docstring_field(item.function, "Reference") or ""

@@ -70,7 +70,7 @@ def resolve(requested: str, facts: dict[str, Any] | None = None) -> TargetReport
         report.problems.append(
             f"--{resolved} was requested but the installed torch {facts['torch_version']} is a "
             f"{FLAVOUR_NAMES[flavour]} build, not a {FLAVOUR_NAMES[resolved]} build: run inside the stack you "
-            f"mean to test (e.g. the rocm/vllm container for ROCm) or drop --{resolved}.")
+            f"mean to test (such as the rocm/vllm container for ROCm) or drop --{resolved}.")
     elif need["needs_device"] and not facts["devices"]:
         report.problems.append(
             f"--{resolved} was requested and torch {facts['torch_version']} is a {resolved} build, but it sees "

@@ -1,0 +1,71 @@
+"""`--model DIR` validation: damaged checkpoints get one sentence naming the problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from conformance.modeldir import ModelDirError, inspect_model_dir
+
+
+@pytest.fixture
+def model_copy(tiny, tmp_path):
+    dst = tmp_path / "m"
+    shutil.copytree(tiny.path, dst)
+    return dst
+
+
+def rewrite_header(path, change):
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    change(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+def one_sentence(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and text.endswith(".")
+    return text
+
+
+def test_good_checkpoint_is_accepted(model_copy, tiny):
+    info = inspect_model_dir(model_copy)
+    assert info.config["model_type"] == "gpt_oss" and info.dtypes == {"F32"}
+
+
+def test_wrong_dtype_in_safetensors_header_is_refused(model_copy):
+    def to_bf16(h):
+        h["lm_head.weight"]["dtype"] = "BF16"
+
+    rewrite_header(model_copy / "model.safetensors", to_bf16)
+    with pytest.raises(ModelDirError) as exc:
+        inspect_model_dir(model_copy)
+    assert "lm_head.weight is declared BF16" in one_sentence(exc)
+
+
+def test_truncated_shard_is_refused(model_copy):
+    f = model_copy / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(ModelDirError) as exc:
+        inspect_model_dir(model_copy)
+    assert "truncated" in one_sentence(exc)
+
+
+def test_missing_config_and_wrong_model_type(model_copy):
+    (model_copy / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelDirError, match="not 'gpt_oss'"):
+        inspect_model_dir(model_copy)
+    (model_copy / "config.json").unlink()
+    with pytest.raises(ModelDirError, match="no config.json"):
+        inspect_model_dir(model_copy)
+
+
+def test_not_a_directory(tmp_path):
+    with pytest.raises(ModelDirError, match="not a directory"):
+        inspect_model_dir(tmp_path / "nope")

@@ -1,0 +1,81 @@
+"""The `conformance run` front door end to end, in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.results import validate
+
+pytestmark = pytest.mark.slow
+
+
+def conformance_run(reports: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conformance", "run", "--reports-dir", str(reports), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def only_run(reports: Path) -> dict:
+    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
+    record = json.loads((run_dir / "results.json").read_text())
+    validate(record)
+    assert (run_dir / "junit.xml").is_file() and (run_dir / "fingerprint.json").is_file()
+    return record
+
+
+def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path):
+    proc = conformance_run(tmp_path, "--tier", "p0")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "verdict: PASS" in proc.stdout and "conformance summary" in proc.stdout
+    record = only_run(tmp_path)
+    assert record["complete"] and record["target"] == "cpu" and record["engine"] == "vllm"
+    assert record["summary"]["passed"] == len(record["checks"]) >= 6
+    assert record["model"]["name"] == "tiny-gpt-oss" and len(record["model"]["content_hash"]) == 64
+    parity = next(c for c in record["checks"] if c["id"].endswith("test_greedy_logprobs_match_reference"))
+    assert parity["figures"]["max_abs_dlogprob"] < 2e-3 and parity["area"] == "model-math"
+    assert parity["reference"].startswith("GPT_OSS.md")
+    # a second run never touches the first
+    first = sorted(tmp_path.iterdir())
+    conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build")
+    assert all(p in sorted(tmp_path.iterdir()) for p in first) and len(list(tmp_path.iterdir())) == 2
+
+
+def test_rocm_on_a_cpu_torch_fails_p0_with_one_sentence(tmp_path):
+    """Negative control of test_torch_build_matches_target, through the real CLI and torch."""
+    proc = conformance_run(tmp_path, "--tier", "p0", "--rocm")
+    assert proc.returncode == 1
+    record = only_run(tmp_path)
+    by_name = {c["id"].split("::")[-1]: c for c in record["checks"]}
+    identity = by_name["test_torch_build_matches_target"]
+    assert identity["outcome"] == "failed"
+    assert "--rocm was requested but the installed torch" in identity["message"]
+    assert by_name["test_greedy_logprobs_match_reference"]["outcome"] == "error"
+    assert by_name["test_greedy_logprobs_match_reference"]["failure_class"] == "could_not_run"
+    assert "verdict: FAIL" in proc.stdout
+
+
+def test_damaged_model_dir_is_one_clear_error(tmp_path, tiny):
+    import shutil
+
+    bad = tmp_path / "model"
+    shutil.copytree(tiny.path, bad)
+    (bad / "config.json").write_text("{not json")
+    proc = conformance_run(tmp_path / "runs", "--tier", "p0", "--model", str(bad), "-k", "engine_starts")
+    assert proc.returncode == 1
+    (check,) = only_run(tmp_path / "runs")["checks"]
+    assert check["outcome"] == "error" and "config.json is not valid JSON" in check["message"]
+
+
+def test_check_without_metadata_is_refused(tmp_path):
+    """The metadata lint fails closed: a check with no tier/Catches/Reference stops the run."""
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_bare.py").write_text("def test_nothing():\n    assert True\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(checks), "-p", "conformance.plugin",
+                           "--reports-dir", str(tmp_path / "runs"), "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "without required metadata" in proc.stdout + proc.stderr
