@@ -50,7 +50,7 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
         tiny = tiny_gpt_oss()
         info = inspect_model_dir(tiny.path)
         m = ModelUnderTest("tiny-gpt-oss", tiny.path, tiny.content_hash, info.config, info.num_params)
-    run.model_meta = {"name": m.name, "content_hash": m.content_hash, "path": str(m.path),
+    run.model_meta = {"name": m.name, "content_hash": m.content_hash, "path": str(m.path) if run.model_arg else None,
                       "num_params": m.num_params}
     return m
 
