@@ -90,7 +90,7 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
     if len(got) != len(want):
         report.problems.append(f"{names[0]} returned {len(got)} completions, {names[1]} {len(want)}")
     for n, (g, w) in enumerate(zip(got, want)):
-        for t, (gs, ws) in enumerate(zip(g.prompt_steps, w.prompt_steps)):
+        for gs, ws in zip(g.prompt_steps, w.prompt_steps):
             report.deltas.extend(_step_deltas(gs, ws))
             report.compared_steps += 1
         if len(g.steps) != len(w.steps):
@@ -121,7 +121,8 @@ class KVReport:
         return not self.problems
 
     def figures(self) -> dict[str, float]:
-        return {"kv_blocks_total": float(self.after.num_blocks), "kv_blocks_used_during": float(self.during.used_blocks),
+        return {"kv_blocks_total": float(self.after.num_blocks),
+                "kv_blocks_used_during": float(self.during.used_blocks),
                 "kv_blocks_used_after": float(self.after.used_blocks)}
 
     def raise_if_failed(self) -> None:

@@ -11,7 +11,9 @@ from conformance.plugin import RunContext
 
 
 def fingerprint(ctx: RunContext) -> dict[str, Any]:
-    extra = {"target": ctx.resolved().as_dict(), "engine": ctx.engine_info}
+    t = ctx.resolved()
+    extra = {"torch_version": t.torch_version, "torch_hip_version": t.hip_version,
+             "torch_cuda_version": t.cuda_version, "target": t.as_dict(), "engine": ctx.engine_info}
     try:
         from env_checks.fingerprint import collect
 

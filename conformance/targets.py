@@ -10,7 +10,6 @@ from typing import Any
 
 from conformance import settings
 
-
 FLAVOUR_NAMES = {"cpu": "CPU", "cuda": "CUDA", "rocm": "ROCm (HIP)"}
 
 

@@ -58,8 +58,8 @@ def test_reference_agrees_with_transformers_fp32(tiny, reference, tiny_prompts):
 def test_tiny_model_exercises_the_swiglu_clamp(reference, tiny_prompts):
     """The tiny weights must reach the clamp (|gate| > 7), or the clamp mutant could hide."""
     x = reference.w["model.embed_tokens.weight"][torch.tensor(tiny_prompts[0][3])]
-    w1 = reference.w["model.layers.0.mlp.experts.gate_up_proj"]
-    h = torch.einsum("th,eoh->teo", x, w1)
+    w1, b1, _, _ = reference.w.expert("model.layers.0.mlp.", 0)
+    h = x @ w1.T + b1
     assert (h.abs() > 7).float().mean() > 0.01
 
 

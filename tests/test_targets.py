@@ -9,7 +9,8 @@ CPU_TORCH = {"torch_version": "2.13.0+cpu", "hip_version": None, "cuda_version":
 CUDA_TORCH = {"torch_version": "2.11.0+cu130", "hip_version": None, "cuda_version": "13.0",
               "torch_flavour": "cuda", "devices": ["NVIDIA H200"], "gcn_arch": []}
 ROCM_TORCH = {"torch_version": "2.9.0+rocm7.0", "hip_version": "7.0.5", "cuda_version": None,
-              "torch_flavour": "rocm", "devices": ["AMD Instinct MI300X"] * 8, "gcn_arch": ["gfx942:sramecc+:xnack-"] * 8}
+              "torch_flavour": "rocm", "devices": ["AMD Instinct MI300X"] * 8,
+              "gcn_arch": ["gfx942:sramecc+:xnack-"] * 8}
 
 
 def test_rocm_on_cpu_torch_fails_with_one_sentence():

@@ -55,7 +55,13 @@ def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path:
             conn.send(("ok", None))
             return
         try:
-            conn.send(("ok", getattr(engine, method)(*args, **kwargs)))
+            if method.startswith("components:"):  # component probes take the engine as first argument
+                from conformance.engines import components
+
+                result = getattr(components, method.removeprefix("components:"))(engine, *args, **kwargs)
+            else:
+                result = getattr(engine, method)(*args, **kwargs)
+            conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
 

@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -92,39 +93,74 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+class WeightStore:
+    """Tensors read from the safetensors shards on first use, as fp64. Experts are read one at a time
+    (MXFP4 blocks dequantized on the fly), so a reference of a 120b checkpoint only ever holds the
+    experts its tokens are routed to; `streaming` drops a layer's tensors once it has run."""
+
+    def __init__(self, model_dir: Path, streaming: bool = False) -> None:
+        from safetensors import safe_open
+
+        self.streaming = streaming
+        self.where: dict[str, Any] = {}
+        for f in sorted(model_dir.glob("*.safetensors")):
+            handle = safe_open(str(f), framework="pt")
+            for k in handle.keys():
+                self.where[k] = handle
+        self.cache: dict[str, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.cache:
+            if name not in self.where:
+                raise KeyError(f"the checkpoint has no tensor {name}")
+            self.cache[name] = self.where[name].get_tensor(name).to(torch.float64)
+        return self.cache[name]
+
+    def _slice(self, name: str, e: int) -> torch.Tensor:
+        return self.where[name].get_slice(name)[e]
+
+    def expert(self, prefix: str, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W1 [2I, H], b1 [2I], W2 [H, I], b2 [H]) of expert e, whatever the on-disk layout."""
+        key = f"{prefix}experts#{e}"
+        if key not in self.cache:
+            mats = []
+            for stem in ("gate_up_proj", "down_proj"):
+                name = prefix + "experts." + stem
+                if name + "_blocks" in self.where:  # MXFP4, stored [out, in/32, 16]
+                    mats.append(dequant_mxfp4(self._slice(name + "_blocks", e), self._slice(name + "_scales", e)))
+                else:  # plain HF layout [in, out]
+                    mats.append(self._slice(name, e).to(torch.float64).T)
+            b1 = self._slice(prefix + "experts.gate_up_proj_bias", e).to(torch.float64)
+            b2 = self._slice(prefix + "experts.down_proj_bias", e).to(torch.float64)
+            self.cache[key] = (mats[0], b1, mats[1], b2)
+        return self.cache[key]
+
+    def done_with(self, prefix: str) -> None:
+        if self.streaming:
+            for k in [k for k in self.cache if k.startswith(prefix)]:
+                del self.cache[k]
+
+
 class Reference:
     """fp64 gpt-oss on the CPU for a checkpoint directory (HF layout, plain or MXFP4 experts)."""
 
-    def __init__(self, model_dir: Path | str, math_: Math | str | None = None) -> None:
-        from safetensors import safe_open
-
+    def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False) -> None:
         self.model_dir = Path(model_dir)
         self.math = MUTATIONS[math_] if isinstance(math_, str) else (math_ or Math())
         self.cfg = json.loads((self.model_dir / "config.json").read_text())
-        raw: dict[str, torch.Tensor] = {}
-        for f in sorted(self.model_dir.glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as fh:
-                for k in fh.keys():
-                    raw[k] = fh.get_tensor(k)
-        self.w = self._normalise(raw)
+        self.w = WeightStore(self.model_dir, streaming)
         c = self.cfg
         self.head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
         self.inv_freq, self.concentration = yarn_inv_freq(c, self.head_dim, self.math.yarn_rounded)
 
-    def _normalise(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """fp64 tensors; experts as [E, out, in] whichever way the checkpoint stores them."""
-        out: dict[str, torch.Tensor] = {}
-        for k, v in raw.items():
-            if k.endswith("_scales"):
-                continue
-            if k.endswith("_blocks"):
-                stem = k[: -len("_blocks")]
-                out[stem] = dequant_mxfp4(v, raw[stem + "_scales"])  # on disk as [E, out, in]
-            elif k.endswith(("experts.gate_up_proj", "experts.down_proj")):
-                out[k] = v.to(torch.float64).transpose(1, 2)  # HF plain layout is [E, in, out]
-            else:
-                out[k] = v.to(torch.float64)
-        return out
+    def rope_tables(self, positions: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [P, head_dim/2], concentration multiplied in."""
+        pos = torch.as_tensor(positions, dtype=torch.float64)
+        angles = pos[:, None] * self.inv_freq[None, :]
+        return angles.cos() * self.concentration, angles.sin() * self.concentration
 
     @property
     def vocab_size(self) -> int:
@@ -160,45 +196,42 @@ class Reference:
         attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(t, n_h * d)
         return attn @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
 
-    def _moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """The MoE block of layer i on normalised hidden states x [T, H]; only routed experts run."""
         c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.mlp."
         top_k, limit = int(c["num_experts_per_tok"]), float(c.get("swiglu_limit", 7.0))
+        x = x.to(torch.float64)
         logits = x @ w[p + "router.weight"].T + (w[p + "router.bias"] if m.router_bias else 0.0)
         if m.renormalise_topk:
             top_val, top_idx = torch.topk(logits, top_k, dim=-1)
             weights = torch.softmax(top_val, dim=-1)
         else:
             weights, top_idx = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
-        w1, w2 = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]  # [E, 2I, H], [E, H, I]
-        h = torch.einsum("th,eoh->teo", x, w1)
-        if m.expert_bias:
-            h = h + w[p + "experts.gate_up_proj_bias"]
-        if m.gate_up_interleaved:
-            g, u = h[..., 0::2], h[..., 1::2]
-        else:
-            g, u = h.chunk(2, dim=-1)
-        if m.swiglu_clamp:
-            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-        act = g * torch.sigmoid(1.702 * g) * (u + 1 if m.swiglu_plus_one else u)
-        y = torch.einsum("tei,ehi->teh", act, w2)
-        if m.expert_bias:
-            y = y + w[p + "experts.down_proj_bias"]
-        chosen = torch.gather(y, 1, top_idx[..., None].expand(-1, -1, y.shape[-1]))
-        return (weights[..., None] * chosen).sum(1)
+        out = torch.zeros_like(x)
+        for e in top_idx.unique().tolist():
+            rows, slot = (top_idx == e).nonzero(as_tuple=True)
+            w1, b1, w2, b2 = w.expert(p, e)
+            h = x[rows] @ w1.T + (b1 if m.expert_bias else 0.0)
+            g, u = (h[..., 0::2], h[..., 1::2]) if m.gate_up_interleaved else h.chunk(2, dim=-1)
+            if m.swiglu_clamp:
+                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+            act = g * torch.sigmoid(1.702 * g) * (u + 1 if m.swiglu_plus_one else u)
+            y = act @ w2.T + (b2 if m.expert_bias else 0.0)
+            out.index_add_(0, rows, weights[rows, slot, None] * y)
+        return out
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
         """log-softmax of the next-token logits at every position, [T, vocab], fp64."""
         c, w = self.cfg, self.w
         eps = float(c.get("rms_norm_eps", 1e-5))
-        pos = torch.arange(len(ids), dtype=torch.float64)
-        angles = pos[:, None] * self.inv_freq[None, :]
-        cos, sin = angles.cos() * self.concentration, angles.sin() * self.concentration
+        cos, sin = self.rope_tables(torch.arange(len(ids)))
         x = w["model.embed_tokens.weight"][torch.tensor(ids)]
         for i in range(int(c["num_hidden_layers"])):
             p = f"model.layers.{i}."
             x = x + self._attention(i, rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin)
-            x = x + self._moe(i, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
+            x = x + self.moe(i, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
+            w.done_with(p)
         logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
         return torch.log_softmax(logits, dim=-1)
 

@@ -1,0 +1,56 @@
+"""Component probes: reach inside the engine under test for one layer (RoPE tables, the MoE block)
+so the math can be compared piece by piece with the fp64 reference. Called in the engine child
+process through `EngineProcess.call("components:<name>", ...)`; each returns CPU float64 tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _apply(engine: Any, fn: Any) -> Any:
+    """Run fn(model) where the engine keeps its model (vLLM: the worker; transformers: in process)."""
+    if hasattr(engine, "llm"):
+        return engine.llm.apply_model(fn)[0]
+    return fn(engine.model)
+
+
+def rope_tables(engine: Any, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [P, head_dim/2] the engine multiplies q and k with (concentration included)."""
+    pos = torch.tensor(positions)
+
+    def vllm_tables(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = model.model.layers[0].attn.rotary_emb.cos_sin_cache.to(torch.float64).cpu()
+        cos, sin = cache[pos].chunk(2, dim=-1)
+        return cos, sin
+
+    def hf_tables(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        rot = model.model.rotary_emb
+        dummy = torch.zeros(1, dtype=model.dtype, device=model.device)
+        cos, sin = rot(dummy, pos[None].to(model.device))
+        half = cos.shape[-1] // 2
+        return cos[0, :, :half].double().cpu(), sin[0, :, :half].double().cpu()
+
+    return _apply(engine, vllm_tables if hasattr(engine, "llm") else hf_tables)
+
+
+def moe_block(engine: Any, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """The engine's MoE block (router + experts + weighted sum) on normalised hidden states [M, H]."""
+
+    def vllm_moe(model: Any) -> torch.Tensor:
+        from vllm.forward_context import set_forward_context
+
+        block = model.model.layers[layer].mlp
+        param = next(block.parameters())
+        with torch.no_grad(), set_forward_context(None, engine.llm.llm_engine.vllm_config):
+            return block(x.to(param.dtype).to(param.device)).double().cpu()
+
+    def hf_moe(model: Any) -> torch.Tensor:
+        block = model.model.layers[layer].mlp
+        param = next(block.parameters())
+        with torch.no_grad():
+            out = block(x.to(param.dtype).to(param.device)[None])
+        return (out[0] if isinstance(out, tuple) else out)[0].double().cpu()
+
+    return _apply(engine, vllm_moe if hasattr(engine, "llm") else hf_moe)

@@ -1,0 +1,275 @@
+"""Pin manifests (TOML data, one per platform) and their evaluation against a fingerprint.
+
+A manifest lists `[[pin]]` entries, each naming a fact of the fingerprint by dotted path
+(`platform.gfx_targets`, `packages.vllm`, `runtime.torch_hip_version`) and exactly one check:
+
+    range = ">=6.4,<8"          version range (every element, for a per-GPU list)
+    min = 177                   number or version floor (the smallest element, for a list)
+    equals = 0 / one_of = [..]  plain values
+    all_equal = "gfx942"        every element of a non-empty list
+    all_contain = "H200"        every element of a non-empty list contains the text
+    contains_all = ["video"]    a list fact holds all of these
+    same_release_as = "platform.rocm_version" (with parts = 2)   major.minor agree
+
+plus `reason`, optional `link`, `severity` ("required", the default, or "recommended") and `unless_env`
+(a table of environment values that waive the pin, e.g. HSA_NO_SCRATCH_RECLAIM = "1" for old MEC
+firmware). `[[known_bad]]` entries name a fact, a `versions` range, a reason and a link.
+
+A fact that is missing (tool not installed, output unparseable) gives "unknown", never "ok": the caller
+fails closed. The fingerprint explains each missing platform fact under `platform.why_missing`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
+
+from env_checks.versions import InvalidVersion, Version, compare, in_range
+
+PINS_DIR = Path(__file__).parent / "pins"
+CHECKS = ("range", "min", "equals", "one_of", "all_equal", "all_contain", "contains_all", "same_release_as")
+SEVERITIES = ("required", "recommended")
+
+
+class PinManifestError(ValueError):
+    """A manifest that cannot be used; the message is one sentence: file, problem, remedy."""
+
+
+@dataclass
+class Pin:
+    name: str
+    fact: str
+    check: str
+    expected: Any
+    reason: str
+    link: str | None = None
+    severity: str = "required"
+    unless_env: dict[str, str] = field(default_factory=dict)
+    parts: int = 2
+
+
+@dataclass
+class KnownBad:
+    name: str
+    fact: str
+    versions: str
+    reason: str
+    link: str
+
+
+@dataclass
+class PinManifest:
+    path: Path
+    platform: str
+    description: str
+    pins: list[Pin]
+    known_bad: list[KnownBad]
+
+
+@dataclass
+class PinVerdict:
+    name: str
+    status: str  # "ok" | "violation" | "unknown"
+    expected: str
+    found: Any
+    reason: str
+    link: str | None = None
+    severity: str = "required"
+
+
+def _need(path: Path, where: str, table: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in table:
+        raise PinManifestError(
+            f"Pin manifest {path} has {where} without the required key '{key}'; add it "
+            f"(see the module docstring of env_checks.pins for the format)."
+        )
+    if not isinstance(table[key], kind):
+        raise PinManifestError(
+            f"Pin manifest {path} has {where} whose '{key}' is a {type(table[key]).__name__}; "
+            f"give it as {getattr(kind, '__name__', 'the documented type')}."
+        )
+    return table[key]
+
+
+def _load_pin(path: Path, index: int, raw: dict[str, Any]) -> Pin:
+    where = f"[[pin]] #{index + 1} ({raw.get('name', 'unnamed')})"
+    checks = [c for c in CHECKS if c in raw]
+    if len(checks) != 1:
+        raise PinManifestError(
+            f"Pin manifest {path} has {where} with {len(checks)} checks ({', '.join(checks) or 'none'}); "
+            f"give exactly one of {', '.join(CHECKS)}."
+        )
+    severity = raw.get("severity", "required")
+    if severity not in SEVERITIES:
+        raise PinManifestError(
+            f"Pin manifest {path} has {where} with severity {severity!r}; use 'required' or 'recommended'."
+        )
+    if checks[0] == "range":
+        try:
+            if not isinstance(raw["range"], str):
+                raise InvalidVersion(f"range must be a string such as '>=6.4,<8', not {raw['range']!r}")
+            in_range("0", raw["range"])
+        except InvalidVersion as exc:
+            raise PinManifestError(
+                f"Pin manifest {path} has {where} with a bad range: {exc}; fix it.") from None
+    return Pin(
+        name=_need(path, where, raw, "name", str),
+        fact=_need(path, where, raw, "fact", str),
+        check=checks[0],
+        expected=raw[checks[0]],
+        reason=_need(path, where, raw, "reason", str),
+        link=raw.get("link"),
+        severity=severity,
+        unless_env={str(k): str(v) for k, v in raw.get("unless_env", {}).items()},
+        parts=int(raw.get("parts", 2)),
+    )
+
+
+def load_manifest(path: str | Path) -> PinManifest:
+    """Read and validate a pin manifest; raises PinManifestError with a one-sentence message."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise PinManifestError(
+            f"Pin manifest {path} cannot be read ({exc.strerror}); check the path.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PinManifestError(f"Pin manifest {path} is not valid TOML: {exc}; fix that line.") from None
+    if data.get("schema_version") != 1:
+        raise PinManifestError(
+            f"Pin manifest {path} lacks schema_version = 1; add it at the top of the file.")
+    pins = [_load_pin(path, i, raw) for i, raw in enumerate(data.get("pin", []))]
+    known_bad = []
+    for i, raw in enumerate(data.get("known_bad", [])):
+        where = f"[[known_bad]] #{i + 1} ({raw.get('name', 'unnamed')})"
+        known_bad.append(KnownBad(*(_need(path, where, raw, k, str)
+                                    for k in ("name", "fact", "versions", "reason", "link"))))
+    if not pins and not known_bad:
+        raise PinManifestError(f"Pin manifest {path} has no [[pin]] or [[known_bad]] entries; add some.")
+    return PinManifest(
+        path=path,
+        platform=_need(path, "its top level", data, "platform", str),
+        description=str(data.get("description", "")),
+        pins=pins,
+        known_bad=known_bad,
+    )
+
+
+def manifest_for(fingerprint: dict) -> Path | None:
+    """The bundled manifest for the detected platform: gfx942 -> mi300x, H200 -> h200, no GPU -> cpu."""
+    platform = fingerprint.get("platform") or {}
+    if "gfx942" in (platform.get("gfx_targets") or []):
+        return PINS_DIR / "mi300x.toml"
+    if any("H200" in name for name in platform.get("gpu_names") or []):
+        return PINS_DIR / "h200.toml"
+    if platform.get("accelerator") == "none":
+        return PINS_DIR / "cpu.toml"
+    return None
+
+
+def lookup(fingerprint: dict, dotted: str) -> Any:
+    node: Any = fingerprint
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _why_missing(fingerprint: dict, dotted: str) -> str:
+    why = (lookup(fingerprint, "platform.why_missing") or {}).get(dotted.removeprefix("platform."))
+    if why:
+        return why
+    if dotted.startswith("packages."):
+        return f"{dotted.removeprefix('packages.')} is not installed"
+    return "not in the fingerprint"
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+def _check(pin: Pin, value: Any, fingerprint: dict) -> tuple[bool | None, str]:
+    """(passed, expected-as-text); passed None means the comparison itself could not be made."""
+    exp = pin.expected
+    values = value if isinstance(value, list) else [value]
+    if pin.check == "range":
+        return all(in_range(str(v), exp) for v in values), f"{exp}"
+    if pin.check == "min":
+        # Firmware counters are integers; anything else (driver strings) is compared as a version.
+        if all(isinstance(v, int) for v in values) and isinstance(exp, int):
+            return min(values) >= exp, f">= {exp}"
+        return all(compare(str(v), str(exp)) >= 0 for v in values), f">= {exp}"
+    if pin.check == "equals":
+        return value == exp, f"== {exp!r}"
+    if pin.check == "one_of":
+        return value in exp, f"one of {exp}"
+    if pin.check == "all_equal":
+        return all(v == exp for v in values), f"{exp!r} on every device"
+    if pin.check == "all_contain":
+        return all(exp in str(v) for v in values), f"{exp!r} in every name"
+    if pin.check == "contains_all":
+        return set(exp) <= set(values), f"includes {exp}"
+    other = lookup(fingerprint, exp)
+    if _is_missing(other):
+        return None, f"same first {pin.parts} release parts as {exp} (which is unknown)"
+    ours, theirs = (Version.parse(str(v)).release[: pin.parts] for v in (value, other))
+    return ours == theirs, f"same first {pin.parts} release parts as {exp} ({other})"
+
+
+def _evaluate_pin(pin: Pin, fingerprint: dict) -> PinVerdict:
+    value = lookup(fingerprint, pin.fact)
+    env = fingerprint.get("env") or {}
+    waiver = bool(pin.unless_env) and all(env.get(k) == v for k, v in pin.unless_env.items())
+    waiver_text = " and ".join(f"{k}={v}" for k, v in pin.unless_env.items())
+    verdict = PinVerdict(pin.name, "unknown", "", value, pin.reason, pin.link, pin.severity)
+    if _is_missing(value):
+        verdict.expected = f"{pin.fact} {pin.check} {pin.expected!r}"
+        verdict.reason = f"{pin.fact} is unknown: {_why_missing(fingerprint, pin.fact)}. {pin.reason}"
+    else:
+        try:
+            passed, verdict.expected = _check(pin, value, fingerprint)
+        # A fact of an unexpected shape (a version string that is not one, a list where a scalar was
+        # expected) is an unknown, not a crash of the gate.
+        except (InvalidVersion, TypeError) as exc:
+            passed, verdict.expected = None, f"{pin.fact} {pin.check} {pin.expected!r}"
+            verdict.reason = f"{pin.fact} could not be compared: {exc}. {pin.reason}"
+        verdict.status = {True: "ok", False: "violation", None: "unknown"}[passed]
+    if pin.unless_env:
+        verdict.expected += f" (or {waiver_text})"
+    if verdict.status != "ok" and waiver:
+        verdict.status = "ok"
+        verdict.reason = f"waived because {waiver_text} is set. {pin.reason}"
+    return verdict
+
+
+def _evaluate_known_bad(bad: KnownBad, fingerprint: dict) -> PinVerdict:
+    value = lookup(fingerprint, bad.fact)
+    verdict = PinVerdict(bad.name, "unknown", f"{bad.fact} not {bad.versions}", value, bad.reason, bad.link)
+    if _is_missing(value):
+        verdict.reason = f"{bad.fact} is unknown: {_why_missing(fingerprint, bad.fact)}. {bad.reason}"
+        return verdict
+    try:
+        verdict.status = "violation" if in_range(str(value), bad.versions) else "ok"
+    except InvalidVersion as exc:
+        verdict.reason = f"{bad.fact} could not be compared: {exc}. {bad.reason}"
+    return verdict
+
+
+def evaluate(manifest: PinManifest, fingerprint: dict) -> list[PinVerdict]:
+    """One verdict per pin and per known-bad entry, in manifest order."""
+    return [_evaluate_pin(p, fingerprint) for p in manifest.pins] + [
+        _evaluate_known_bad(b, fingerprint) for b in manifest.known_bad
+    ]
+
+
+def failed(verdicts: list[PinVerdict]) -> list[PinVerdict]:
+    """The verdicts that must stop a run: required pins that are violated or unknown (fail closed)."""
+    return [v for v in verdicts if v.severity == "required" and v.status != "ok"]

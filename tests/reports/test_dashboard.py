@@ -1,0 +1,133 @@
+"""The dashboard command: exit codes, summary line, escaping, self-containment and the 1,000-run bar."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reports.dashboard import build, main
+from reports.results import summarize, write_run
+from tests.reports.conftest import FIXTURE_RUNS, GOOD_RUNS, load_fixture, make_record
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_main(tmp_path: Path, *extra: str, runs: Path = FIXTURE_RUNS) -> tuple[int, Path]:
+    out = tmp_path / "site"
+    code = main(["--runs", str(runs), "--db", str(tmp_path / "h.sqlite"), "--out", str(out), *extra])
+    return code, out / "index.html"
+
+
+def test_builds_the_site_from_the_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, index = run_main(tmp_path)
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.out.strip() == (f"dashboard: {len(GOOD_RUNS)} runs ingested, 0 already stored, "
+                                    f"1 skipped; wrote {index}")
+    assert "20250613T030000Z-rocm-0bad00" in captured.err and "not valid JSON" in captured.err
+    html = index.read_text(encoding="utf-8")
+    assert 'id="matrix-table"' in html and 'id="parity-scores"' in html
+    assert '<b id="disagreement-count">5</b>' in html
+    assert "rocm.version" in html and "6.4.1" in html and "7.0.0" in html  # what changed
+    assert "20250613T030000Z-rocm-0bad00" in html  # the skipped run is named on the page too
+    # A second build ingests nothing new.
+    assert run_main(tmp_path)[0] == 0
+    assert f"0 runs ingested, {len(GOOD_RUNS)} already stored" in capsys.readouterr().out
+
+
+def test_strict_mode_fails_on_skipped_runs(tmp_path: Path) -> None:
+    assert run_main(tmp_path, "--strict")[0] == 2
+
+
+def test_missing_runs_dir_is_a_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_main(tmp_path, runs=tmp_path / "nope")[0] == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_damaged_history_exits_2_keeps_the_file_and_still_renders(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "h.sqlite"
+    db.write_bytes(b"\x00garbage" * 100)
+    code, index = run_main(tmp_path)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{db} is not a usable history database" in err and "move it aside" in err
+    assert db.read_bytes() == b"\x00garbage" * 100
+    assert index.exists() and "History store not used" in index.read_text(encoding="utf-8")
+
+
+def test_help_explains_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for needle in ("--runs DIR", "--db FILE", "--out DIR", "self-contained", "Exit status"):
+        assert needle in text
+
+
+def test_python_dash_m_reports_runs_the_cli(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "reports", "--runs", str(FIXTURE_RUNS), "--db",
+                           str(tmp_path / "h.sqlite"), "--out", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "runs ingested" in done.stdout and (tmp_path / "site" / "index.html").exists()
+
+
+def test_run_text_is_escaped(tmp_path: Path) -> None:
+    nasty = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    rec = make_record(run_id="20250101T000000Z-cuda-e5c4e0", target="cuda", checks=[
+        {"id": "checks/test_x.py::test_<b>bold</b>", "outcome": "failed", "message": nasty,
+         "bug_link": "javascript:alert(1)"}], fingerprint={"gpu": {"name": nasty}})
+    runs = tmp_path / "runs"
+    write_run(runs / rec["run_id"], rec, None, {})
+    build(runs, tmp_path / "h.sqlite", tmp_path / "site")
+    html = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "<script>alert" not in html and "<img src=x" not in html and "<b>bold</b>" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert 'href="javascript:' not in html
+    assert html.count("<script>") == 1  # only the page's own
+
+
+def test_page_is_self_contained(tmp_path: Path) -> None:
+    _, index = run_main(tmp_path)
+    html = index.read_text(encoding="utf-8")
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=\"(?!data:)", html)
+    # Outbound URLs appear only as the href of a link a person may click.
+    without_links = re.sub(r'<a class="ext" href="https://[^"]+"', "", html)
+    assert "http://" not in without_links and "https://" not in without_links
+
+
+def test_thousand_runs_render_within_the_bar(tmp_path: Path) -> None:
+    """1,000 ingested runs render in under 10 s (the issue's bar, for the 2-core machine)."""
+    templates = [load_fixture(r) for r in GOOD_RUNS]
+    runs = tmp_path / "runs"
+    for i in range(1000):
+        rec = copy.deepcopy(templates[i % len(templates)])
+        day, hour = divmod(i, 24)
+        month, mday = day // 28 + 1, day % 28 + 1
+        rec["run_id"] = f"2025{month:02d}{mday:02d}T{hour:02d}0000Z-{rec['target']}-{i:06x}"
+        rec["started_at"] = rec["finished_at"] = f"2025-{month:02d}-{mday:02d}T{hour:02d}:00:00Z"
+        rec["combo"] = f"combo-{i % 12}"
+        if i % 7 == 0:
+            rec["checks"][3]["outcome"] = "failed"
+        rec["summary"] = summarize(rec["checks"])
+        (runs / rec["run_id"]).mkdir(parents=True)
+        (runs / rec["run_id"] / "results.json").write_text(json.dumps(rec))
+    start = time.perf_counter()
+    result = build(runs, tmp_path / "h.sqlite", tmp_path / "site")
+    first = time.perf_counter() - start
+    assert len(result.ingest.ingested) == 1000 and not result.errors
+    start = time.perf_counter()
+    build(runs, tmp_path / "h.sqlite", tmp_path / "site")
+    again = time.perf_counter() - start
+    assert first < 10 and again < 10, (first, again)
+    html = result.index.read_text(encoding="utf-8")
+    assert html.count('class="colhead"') >= 12 * 2  # every combination is a column (platforms + matrix)
