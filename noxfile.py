@@ -79,7 +79,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(default=False)
 def dashboard(session: nox.Session) -> None:
     """Ingest reports/runs/* into reports/history.sqlite and render reports/site/index.html."""
-    _install_once(session, "--no-deps", "-e", ".", "jsonschema>=4.20")
+    _install_once(session, "--no-deps", "-e", ".", "jsonschema>=4.20", "tomli>=2; python_version<'3.11'")
     session.run("conformance", "dashboard", *session.posargs)
 
 

@@ -68,18 +68,25 @@ class EngineFactory:
         table = settings.targets()[self.run.resolved().resolved]
         return dict(table.get(self.run.engine, {})) | {"dtype": self.run.dtype_name} | overrides
 
-    def get(self, **overrides: Any) -> EngineProcess:
+    def get(self, model: Path | None = None, **overrides: Any) -> EngineProcess:
+        """The engine for these options (and model dir, default: the model under test), started once."""
         options = self.options(**overrides)
-        key = json.dumps(options, sort_keys=True)
+        model_dir = str(model or self.model.path)
+        key = json.dumps([model_dir, options], sort_keys=True)
         if key in self.live:
             self.live.move_to_end(key)
             return self.live[key]
+        default = json.dumps([str(self.model.path), self.options()], sort_keys=True)
         while len(self.live) >= self.max_alive:
-            self.live.popitem(last=False)[1].close()
+            # the default engine stays: session fixtures (engine, engine_greedy) hold it
+            victim = next((k for k in self.live if k != default), None)
+            if victim is None:
+                break
+            self.live.pop(victim).close()
         table = settings.targets()
         started = time.perf_counter()
         proc = EngineProcess(
-            self.run.engine, str(self.model.path), options, dict(table[self.run.resolved().resolved].get("env", {})),
+            self.run.engine, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {})),
             self.run.run_dir / f"engine-{self.run.engine}-{len(self.start_seconds)}.log",
             start_timeout_s=float(table["timeouts"]["engine_start_s"]))
         self.start_seconds[key] = time.perf_counter() - started

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -144,8 +145,10 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "gpu-llm-conformance"
 
 
-def write_checkpoint(spec: TinySpec, out_dir: Path, config_overrides: dict | None = None) -> Path:
-    """Write the tiny checkpoint to out_dir (config overrides are for negative controls)."""
+def write_checkpoint(spec: TinySpec, out_dir: Path, config_overrides: dict | None = None,
+                     weight_transform: Callable[[dict], dict] | None = None) -> Path:
+    """Write the tiny checkpoint to out_dir; config overrides and weight transforms make crafted
+    checkpoints (extreme sinks) and known-bad stacks for negative controls."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -154,7 +157,10 @@ def write_checkpoint(spec: TinySpec, out_dir: Path, config_overrides: dict | Non
     (out_dir / "generation_config.json").write_text(
         json.dumps({"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"]})
     )
-    save_file(_weights(spec), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    weights = _weights(spec)
+    if weight_transform is not None:
+        weights = weight_transform(weights)
+    save_file(weights, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     return out_dir
 
 
@@ -190,3 +196,51 @@ def tiny_gpt_oss(spec: TinySpec | None = None, root: Path | None = None) -> Tiny
 
 def with_spec(**changes: object) -> TinySpec:
     return replace(TinySpec(), **changes)
+
+
+# --- The tiny gpt-oss with the real o200k_harmony tokenizer (appended: the code above is unchanged) ---
+# The real 201088-token vocabulary with small dims keeps the checkpoint near 50 MB in bf16; two
+# layers still alternate sliding/full attention. It is what the server and harmony checks serve.
+TOKENIZER_SPEC = TinySpec(num_hidden_layers=2, hidden_size=64, intermediate_size=64, num_attention_heads=2,
+                          num_key_value_heads=1, vocab_size=201088, dtype="bfloat16")
+
+
+def tiny_gpt_oss_with_tokenizer(spec: TinySpec = TOKENIZER_SPEC, root: Path | None = None,
+                                vocab_path: Path | None = None) -> TinyModel:
+    """The cached tiny gpt-oss whose directory also holds the generated o200k_harmony HF tokenizer.
+
+    Special ids follow GPT_OSS.md (eos <|return|> 200002, pad <|endoftext|> 199999) and
+    generation_config.json lists the real model's eos ids, which is where vLLM takes the stop
+    tokens 200002 and 200012 from. Raises tokenizer.vocab.VocabUnavailable without a vocabulary."""
+    from conformance.tokenizer import hf_build, vocab
+
+    facts = vocab.facts()
+    if spec.vocab_size != int(facts["vocab_size"]):
+        raise ValueError(f"a tokenizer model needs vocab_size {facts['vocab_size']}, not {spec.vocab_size}")
+    vocab_path = vocab_path or vocab.ensure_o200k()
+    tok_dir = hf_build.hf_tokenizer_dir(vocab_path)
+    root = root or cache_root()
+    final = root / f"tiny-gpt-oss-tok-{spec.key()}-{tok_dir.name.rsplit('-', 1)[-1]}"
+    stamp = final / "content_hash"
+    if stamp.is_file() and (final / WEIGHTS_FILE).is_file():
+        recorded = stamp.read_text().strip()
+        if content_hash(final) == recorded and all((final / f).is_file() for f in hf_build.TOKENIZER_FILES):
+            return TinyModel(final, spec, recorded)
+        shutil.rmtree(final)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-tok-", dir=root))
+    eos, pad = int(facts["eos_token_id"]), int(facts["pad_token_id"])
+    write_checkpoint(spec, tmp, config_overrides={"eos_token_id": eos, "pad_token_id": pad,
+                                                  "bos_token_id": 199998})
+    (tmp / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 199998, "eos_token_id": [eos, pad, 200012], "pad_token_id": pad}, indent=2))
+    for name in hf_build.TOKENIZER_FILES:
+        shutil.copyfile(tok_dir / name, tmp / name)
+    digest = content_hash(tmp)
+    (tmp / "content_hash").write_text(digest + "\n")
+    os.chmod(tmp, 0o755)
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process won the race; its copy is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return TinyModel(final, spec, digest)

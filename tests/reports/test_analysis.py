@@ -116,11 +116,13 @@ def test_what_changed_finds_the_rocm_upgrade(sample_runs: History) -> None:
     assert [(t.lineage, t.last_green.run_id, t.first_red.run_id, t.still_red) for t in transitions] == [
         ("rocm gfx942 · rocm-latest", ROCM_GREEN, ROCM_RED, True)]
     changes = {c.path: (c.before, c.after) for c in transitions[0].changes}
-    assert changes["rocm.version"] == ("6.4.1", "7.0.0")
+    assert changes["platform.rocm_version"] == ("6.4.1", "7.0.0")
     assert changes["packages.torch"] == ("2.7.1+rocm6.4", "2.8.0+rocm7.0")
-    assert changes["packages.triton_kernels"] == ("1.0.0", None)
-    assert "collected_at" not in changes  # volatile keys are not "changes"
-    assert "host.kernel" not in changes  # unchanged keys are not listed
+    assert changes["packages.triton_kernels"] == ("1.0.0", "null")
+    assert changes["runtime.target.hip_version"] == ("6.4.43483", "7.0.51831")
+    assert "collected_at" not in changes and "duration_s" not in changes  # volatile keys are not "changes"
+    assert "platform.kernel_release" not in changes  # unchanged keys are not listed
+    assert len(changes) == 10
 
 
 def test_what_changed_reports_recovery_and_ignores_all_green() -> None:

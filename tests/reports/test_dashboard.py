@@ -35,7 +35,7 @@ def test_builds_the_site_from_the_samples(tmp_path: Path, capsys: pytest.Capture
     html = index.read_text(encoding="utf-8")
     assert 'id="matrix-table"' in html and 'id="parity-scores"' in html
     assert '<b id="disagreement-count">5</b>' in html
-    assert "rocm.version" in html and "6.4.1" in html and "7.0.0" in html  # what changed
+    assert "platform.rocm_version" in html and "6.4.1" in html and "7.0.0" in html  # what changed
     assert "20250613T030000Z-rocm-0bad00" in html  # the skipped run is named on the page too
     # A second build ingests nothing new.
     assert run_main(tmp_path)[0] == 0

@@ -147,7 +147,7 @@ def test_platform_labels_and_lineages(tmp_path: Path) -> None:
     assert runs["20250611T020044Z-cuda-e25b9f"].platform == "cuda H200 / torch 2.8 / vllm 0.11"
     assert runs["20250604T031512Z-rocm-a1f3c9"].platform == "rocm gfx942 / torch 2.7 / vllm 0.10"
     assert runs["20250612T031633Z-rocm-5e0d47"].platform == "rocm gfx942 / torch 2.8 / vllm 0.11"
-    assert runs["20250610T061133Z-cpu-d07a52"].platform == "cpu x86_64 avx2 / torch 2.13 / vllm 0.32"
+    assert runs["20250610T061133Z-cpu-d07a52"].platform == "cpu avx2 / torch 2.13 / vllm 0.32"
     # An upgrade keeps the lineage: trends and "what changed" follow it.
     assert runs["20250604T031512Z-rocm-a1f3c9"].lineage == runs["20250612T031633Z-rocm-5e0d47"].lineage \
         == "rocm gfx942 · rocm-latest"
@@ -215,11 +215,15 @@ def test_labels_from_the_env_checks_layout(target: str, fingerprint: dict, label
     assert (ident.label, ident.runtime_version) == (label, runtime)
 
 
-def test_fingerprint_diff_ignores_volatile_keys() -> None:
+def test_fingerprint_diff_ignores_volatile_keys_and_groups_lists() -> None:
     from reports.stack import diff_fingerprints
 
     later = json.loads(json.dumps(ENV_CHECKS_ROCM))
     later.update(collected_at="2025-06-13T00:00:00+00:00", duration_s=3.4)
     later["platform"]["rocm_version"] = "7.1.0"
+    later["platform"]["gfx_targets"] = ["gfx950"] * 8
+    later["platform"]["cpu_flags"] = ["avx2", "avx512f", "amx_tile"]
     assert [(c.path, c.before, c.after) for c in diff_fingerprints(ENV_CHECKS_ROCM, later)] == [
+        ("platform.cpu_flags.2", None, "amx_tile"),
+        ("platform.gfx_targets.*", "gfx942", "gfx950"),
         ("platform.rocm_version", "7.0.2", "7.1.0")]

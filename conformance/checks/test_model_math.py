@@ -1,0 +1,156 @@
+"""Model-math conformance: the gpt-oss config, RoPE/YaRN tables, the MoE block at many batch sizes,
+attention sinks at their extremes, the sliding-window boundary in prefill / decode / chunked prefill,
+and which known failure mode a stack is nearest to (GPT_OSS.md "Failure modes")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance import compare, gptoss_config, mathcheck
+from conformance.crafted import crafted
+from conformance.engines.worker import EngineError
+from conformance.reference import MUTATIONS, Reference
+
+AREA = "model-math"
+ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
+MOE_BATCH_SIZES = [1, 7, 128, 129, 512]
+
+
+def _call(engine, method, *args, timeout_s, **kwargs):
+    try:
+        return engine.call(method, *args, timeout_s=timeout_s, **kwargs)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.mark.p0
+def test_model_config_is_gpt_oss(model_under_test, record_figure):
+    """The checkpoint's config.json has the gpt-oss architecture: rope (yarn, factor 32, beta 32/1,
+    4096, truncate false), window 128 on even layers, head_dim 64, clamp 7, and for a real checkpoint
+    the layer/expert counts, vocab, special ids and parameter count of gpt-oss-20b/120b.
+
+    Catches: checkpoints converted with "LLaMA-style" configs (rope_theta 1e6, 80 layers), truncate
+    left at true (rounded YaRN), a window or layer pattern changed by a conversion script.
+    Reference: GPT_OSS.md "Architecture"; https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json
+    """
+    params = gptoss_config.count_params(model_under_test.path)
+    record_figure("params_billion", params / 1e9)
+    report = gptoss_config.check_config(model_under_test.config, params)
+    assert report.ok, f"config of {model_under_test.name} ({report.variant or 'not a published size'}): " + \
+        "; ".join(report.problems)
+
+
+@pytest.mark.p0
+def test_rope_tables_match_reference(engine, reference, call_timeout_s, record_figure):
+    """The engine's RoPE cos/sin cache equals the reference's YaRN tables at positions from 0 to
+    max_position_embeddings - 1: inv_freq (recovered at position 1), concentration and table values.
+
+    Catches: rounded YaRN correction range (vllm#27722), a missing or doubled concentration, a rotary
+    buffer left uninitialised after loading (exact at position 0, wrong everywhere else), wrong base.
+    Reference: GPT_OSS.md "RoPE with YaRN"; https://github.com/vllm-project/vllm/issues/27722
+    """
+    positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
+    got = _call(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
+    tol = gptoss_config.spec()["tolerances"]["rope"]["float32"]
+    report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, tol)
+    for name, value in report.figures.items():
+        record_figure(name, value)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+@pytest.mark.parametrize("m", MOE_BATCH_SIZES)
+def test_moe_block_matches_reference(m, engine, reference, run, call_timeout_s, record_figure):
+    """One MoE block (router with bias, top-4 renormalised, interleaved clamped SwiGLU, expert biases)
+    of the engine equals the fp64 reference on M tokens, for M in 1, 7, 128, 129, 512, on a sliding
+    and a full layer.
+
+    Catches: fused-MoE kernels wrong at some batch sizes (small-M paths, padding at 129), gate/up
+    de-interleaving, a missing clamp or +1, routing not renormalised, dropped router or expert biases.
+    Reference: GPT_OSS.md "SwiGLU", "MoE routing", failure modes 5-8
+    """
+    hidden = int(reference.cfg["hidden_size"])
+    x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
+    tol = gptoss_config.spec()["tolerances"]["moe"][run.dtype_name]
+    worst = 0.0
+    for layer in (0, 1):
+        got = _call(engine, "components:moe_block", layer, x.float(), timeout_s=call_timeout_s)
+        report = mathcheck.moe_close(got, reference.moe(layer, x.float().double()), tol, f"layer {layer}, M={m}")
+        worst = max(worst, report.figures.get("moe_max_rel_err", float("inf")))
+        report.raise_if_failed()
+    record_figure("moe_max_rel_err", worst)
+
+
+@pytest.mark.p1
+@pytest.mark.parametrize("variant", ["sinks_plus20", "sinks_minus_inf"])
+def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_timeout_s, record_figure):
+    """With every sink at +20 (attention output ~ 0) or -inf (plain softmax), prefill and decode on the
+    engine still match the reference for that checkpoint.
+
+    Catches: backends that ignore sinks, count them twice in split-KV decode, overflow on large sinks
+    or produce NaN for -inf sinks (several ROCm attention backends added sink support late).
+    Reference: GPT_OSS.md "Attention sinks", failure mode 4
+    """
+    path = crafted(variant)
+    tol, top_k = tolerance
+    try:
+        got = engines.get(model=path).call("generate_greedy", prompts.prompts, 4, top_k, prompt_logprobs=True,
+                                           timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    ref = Reference(path)
+    report = compare.logprobs_close(got, [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tol)
+    record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole-prefill", "chunked-prefill"])
+def test_sliding_window_boundary(chunked, engines, reference, model_under_test, tolerance, call_timeout_s,
+                                 record_figure):
+    """Around the window edge — key at distance 127 visible, at 128 masked — prefill, decode (prompts
+    of 126..130 tokens decoding across position 128) and 32-token chunked prefill agree with the reference.
+
+    Catches: a window off by one (Megatron-LM, mlx-lm, LightLLM shipped this), a window applied to
+    the wrong layers, or chunked prefill that loses the window across chunk boundaries.
+    Reference: GPT_OSS.md "Sliding window", failure mode 3
+    """
+    vocab = int(model_under_test.config["vocab_size"])
+    gen = torch.Generator().manual_seed(128)
+    prompts = [torch.randint(0, vocab - 8, (n,), generator=gen).tolist() for n in (126, 127, 128, 129, 130)]
+    options = {"enable_chunked_prefill": True, "max_num_batched_tokens": 32} if chunked else {}
+    tol, top_k = tolerance
+    try:
+        got = engines.get(**options).call("generate_greedy", prompts, 6, top_k, prompt_logprobs=True,
+                                          timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    report = compare.logprobs_close(got, [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tol)
+    record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_under_test, tolerance, record_figure):
+    """Diagnosis: the engine's prompt logprobs are far closer to the true reference than to any mutant;
+    the distance to each mutant is recorded, so a failing stack is named ("behaves like yarn_rounded").
+
+    Catches: the same failure modes as the parity check, and says which one a failing stack has.
+    Reference: GPT_OSS.md "Failure modes seen in the wild"
+    """
+    outputs, _ = engine_greedy
+    _, top_k = tolerance
+    sample = sorted(outputs, key=lambda c: -len(c.prompt_ids))[:3]
+
+    def distance(ref: Reference) -> float:
+        want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in sample]
+        return compare.logprobs_close(sample, want, compare.LogprobTolerance(float("inf"))).max_abs_dlogprob
+
+    true = distance(reference)
+    mutants = {name: distance(Reference(model_under_test.path, name)) for name in MUTATIONS}
+    name, near = mathcheck.nearest(mutants)
+    record_figure("distance_to_reference", true)
+    record_figure("distance_to_nearest_mutant", near)
+    assert true * 10 < near, (f"the stack is {true:.3g} from the reference but only {near:.3g} from the mutant "
+                              f"{name}: it behaves like {name}")

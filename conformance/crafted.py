@@ -1,0 +1,42 @@
+"""Crafted variants of the tiny checkpoint that push one component to its extremes (sinks at +20
+and at -inf), generated on first use beside the tiny model's cache."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from conformance.models import TinySpec, cache_root, write_checkpoint
+
+
+def _set_sinks(value: float) -> Callable[[dict], dict]:
+    def transform(weights: dict) -> dict:
+        return {k: torch.full_like(v, value) if k.endswith("self_attn.sinks") else v for k, v in weights.items()}
+
+    return transform
+
+
+CRAFTED: dict[str, Callable[[dict], dict]] = {
+    "sinks_plus20": _set_sinks(20.0),  # the sink takes ~all weight: attention output ~ 0
+    "sinks_minus_inf": _set_sinks(float("-inf")),  # no sink at all: plain softmax
+}
+
+
+def crafted(name: str, spec: TinySpec | None = None, root: Path | None = None) -> Path:
+    spec = spec or TinySpec()
+    root = root or cache_root()
+    final = root / f"crafted-{name}-{spec.key()}"
+    if (final / "model.safetensors").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".crafted-", dir=root))
+    write_checkpoint(spec, tmp, weight_transform=CRAFTED[name])
+    try:
+        tmp.rename(final)
+    except OSError:  # a concurrent run made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,348 @@
+"""The history store: every ingested run, its checks and figures, in one SQLite file.
+
+Several CI runners may ingest into one file at once, so the store uses WAL journaling, a generous busy
+timeout and one `BEGIN IMMEDIATE` transaction per run (a run is stored whole or not at all); ingest is
+idempotent by run id. The schema version lives in `PRAGMA user_version` and is raised by the ordered
+`MIGRATIONS`. The file is a cache of `reports/runs/*`: a damaged one is reported and left untouched for the
+user to move aside, never deleted or rewritten by this module.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timezone
+from pathlib import Path
+
+from reports.results import OUTCOMES, RESULTS_FILE, ResultsError, load_run, parse_time
+from reports.stack import identify
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 60_000
+
+# Each entry upgrades the schema by one version; never edit a released entry, append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: runs, checks, figures.
+    """
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        started_at TEXT NOT NULL,
+        finished_at TEXT,
+        target TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        combo TEXT,
+        tiers TEXT NOT NULL,
+        complete INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        model_hash TEXT,
+        fingerprint TEXT NOT NULL,
+        platform TEXT NOT NULL,
+        passed INTEGER NOT NULL, failed INTEGER NOT NULL, error INTEGER NOT NULL,
+        skipped INTEGER NOT NULL, xfailed INTEGER NOT NULL, xpassed INTEGER NOT NULL
+    );
+    CREATE TABLE checks (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        id TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        area TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        duration REAL NOT NULL,
+        message TEXT NOT NULL,
+        failure_class TEXT,
+        bug_link TEXT,
+        PRIMARY KEY (run_id, id)
+    );
+    CREATE TABLE figures (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        check_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        value REAL,
+        PRIMARY KEY (run_id, check_id, name)
+    );
+    """,
+    # 2: the lineage a run belongs to (trends and "what changed" follow it), the check's reference,
+    #    where the run was read from, and indexes for the dashboard's queries.
+    """
+    ALTER TABLE runs ADD COLUMN lineage TEXT NOT NULL DEFAULT '';
+    ALTER TABLE runs ADD COLUMN source TEXT;
+    ALTER TABLE checks ADD COLUMN reference TEXT NOT NULL DEFAULT '';
+    CREATE INDEX runs_by_lineage ON runs (lineage, started_at);
+    CREATE INDEX figures_by_check ON figures (check_id, name);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class HistoryError(RuntimeError):
+    """The history database cannot be used; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One stored run (the `runs` row), with its summary counts."""
+
+    run_id: str
+    started_at: str
+    target: str
+    engine: str
+    combo: str | None
+    tiers: tuple[str, ...]
+    complete: bool
+    model: str
+    platform: str
+    lineage: str
+    fingerprint: dict
+    summary: dict[str, int]
+
+    @property
+    def green(self) -> bool:
+        """Complete and nothing failed or errored (known bugs, xfailed, do not make a run red)."""
+        return self.complete and self.summary["failed"] == 0 and self.summary["error"] == 0
+
+
+@dataclass
+class IngestReport:
+    """What one ingest pass did: stored, already there, skipped (with one sentence of why per path)."""
+
+    ingested: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _broken(path: Path, why: str) -> HistoryError:
+    return HistoryError(f"{path} is not a usable history database ({why}); move it aside and run the "
+                        "dashboard again, which rebuilds it from reports/runs/*.")
+
+
+def history_error(path: Path | str, exc: sqlite3.Error) -> HistoryError:
+    """The one-sentence HistoryError for an SQLite error: a lock held too long is not damage."""
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+        return HistoryError(f"{path} stayed locked by another process for over {BUSY_TIMEOUT_MS // 1000} s "
+                            f"({exc}); run the dashboard again when the other ingest has finished.")
+    return _broken(Path(str(path)), str(exc))
+
+
+class History:
+    """An open history database. Use `History.open(path)` (or `":memory:"`) as a context manager."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | str) -> None:
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | str) -> History:
+        in_memory = str(path) == ":memory:"
+        if not in_memory:
+            path = Path(path)
+            # Check the header ourselves before SQLite touches the file, so garbage is never written over.
+            if path.exists() and path.stat().st_size > 0:
+                with open(path, "rb") as handle:
+                    if handle.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                        raise _broken(path, "it does not start with the SQLite header")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise history_error(path, exc) from None
+        history = cls(conn, path)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if not in_memory:
+                conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL is corruption-safe with WAL; a power cut may drop the last ingests, which the next
+                # build re-reads from reports/runs, and a commit without fsync keeps 1,000 ingests fast.
+                conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            history._migrate()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise history_error(path, exc) from None
+        except HistoryError:
+            conn.close()
+            raise
+        return history
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _user_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _migrate(self) -> None:
+        if self._user_version() == SCHEMA_VERSION:
+            return
+        # Re-read the version inside the write lock: another process may have migrated meanwhile.
+        self.conn.execute("BEGIN IMMEDIATE")  # outside the try: a failed BEGIN has nothing to roll back
+        try:
+            version = self._user_version()
+            if version > SCHEMA_VERSION:
+                raise HistoryError(f"{self.path} has history schema version {version}, newer than this "
+                                   f"tool's {SCHEMA_VERSION}; update the suite or move the file aside.")
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {number + 1}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def has_run(self, run_id: str, complete_only: bool = False) -> bool:
+        row = self.conn.execute("SELECT complete FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return row is not None and (bool(row[0]) or not complete_only)
+
+    def ingest_record(self, record: dict, source: str | None = None) -> bool:
+        """Store one validated record; False (and nothing written) when its run id is already stored.
+
+        The one exception: a stored *incomplete* run is replaced by a newer write of the same run id (a run
+        interrupted and then finished, or written before its last check), so a partial record never hides
+        the final one.
+        """
+        ident = identify(record["target"], record["fingerprint"])
+        summary = record["summary"]
+        self.conn.execute("BEGIN IMMEDIATE")  # one run, one transaction: stored whole or not at all
+        try:
+            stored = self.conn.execute("SELECT complete, finished_at, passed + failed + error + skipped + "
+                                       "xfailed + xpassed FROM runs WHERE run_id = ?",
+                                       (record["run_id"],)).fetchone()
+            newer = (int(record["complete"]), record["finished_at"], len(record["checks"]))
+            if stored is not None and not stored[0] and tuple(stored) != newer:
+                for table in ("figures", "checks", "runs"):
+                    self.conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (record["run_id"],))
+            cursor = self.conn.execute(
+                "INSERT OR IGNORE INTO runs (run_id, started_at, finished_at, target, engine, combo, "
+                "tiers, complete, model, model_hash, fingerprint, platform, passed, failed, error, skipped, "
+                "xfailed, xpassed, lineage, source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (record["run_id"], _utc(record["started_at"]), record["finished_at"], record["target"],
+                 record["engine"], record["combo"], json.dumps(record["tiers"]), int(record["complete"]),
+                 record["model"]["name"], record["model"].get("content_hash"),
+                 json.dumps(record["fingerprint"], sort_keys=True), ident.label,
+                 summary["passed"], summary["failed"], summary["error"], summary["skipped"],
+                 summary["xfailed"], summary["xpassed"], ident.lineage(record["combo"]), source))
+            if cursor.rowcount == 0:
+                self.conn.execute("ROLLBACK")
+                return False
+            self.conn.executemany(
+                "INSERT INTO checks (run_id, id, tier, area, outcome, duration, message, failure_class, "
+                "bug_link, reference) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(record["run_id"], c["id"], c["tier"], c["area"], c["outcome"], c["duration_s"],
+                  c["message"], c.get("failure_class"), c.get("bug_link"), c["reference"])
+                 for c in record["checks"]])
+            self.conn.executemany(
+                "INSERT INTO figures (run_id, check_id, name, value) VALUES (?,?,?,?)",
+                [(record["run_id"], c["id"], name, value) for c in record["checks"]
+                 for name, value in sorted(c["figures"].items())])
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        return True
+
+    def ingest_dir(self, runs_dir: Path) -> IngestReport:
+        """Ingest every `runs_dir/*/results.json`; bad ones are reported in `skipped`, never removed."""
+        report = IngestReport()
+        # Hidden entries are editors' and tools' scratch space, not runs.
+        run_dirs = sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and not p.name.startswith("."))
+        for run_dir in run_dirs:
+            name = run_dir.name
+            # Run dirs are named by run id, so a stored complete run is not parsed and validated again.
+            if self.has_run(name, complete_only=True):
+                report.already.append(name)
+                continue
+            if not (run_dir / RESULTS_FILE).exists():
+                why = f"{run_dir} has no {RESULTS_FILE} (an unfinished run?)."
+                report.skipped.append((str(run_dir), why))
+                continue
+            try:
+                record = load_run(run_dir)
+            except ResultsError as exc:
+                report.skipped.append((str(run_dir), str(exc)))
+                continue
+            stored = self.ingest_record(record, source=name)
+            (report.ingested if stored else report.already).append(record["run_id"])
+        return report
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return {table: self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                for table in ("runs", "checks", "figures")}
+
+    def runs(self) -> list[RunInfo]:
+        """Every run, oldest first."""
+        rows = self.conn.execute(
+            "SELECT run_id, started_at, target, engine, combo, tiers, complete, model, platform, lineage, "
+            "fingerprint, passed, failed, error, skipped, xfailed, xpassed FROM runs "
+            "ORDER BY started_at, run_id")
+        return [RunInfo(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), bool(r[6]), r[7], r[8], r[9],
+                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)))
+                for r in rows]
+
+    def checks(self, run_ids: Iterable[str]) -> dict[str, list[CheckRow]]:
+        """The checks (with figures) of the given runs, keyed by run id."""
+        ids = list(dict.fromkeys(run_ids))
+        out: dict[str, list[CheckRow]] = {run_id: [] for run_id in ids}
+        figures: dict[tuple[str, str], dict[str, float | None]] = {}
+        for chunk in _chunks(ids, 500):
+            marks = ",".join("?" * len(chunk))
+            for run_id, check_id, name, value in self.conn.execute(
+                    f"SELECT run_id, check_id, name, value FROM figures WHERE run_id IN ({marks}) "
+                    "ORDER BY name", chunk):
+                figures.setdefault((run_id, check_id), {})[name] = value
+            for row in self.conn.execute(
+                    "SELECT run_id, id, tier, area, outcome, duration, message, failure_class, bug_link, "
+                    f"reference FROM checks WHERE run_id IN ({marks}) ORDER BY id", chunk):
+                out[row[0]].append(CheckRow(*row, figures=figures.get((row[0], row[1]), {})))
+        return out
+
+    def tier_counts(self) -> dict[tuple[str, str], dict[str, int]]:
+        """Outcome counts per (run id, tier), for pass rates over time without loading every check."""
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        for run_id, tier, outcome, count in self.conn.execute(
+                "SELECT run_id, tier, outcome, COUNT(*) FROM checks GROUP BY run_id, tier, outcome"):
+            out.setdefault((run_id, tier), {})[outcome] = count
+        return out
+
+    def figure_points(self) -> list[tuple[str, str, str, str, float]]:
+        """(check id, figure name, lineage, started_at, value) for every numeric figure, oldest first."""
+        return list(self.conn.execute(
+            "SELECT f.check_id, f.name, r.lineage, r.started_at, f.value FROM figures f JOIN runs r "
+            "ON r.run_id = f.run_id WHERE f.value IS NOT NULL ORDER BY f.check_id, f.name, r.started_at"))
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One stored check result."""
+
+    run_id: str
+    id: str
+    tier: str
+    area: str
+    outcome: str
+    duration: float = 0.0
+    message: str = ""
+    failure_class: str | None = None
+    bug_link: str | None = None
+    reference: str = ""
+    figures: dict = field(default_factory=dict)
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _utc(stamp: str) -> str:
+    # Stored in one UTC spelling so that ORDER BY started_at is chronological across hosts' time zones.
+    return parse_time(stamp).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

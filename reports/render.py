@@ -1,0 +1,179 @@
+"""The dashboard page: its shell (inline CSS and JS from `templates/`) and the overview sections —
+headline tiles, pass rates per platform × tier, parity scores per tier × area and the parity matrix.
+
+The detail sections (disagreements, combinations, failures, what changed, trends, runs) are in
+`render_detail`. The page loads nothing from anywhere: a Content-Security-Policy forbids every fetch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reports import analysis, render_detail
+from reports.analysis import ALL, Column
+from reports.htmlbits import check_cell, e, pct, pill, score_style, section, table, target_badge
+from reports.numbers import short_number
+from reports.sitedata import SiteData
+
+TEMPLATES = Path(__file__).with_name("templates")
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
+       "base-uri 'none'; form-action 'none'")
+NAV = (("overview", "Overview"), ("platforms", "Platforms"), ("parity", "Parity"), ("matrix", "Matrix"),
+       ("rocm-cuda", "ROCm vs CUDA"), ("combos", "Combinations"), ("failures", "Failures"),
+       ("changes", "What changed"), ("trends", "Trends"), ("runs", "Runs"), ("diagnosis", "Diagnosis"))
+
+
+def column_head(column: Column) -> str:
+    combo = column.run.combo if column.run else None
+    return (f'<div class="colhead">{target_badge(column.target)}<b>{e(column.label)}</b>'
+            f'<small>{e(combo or "installed stack")}</small></div>')
+
+
+def _tiles(data: SiteData) -> str:
+    overall = next((s for s in data.scores if s.tier == ALL and s.area == ALL), None)
+    failed = sum(1 for d in data.disagreements if d.kind == "failed")
+    not_run = sum(1 for d in data.disagreements if d.kind == "not_run")
+    new = sum(1 for checks in data.latest_checks.values() for c in checks
+              if data.failure_class(c) in ("new_failure", "crash", "timeout", "could_not_run"))
+    red = sum(1 for t in data.transitions if t.transition.still_red)
+    tiles = [
+        ("Parity score", pct(overall.score if overall else None),
+         f"{overall.passing} of {overall.ran} checks pass on every platform" if overall else "no checks ran",
+         "good" if overall and overall.score == 1 else "warn"),
+        ("ROCm vs CUDA", str(failed), f"checks pass on CUDA, fail on ROCm · {not_run} not run on ROCm",
+         "bad" if failed else "good"),
+        ("Open failures", str(new), "new, crashed, timed-out or unrunnable checks in latest runs",
+         "bad" if new else "good"),
+        ("Regressions", str(red), "lineages red since a green run", "bad" if red else "good"),
+        ("History", str(len(data.runs)), f"runs of {len(data.columns)} platform lineages", "neutral"),
+    ]
+    cards = "".join(f'<div class="tile {tone}" data-tile="{e(name)}"><div class="tname">{e(name)}</div>'
+                    f'<div class="tval">{e(value)}</div><div class="tsub">{e(sub)}</div></div>'
+                    for name, value, sub, tone in tiles)
+    return f'<section id="overview"><div class="tiles">{cards}</div></section>'
+
+
+def _platforms(data: SiteData) -> str:
+    tiers = data.tiers
+    rows = []
+    for column in data.columns:
+        counts = analysis.tier_counts(data.latest_checks.get(column.key, []))
+        cells = []
+        for tier in [*tiers, ALL]:
+            tally = counts.get(tier, {})
+            rate = analysis.pass_rate(tally)
+            ran = sum(n for o, n in tally.items() if o not in analysis.NOT_RUN)
+            passing = sum(tally.get(o, 0) for o in analysis.PASSING)
+            bar = (f'<span class="bar"><i style="width:{rate * 100:.0f}%"></i></span>'
+                   if rate is not None else "")
+            cells.append(f'<td class="num" {score_style(rate)}>{pct(rate)} <small>{passing}/{ran}</small>'
+                         f"{bar}</td>" if tally else '<td class="num muted">–</td>')
+        run = column.run
+        status = "" if run is None or run.complete else ' <span class="badge c-crash">incomplete</span>'
+        rows.append(f"<tr><th>{column_head(column)}</th>{''.join(cells)}"
+                    f'<td><code>{e(run.run_id if run else "")}</code>{status}<br>'
+                    f'<small>{e(run.started_at if run else "")}</small></td></tr>')
+    head = ["Platform (latest run)", *[e(t.upper()) for t in tiers], "All", "Run"]
+    return section("platforms", "Pass rate per platform and tier", table(head, rows, "rates"),
+                   "Latest run of each platform lineage. Pass rate = passed or xpassed ÷ checks that ran "
+                   "(skipped checks are not applicable and do not count).")
+
+
+def _parity(data: SiteData) -> str:
+    areas = data.areas
+    by_key = {(s.tier, s.area): s for s in data.scores}
+    rows = []
+    for tier in [*data.tiers, ALL]:
+        cells = []
+        for area in [*areas, ALL]:
+            score = by_key.get((tier, area))
+            cells.append(f'<td class="num" {score_style(score.score)} data-score="{score.score:.4f}">'
+                         f"{pct(score.score)} <small>{score.passing}/{score.ran}</small></td>"
+                         if score else '<td class="num muted">–</td>')
+        label = "All tiers" if tier == ALL else tier.upper()
+        rows.append(f'<tr data-tier="{e(tier)}"><th>{e(label)}</th>{"".join(cells)}</tr>')
+    head = ["Tier", *[e(a) for a in areas], "All areas"]
+    intro = ("Share of checks passing on <b>every</b> platform that ran them (the latest run of each "
+             "lineage), per tier and area — the interop score of wpt.fyi. A check no platform ran is left "
+             "out.")
+    return section("parity", "Parity score", table(head, rows, "scores", 'id="parity-scores"'), intro)
+
+
+def _matrix(data: SiteData) -> str:
+    matrix = data.matrix
+    disagree = {d.check_id for d in data.disagreements if d.kind == "failed"}
+    rows = []
+    for tier, area, check_id in matrix.rows:
+        outcomes = matrix.outcomes(check_id)
+        everywhere = analysis.passes_everywhere(outcomes)
+        cells = []
+        for column in matrix.columns:
+            check = matrix.cells.get((check_id, column.key))
+            if check is None:
+                cells.append('<td class="cell none" title="not in this run">·</td>')
+                continue
+            tip = f"{column.label}: {check.outcome}"
+            if check.message:
+                tip += f"\n{check.message[:300]}"
+            found = data.diagnosis(check)
+            if found:
+                tip += f"\nDiagnosis: {found.signature.cause}"
+            figure = next((v for v in check.figures.values() if v is not None), None)
+            extra = f' <small class="fig">{e(short_number(figure))}</small>' if figure is not None else ""
+            cells.append(f'<td class="cell" data-outcome="{e(check.outcome)}" title="{e(tip)}">'
+                         f"{pill(check.outcome, extra)}</td>")
+        verdict = {True: "yes", False: "no", None: "n/a"}[everywhere]
+        flag = (' <span class="flag" title="passes on CUDA, fails on ROCm">≠</span>'
+                if check_id in disagree else "")
+        rows.append(f'<tr data-tier="{e(tier)}" data-area="{e(area)}" data-everywhere="{verdict}" '
+                    f'data-disagree="{int(check_id in disagree)}" data-text="{e(check_id.lower())} '
+                    f'{e(area.lower())}"><th class="rowhead">{check_cell(check_id)}{flag}</th>'
+                    f'<td>{e(tier.upper())}</td><td>{e(area)}</td>{"".join(cells)}</tr>')
+    head = ["Check", "Tier", "Area", *[column_head(c) for c in matrix.columns]]
+    tier_options = "".join(f'<option value="{e(t)}">{e(t.upper())}</option>' for t in data.tiers)
+    controls = (
+        '<div class="controls" role="search">'
+        '<input id="q" type="search" placeholder="Filter checks by name or area…" aria-label="filter checks">'
+        f'<select id="tier" aria-label="tier"><option value="">All tiers</option>{tier_options}</select>'
+        '<label><input id="only-disagree" type="checkbox"> only ROCm ≠ CUDA</label>'
+        '<label><input id="only-broken" type="checkbox"> only not passing everywhere</label>'
+        f'<span id="shown" class="muted">{len(matrix.rows)} of {len(matrix.rows)} checks shown</span></div>')
+    body = controls + table(head, rows, "matrix", f'id="matrix-table" data-total="{len(matrix.rows)}"')
+    intro = ("Latest run of each platform lineage. Hover a cell for the message and diagnosis; the small "
+             "number is the check's first measured figure. ≠ marks a ROCm-vs-CUDA disagreement.")
+    return section("matrix", "Parity matrix", body, intro)
+
+
+def render_page(data: SiteData) -> str:
+    """The whole self-contained index.html."""
+    css = (TEMPLATES / "site.css").read_text(encoding="utf-8")
+    js = (TEMPLATES / "site.js").read_text(encoding="utf-8")
+    nav = "".join(f'<a href="#{anchor}">{e(name)}</a>' for anchor, name in NAV)
+    notices = "".join(f'<div class="notice">{e(n)}</div>' for n in data.notices)
+    if data.skipped_inputs:
+        items = "".join(f"<li><code>{e(path)}</code> — {e(why)}</li>" for path, why in data.skipped_inputs)
+        notices += (f'<div class="notice" id="skipped-inputs"><b>{len(data.skipped_inputs)} run '
+                    f"director{'y was' if len(data.skipped_inputs) == 1 else 'ies were'} skipped</b> "
+                    f"(left in place, not ingested):<ul>{items}</ul></div>")
+    body = "".join([
+        _tiles(data), _platforms(data), _parity(data), _matrix(data),
+        render_detail.disagreements(data), render_detail.combinations(data), render_detail.failures(data),
+        render_detail.what_changed(data), render_detail.trends(data), render_detail.runs(data),
+        render_detail.catalogue(),
+    ])
+    title = "Inference stack conformance — parity dashboard"
+    return (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        # An inline empty icon: otherwise browsers request /favicon.ico from wherever the site is served.
+        '<link rel="icon" href="data:,">'
+        f"<title>{e(title)}</title><style>{css}</style></head>"
+        f'<body><header class="top"><div class="wrap"><h1>{e(title)}</h1>'
+        f'<p class="sub">Generated {e(data.generated_at)} from {len(data.runs)} runs · ROCm, CUDA and CPU '
+        f"stacks compared check by check</p><nav>{nav}</nav></div></header>"
+        f'<main class="wrap">{notices}{body}</main>'
+        f'<footer class="wrap muted">Built from reports/runs/*/results.json only. Check ids are pytest '
+        f"node ids; hover a shortened name for the full id.</footer>"
+        f"<script>{js}</script></body></html>\n"
+    )

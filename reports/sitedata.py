@@ -1,0 +1,118 @@
+"""Everything the dashboard page shows, gathered from the history store into one `SiteData` value.
+
+Queries are few and set-based (latest run per lineage, grouped tier counts, one figures join), so a history
+of a thousand runs renders in about a second; the HTML itself is built by `render` from this value alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from reports import analysis
+from reports.analysis import Column, Disagreement, Matrix, ParityScore, Transition
+from reports.history import CheckRow, History, RunInfo
+from reports.signatures import Diagnosis, diagnose
+from reports.svg import PALETTE
+
+# Reference platform first: columns read left to right as "CUDA says, ROCm says, the CPU default says".
+TARGET_ORDER = {"cuda": 0, "rocm": 1, "cpu": 2}
+
+
+@dataclass(frozen=True)
+class TransitionView:
+    """A green → red step with the checks that flipped across it."""
+
+    transition: Transition
+    flipped: list[tuple[CheckRow | None, CheckRow]]
+
+
+@dataclass
+class SiteData:
+    """The dashboard's content; built by `collect`, rendered by `render.render_page`."""
+
+    generated_at: str
+    runs: list[RunInfo]
+    columns: list[Column]
+    matrix: Matrix
+    scores: list[ParityScore]
+    disagreements: list[Disagreement]
+    latest_checks: dict[str, list[CheckRow]]
+    colors: dict[str, str]
+    transitions: list[TransitionView] = field(default_factory=list)
+    pass_trend: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    tier_trend: dict[tuple[str, str], list[tuple[str, float]]] = field(default_factory=dict)
+    figure_trend: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = field(default_factory=dict)
+    diagnoses: dict[tuple[str, str], Diagnosis] = field(default_factory=dict)
+    skipped_inputs: list[tuple[str, str]] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def tiers(self) -> list[str]:
+        return sorted({tier for tier, _area, _id in self.matrix.rows})
+
+    @property
+    def areas(self) -> list[str]:
+        return sorted({area for _tier, area, _id in self.matrix.rows})
+
+    def diagnosis(self, check: CheckRow) -> Diagnosis | None:
+        return self.diagnoses.get((check.run_id, check.id))
+
+    def failure_class(self, check: CheckRow) -> str | None:
+        found = self.diagnosis(check)
+        return analysis.failure_class(check, found.signature.failure_class if found else None)
+
+
+# Headline figures first: parity error, then throughput, then everything else by name.
+FIGURE_PRIORITY = ("max_abs_dlogprob", "top1_agreement", "tflops", "tokens_per_s", "hbm_gbps", "ttft")
+
+
+def _figure_order(check_id: str, name: str) -> tuple[int, str, str]:
+    ranks = (i for i, prefix in enumerate(FIGURE_PRIORITY) if name.startswith(prefix))
+    rank = next(ranks, len(FIGURE_PRIORITY))
+    return rank, name, check_id
+
+
+def collect(history: History, now: datetime | None = None) -> SiteData:
+    """Read the history store and compute every view of the dashboard."""
+    runs = history.runs()
+    latest = analysis.latest_per_lineage(runs)
+    columns = sorted((Column(key, run.platform, run.target, run) for key, run in latest.items()),
+                     key=lambda c: (TARGET_ORDER.get(c.target, 9), c.key))
+    by_run = history.checks(run.run_id for run in latest.values())
+    latest_checks = {c.key: by_run[c.run.run_id] for c in columns if c.run}
+    matrix = analysis.build_matrix(columns, latest_checks)
+    colors = {c.key: PALETTE[i % len(PALETTE)] for i, c in enumerate(columns)}
+    data = SiteData(
+        generated_at=(now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
+        runs=runs, columns=columns, matrix=matrix, scores=analysis.parity_scores(matrix),
+        disagreements=analysis.rocm_cuda_disagreements(matrix), latest_checks=latest_checks, colors=colors)
+
+    transitions = analysis.what_changed(runs)
+    pair_checks = history.checks(r.run_id for t in transitions for r in (t.last_green, t.first_red))
+    data.transitions = [TransitionView(t, analysis.flipped_checks(pair_checks[t.last_green.run_id],
+                                                                   pair_checks[t.first_red.run_id]))
+                        for t in transitions]
+
+    for checks in list(latest_checks.values()) + list(pair_checks.values()):
+        for check in checks:
+            if check.outcome not in analysis.PASSING and check.message:
+                found = diagnose(check.message)
+                if found:
+                    data.diagnoses[(check.run_id, check.id)] = found
+
+    tiers = history.tier_counts()
+    for run in runs:
+        rate = analysis.pass_rate(run.summary)
+        if rate is not None:
+            data.pass_trend.setdefault(run.lineage, []).append((run.started_at, rate))
+        for tier in run.tiers:
+            tier_rate = analysis.pass_rate(tiers.get((run.run_id, tier), {}))
+            if tier_rate is not None:
+                data.tier_trend.setdefault((tier, run.lineage), []).append((run.started_at, tier_rate))
+    figure_trend: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = defaultdict(dict)
+    for check_id, name, lineage, started_at, value in history.figure_points():
+        figure_trend[(check_id, name)].setdefault(lineage, []).append((started_at, value))
+    data.figure_trend = dict(sorted(figure_trend.items(), key=lambda kv: _figure_order(*kv[0])))
+    return data
