@@ -40,3 +40,21 @@ def crafted(name: str, spec: TinySpec | None = None, root: Path | None = None) -
     except OSError:  # a concurrent run made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def mxfp4(spec: TinySpec | None = None, root: Path | None = None) -> Path:
+    """The tiny model written in the real gpt-oss on-disk MXFP4 layout (experts quantized)."""
+    from conformance.quant.mxfp4 import write_mxfp4_checkpoint
+
+    spec = spec or TinySpec()
+    root = root or cache_root()
+    final = root / f"crafted-mxfp4-{spec.key()}"
+    if not (final / "model.safetensors").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".crafted-", dir=root))
+        write_mxfp4_checkpoint(spec, tmp)
+        try:
+            tmp.rename(final)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -47,7 +47,7 @@ def apply(items: list[pytest.Item], run_info: dict[str, Any], entries: list[dict
     for e in entries:
         if not matches(e.get("when", {}), run_info):
             continue
-        hit = [i for i in items if i.nodeid.startswith(e["check"])]
+        hit = [i for i in items if _short(i.nodeid).startswith(_short(e["check"]))]
         if not hit:
             unmatched.append(f"{e['file']}: {e['check']}")
         for item in hit:
@@ -57,6 +57,11 @@ def apply(items: list[pytest.Item], run_info: dict[str, Any], entries: list[dict
             else:
                 item.add_marker(pytest.mark.skip(reason=e.get("reason", "not applicable here")))
     return unmatched
+
+
+def _short(node_id: str) -> str:
+    """Ids relative to the checks directory, whatever rootdir pytest chose."""
+    return node_id.rsplit("/", 1)[-1]
 
 
 def link_of(message: str) -> str | None:

@@ -64,19 +64,21 @@ class EngineFactory:
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
         self.start_seconds: dict[str, float] = {}
 
-    def options(self, **overrides: Any) -> dict[str, Any]:
+    def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         table = settings.targets()[self.run.resolved().resolved]
-        return dict(table.get(self.run.engine, {})) | {"dtype": self.run.dtype_name} | overrides
+        return dict(table.get(kind or self.run.engine, {})) | {"dtype": self.run.dtype_name} | overrides
 
-    def get(self, model: Path | None = None, **overrides: Any) -> EngineProcess:
-        """The engine for these options (and model dir, default: the model under test), started once."""
-        options = self.options(**overrides)
+    def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
+        """The engine of this kind (default: the one under test) for these options and model dir
+        (default: the model under test), started once."""
+        kind = kind or self.run.engine
+        options = self.options(kind, **overrides)
         model_dir = str(model or self.model.path)
-        key = json.dumps([model_dir, options], sort_keys=True)
+        key = json.dumps([kind, model_dir, options], sort_keys=True)
         if key in self.live:
             self.live.move_to_end(key)
             return self.live[key]
-        default = json.dumps([str(self.model.path), self.options()], sort_keys=True)
+        default = json.dumps([self.run.engine, str(self.model.path), self.options()], sort_keys=True)
         while len(self.live) >= self.max_alive:
             # the default engine stays: session fixtures (engine, engine_greedy) hold it
             victim = next((k for k in self.live if k != default), None)
@@ -86,8 +88,8 @@ class EngineFactory:
         table = settings.targets()
         started = time.perf_counter()
         proc = EngineProcess(
-            self.run.engine, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {})),
-            self.run.run_dir / f"engine-{self.run.engine}-{len(self.start_seconds)}.log",
+            kind, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {})),
+            self.run.run_dir / f"engine-{kind}-{len(self.start_seconds)}.log",
             start_timeout_s=float(table["timeouts"]["engine_start_s"]))
         self.start_seconds[key] = time.perf_counter() - started
         self.live[key] = proc

@@ -1,0 +1,1 @@
+"""Checkpoint writers for quantized formats, written from the format specs, with their round trips."""
