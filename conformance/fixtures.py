@@ -122,6 +122,16 @@ def engine(engines: EngineFactory) -> EngineProcess:
 
 
 @pytest.fixture(scope="session")
+def fingerprint(run: RunContext, engine: EngineProcess) -> dict[str, Any]:
+    """The stack's fingerprint, collected once the engine has reported its backends."""
+    from conformance.recorder import fingerprint as collect
+
+    if run.fingerprint is None:
+        run.fingerprint = collect(run)
+    return run.fingerprint
+
+
+@pytest.fixture(scope="session")
 def call_timeout_s() -> float:
     return float(settings.targets()["timeouts"]["engine_call_s"])
 

@@ -50,7 +50,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
 def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
     from reports.results import write_run
 
-    fp = fingerprint(ctx)
+    fp = ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx)
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
 
 

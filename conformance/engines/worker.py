@@ -33,6 +33,10 @@ def _build(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) 
         from conformance.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine(model, options)
+    if kind == "device":
+        from conformance.engines.device_probe import DeviceProbe
+
+        return DeviceProbe(model, options)
     raise ValueError(f"unknown engine {kind!r}: use vllm or transformers")
 
 

@@ -43,7 +43,7 @@ def special_tokens(facts: dict | None = None) -> dict[int, str]:
     return {i: named.get(i, f"<|reserved_{i}|>") for i in range(first, int(facts["vocab_size"]))}
 
 
-def _byte_to_unicode() -> dict[int, str]:
+def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map that byte-level BPE files use."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
         range(ord("®"), ord("ÿ") + 1))
@@ -85,7 +85,7 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 def build_tokenizer(ranks: dict[bytes, int], specials: dict[int, str]):  # -> tokenizers.Tokenizer
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    b2u = _byte_to_unicode()
+    b2u = byte_to_unicode()
 
     def text(token: bytes) -> str:
         return "".join(b2u[b] for b in token)

