@@ -82,6 +82,7 @@ class PinVerdict:
     reason: str
     link: str | None = None
     severity: str = "required"
+    fact: str = ""
 
 
 def _need(path: Path, where: str, table: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -229,7 +230,7 @@ def _evaluate_pin(pin: Pin, fingerprint: dict) -> PinVerdict:
     env = fingerprint.get("env") or {}
     waiver = bool(pin.unless_env) and all(env.get(k) == v for k, v in pin.unless_env.items())
     waiver_text = " and ".join(f"{k}={v}" for k, v in pin.unless_env.items())
-    verdict = PinVerdict(pin.name, "unknown", "", value, pin.reason, pin.link, pin.severity)
+    verdict = PinVerdict(pin.name, "unknown", "", value, pin.reason, pin.link, pin.severity, pin.fact)
     if _is_missing(value):
         verdict.expected = f"{pin.fact} {pin.check} {pin.expected!r}"
         verdict.reason = f"{pin.fact} is unknown: {_why_missing(fingerprint, pin.fact)}. {pin.reason}"
@@ -252,7 +253,8 @@ def _evaluate_pin(pin: Pin, fingerprint: dict) -> PinVerdict:
 
 def _evaluate_known_bad(bad: KnownBad, fingerprint: dict) -> PinVerdict:
     value = lookup(fingerprint, bad.fact)
-    verdict = PinVerdict(bad.name, "unknown", f"{bad.fact} not {bad.versions}", value, bad.reason, bad.link)
+    verdict = PinVerdict(bad.name, "unknown", f"{bad.fact} not {bad.versions}", value, bad.reason, bad.link,
+                         fact=bad.fact)
     if _is_missing(value):
         verdict.reason = f"{bad.fact} is unknown: {_why_missing(fingerprint, bad.fact)}. {bad.reason}"
         return verdict

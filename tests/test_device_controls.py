@@ -62,3 +62,13 @@ def test_pin_check_rejects_gfx90a_on_the_mi300x_manifest():
 
 def test_pin_check_without_a_manifest_fails():
     assert pin_report({"platform": {"accelerator": "quantum"}}).problems
+
+
+def test_vllm_pins_are_advisory_when_the_engine_is_not_vllm():
+    fp = {"platform": {"accelerator": "none", "python": "3.11.7", "cpu_flags": ["avx2"]},
+          "packages": {"torch": "2.13.0+cpu", "vllm": None, "vllm_distribution": None}}
+    with_vllm = pin_report(fp, PINS_DIR / "cpu.toml", engine="vllm")
+    assert any(p.startswith("vllm_version unknown") for p in with_vllm.problems)
+    other = pin_report(fp, PINS_DIR / "cpu.toml", engine="transformers")
+    assert not any("vllm_version" in p for p in other.problems)
+    assert any("vllm_version" in a for a in other.advisories)

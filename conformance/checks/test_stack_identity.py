@@ -53,7 +53,7 @@ def test_stack_versions_recorded(engine, fingerprint):
 
 
 @pytest.mark.p0
-def test_stack_pins_hold(fingerprint, record_figure):
+def test_stack_pins_hold(run, fingerprint, record_figure):
     """The platform's pin manifest holds: kernel, driver, ROCm/CUDA, firmware (MEC >= 177 or
     HSA_NO_SCRATCH_RECLAIM=1), gfx target, device access, torch/vLLM ranges and known-bad versions.
 
@@ -63,7 +63,7 @@ def test_stack_pins_hold(fingerprint, record_figure):
     """
     from conformance.pins_check import pin_report
 
-    report = pin_report(fingerprint)
+    report = pin_report(fingerprint, engine=run.engine)
     record_figure("pins_checked", report.checked)
     record_figure("pins_failed", len(report.problems))
     record_figure("pins_advisory", len(report.advisories))

@@ -29,7 +29,7 @@ def rope_tables(engine: Any, positions: list[int]) -> tuple[torch.Tensor, torch.
         rot = model.model.rotary_emb
         dummy = torch.zeros(1, dtype=model.dtype, device=model.device)
         cos, sin = rot(dummy, pos[None].to(model.device))
-        half = cos.shape[-1] // 2
+        half = model.config.head_dim // 2  # some models return [cos, cos] over head_dim, gpt-oss only half
         return cos[0, :, :half].double().cpu(), sin[0, :, :half].double().cpu()
 
     return _apply(engine, vllm_tables if hasattr(engine, "llm") else hf_tables)

@@ -22,7 +22,8 @@ class DeviceProbe:
         if self.gpu:
             props = torch.cuda.get_device_properties(self.device)
             major, minor = torch.cuda.get_device_capability(self.device)
-            arch = getattr(props, "gcnArchName", "") or f"sm_{major}{minor}"
+            # gcnArchName carries the device name on CUDA builds: only HIP reports an ISA there
+            arch = props.gcnArchName if torch.version.hip else f"sm_{major}{minor}"
             info |= {"name": props.name, "isa": arch.split(":")[0], "isa_full": arch,
                      "arch_list": torch.cuda.get_arch_list(), "platform": "rocm" if torch.version.hip else "cuda",
                      "memory_gib": props.total_memory / 2**30}

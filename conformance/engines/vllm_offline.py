@@ -2,19 +2,51 @@
 
 Only public entry points are used for generation; the KV-cache state is read from the
 scheduler's block pool (in-process engine core), the one place that says which blocks are free.
+Internals are reached through `_attr`, which names the missing attribute and the vLLM version, so
+a renamed field fails the check that needed it with one clear sentence.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from conformance.engines.base import Completion, KVState, StepLogprobs
+from conformance.engines.observations import (
+    KVGroupLayout,
+    KVLayout,
+    RequestBlocks,
+    StepCounts,
+    StepwiseRun,
+    SubmitOutcome,
+)
 
 
 def _step(entry: dict | None, chosen: int) -> StepLogprobs:
     top = {int(t): float(lp.logprob) for t, lp in (entry or {}).items()}
     return StepLogprobs(int(chosen), top)
+
+
+def _completion(prompt: list[int], out: Any, prompt_logprobs: bool) -> Completion:
+    gen = out.outputs[0]
+    steps = [_step(e, t) for e, t in zip(gen.logprobs or [], gen.token_ids)]
+    prompt_steps = []
+    if prompt_logprobs:
+        prompt_steps = [_step(e, t) for e, t in zip((out.prompt_logprobs or [])[1:], prompt[1:])]
+    return Completion(list(prompt), list(gen.token_ids), steps, prompt_steps)
+
+
+def _attr(obj: Any, *path: str) -> Any:
+    """obj.a.b.c, or an AttributeError that says which vLLM internal is missing in this version."""
+    for name in path:
+        if not hasattr(obj, name):
+            import vllm
+
+            raise AttributeError(f"vLLM {vllm.__version__}: {type(obj).__name__} has no attribute {name!r} "
+                                 f"(needed: {'.'.join(path)}); the suite's vLLM adapter needs updating")
+        obj = getattr(obj, name)
+    return obj
 
 
 class VllmOffline:
@@ -24,6 +56,7 @@ class VllmOffline:
         self.options = dict(options)
         self.llm = LLM(model=model, skip_tokenizer_init=True, disable_log_stats=False, **self.options)
         self._ids = itertools.count()
+        self._internal_ids: dict[str, str] = {}  # vLLM appends a random suffix inside the engine core
 
     def _core(self) -> Any:
         return self.llm.llm_engine.engine_core.engine_core  # needs VLLM_ENABLE_V1_MULTIPROCESSING=0
@@ -70,15 +103,7 @@ class VllmOffline:
             self._params(max_tokens, top_k, prompt_logprobs),
             use_tqdm=False,
         )
-        result = []
-        for prompt, out in zip(prompts, outs):
-            gen = out.outputs[0]
-            steps = [_step(e, t) for e, t in zip(gen.logprobs or [], gen.token_ids)]
-            prompt_steps = []
-            if prompt_logprobs:
-                prompt_steps = [_step(e, t) for e, t in zip((out.prompt_logprobs or [])[1:], prompt[1:])]
-            result.append(Completion(list(prompt), list(gen.token_ids), steps, prompt_steps))
-        return result
+        return [_completion(prompt, out, prompt_logprobs) for prompt, out in zip(prompts, outs)]
 
     def kv_state(self) -> KVState:
         core = self._core()
@@ -109,8 +134,9 @@ class VllmOffline:
         from vllm.inputs import TokensPrompt
 
         rid = f"conformance-{next(self._ids)}"
-        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
-                                        self._params(max_tokens, 1, False))
+        internal = self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
+                                                   self._params(max_tokens, 1, False))
+        self._internal_ids[rid] = internal if isinstance(internal, str) else rid
         return rid
 
     def step(self, n: int = 1) -> None:
@@ -119,6 +145,124 @@ class VllmOffline:
 
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
+
+    # Engine conformance probes (issue 5): the KV layout, per-request blocks, stepwise runs.
+    def kv_layout(self) -> KVLayout:
+        """The paged KV cache as the engine built it, with the budget it was built from."""
+        core = self._core()
+        kv_cfg = _attr(core, "scheduler", "kv_cache_config")
+        cache_cfg = _attr(core, "vllm_config", "cache_config")
+        groups = []
+        for g in _attr(kv_cfg, "kv_cache_groups"):
+            spec = g.kv_cache_spec
+            groups.append(KVGroupLayout(
+                kind=type(spec).__name__, layer_names=list(g.layer_names),
+                sliding_window=getattr(spec, "sliding_window", None), block_size=int(spec.block_size),
+                num_kv_heads=int(_attr(spec, "num_kv_heads")), head_size=int(_attr(spec, "head_size")),
+                dtype_bytes=int(_attr(spec, "dtype").itemsize), page_size_bytes=int(spec.page_size_bytes)))
+        budget, source = self._kv_budget(cache_cfg)
+        requested = self.options.get("block_size")
+        return KVLayout(
+            num_blocks=int(_attr(kv_cfg, "num_blocks")), block_size=int(cache_cfg.block_size),
+            requested_block_size=int(requested) if requested is not None else None,
+            budget_bytes=budget, budget_source=source,
+            requested_budget_bytes=self.options.get("kv_cache_memory_bytes"),
+            num_gpu_blocks_override=getattr(cache_cfg, "num_gpu_blocks_override", None), groups=groups)
+
+    def _kv_budget(self, cache_cfg: Any) -> tuple[int | None, str]:
+        explicit = getattr(cache_cfg, "kv_cache_memory_bytes", None)
+        if explicit is not None:
+            return int(explicit), "kv_cache_memory_bytes"
+
+        def profiled(worker: Any) -> int | None:  # GPU workers keep what their memory profile left for KV
+            value = getattr(worker, "available_kv_cache_memory_bytes", None)
+            return int(value) if value is not None else None
+
+        try:
+            values = [v for v in self.llm.collective_rpc(profiled) if v is not None]
+        except Exception:  # noqa: BLE001 - a missing probe is reported as an unknown budget
+            values = []
+        return (min(values), "profiled") if values else (None, "unknown")
+
+    def scheduler_limits(self) -> dict[str, Any]:
+        cfg = _attr(self._core(), "vllm_config")
+        sched, cache = cfg.scheduler_config, cfg.cache_config
+        return {"max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens,
+                "enable_chunked_prefill": bool(getattr(sched, "enable_chunked_prefill", False)),
+                "enable_prefix_caching": bool(getattr(cache, "enable_prefix_caching", False)),
+                "max_model_len": cfg.model_config.max_model_len}
+
+    def request_blocks(self, request_id: str) -> RequestBlocks:
+        """Blocks a live request holds per KV-cache group, read from the allocator's own tables."""
+        core = self._core()
+        internal = self._internal_ids.get(request_id, request_id)
+        req = _attr(core, "scheduler", "requests").get(internal)
+        if req is None:
+            raise KeyError(f"request {request_id} is not live in the engine (finished or never added)")
+        managers = _attr(core, "scheduler", "kv_cache_manager", "coordinator", "single_type_managers")
+        held = [sum(1 for b in _attr(m, "req_to_blocks").get(internal, ()) if not b.is_null) for m in managers]
+        pool = _attr(core, "scheduler", "kv_cache_manager", "block_pool")
+        return RequestBlocks(request_id, int(req.num_computed_tokens), int(req.num_tokens), held,
+                             int(pool.get_num_free_blocks()))
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.llm.reset_prefix_cache())
+
+    def submit(self, label: str, prompt: list[int], max_tokens: int) -> SubmitOutcome:
+        """Submit one request; an accepted one is aborted at once (the probe is about admission)."""
+        started = time.perf_counter()
+        try:
+            rid = self.add_request(prompt, max_tokens)
+        except Exception as exc:  # noqa: BLE001 - the rejection itself is the observation
+            return SubmitOutcome(label, False, time.perf_counter() - started, type(exc).__name__, str(exc))
+        seconds = time.perf_counter() - started
+        self.abort([rid])
+        return SubmitOutcome(label, True, seconds, aborted=True)
+
+    def run_stepwise(self, prompts: list[list[int]], max_tokens: int | list[int], top_k: int = 1,
+                     arrivals: list[int] | None = None, intruders: list[tuple[int, str, list[int], int]] | None = None,
+                     prompt_logprobs: bool = False, max_steps: int = 20000) -> StepwiseRun:
+        """Feed requests at given steps (continuous batching) and step until all finish.
+
+        intruders: (step, label, prompt, max_tokens) submitted while the others are in flight."""
+        from vllm.inputs import TokensPrompt
+
+        engine, sched = self.llm.llm_engine, _attr(self._core(), "scheduler")
+        n = len(prompts)
+        budgets = list(max_tokens) if isinstance(max_tokens, list) else [max_tokens] * n
+        arrivals = list(arrivals) if arrivals is not None else [0] * n
+        ids = [f"conformance-{next(self._ids)}" for _ in prompts]
+        index = {rid: i for i, rid in enumerate(ids)}
+        done: list[Completion | None] = [None] * n
+        run = StepwiseRun([], first_token_step=[-1] * n, finish_step=[-1] * n, arrivals=arrivals)
+        later = list(intruders or [])
+        step = 0
+        while step < max_steps:
+            for i in (i for i in range(n) if arrivals[i] == step):
+                engine.add_request(ids[i], TokensPrompt(prompt_token_ids=prompts[i]),
+                                   self._params(budgets[i], top_k, prompt_logprobs))
+            for item in [x for x in later if x[0] == step]:
+                run.intruders.append(self.submit(*item[1:]))
+            later = [x for x in later if x[0] > step]
+            if not engine.has_unfinished_requests() and all(a <= step for a in arrivals) and not later:
+                break
+            for out in engine.step():
+                i = index.get(out.request_id)
+                if i is None:
+                    continue
+                if run.first_token_step[i] < 0 and out.outputs and out.outputs[0].token_ids:
+                    run.first_token_step[i] = step
+                if out.finished:
+                    done[i], run.finish_step[i] = _completion(prompts[i], out, prompt_logprobs), step
+            run.trace.append(StepCounts(step, len(sched.running), len(sched.waiting)))
+            step += 1
+        run.steps = step
+        left = [ids[i] for i in range(n) if done[i] is None]
+        run.unfinished = len(left)
+        if left:
+            self.abort(left)  # leave the engine clean for the next check
+        run.completions = [c if c is not None else Completion(list(p), []) for c, p in zip(done, prompts)]
+        return run
 
     def close(self) -> None:
         del self.llm
