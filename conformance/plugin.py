@@ -202,7 +202,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     ctx = ctx_of(session.config)
     ran = [r for r in ctx.records.values() if r.duration_s > 0]
-    if not ran and exitstatus != pytest.ExitCode.USAGE_ERROR:
+    if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # zero executed checks is a failure
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     recorder.write(ctx, int(session.exitstatus), complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))

@@ -79,3 +79,10 @@ def test_check_without_metadata_is_refused(tmp_path):
                            "--reports-dir", str(tmp_path / "runs"), "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "without required metadata" in proc.stdout + proc.stderr
+
+
+def test_a_run_with_no_checks_is_a_failure(tmp_path):
+    proc = conformance_run(tmp_path, "--tier", "p0", "-k", "no_check_has_this_name")
+    assert proc.returncode == 1
+    record = only_run(tmp_path)
+    assert record["complete"] is False and record["checks"] == []
