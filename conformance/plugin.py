@@ -125,6 +125,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch))}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
+    check_s = float(settings.targets()["timeouts"]["check_s"])
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

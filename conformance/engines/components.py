@@ -54,3 +54,26 @@ def moe_block(engine: Any, layer: int, x: torch.Tensor) -> torch.Tensor:
         return (out[0] if isinstance(out, tuple) else out)[0].double().cpu()
 
     return _apply(engine, vllm_moe if hasattr(engine, "llm") else hf_moe)
+
+
+def generate(engine: Any, prompts: list[list[int]], params: dict[str, Any]) -> list[dict[str, Any]]:
+    """vLLM generate with arbitrary sampling parameters: token ids and finish reason per prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                               SamplingParams(detokenize=False, **params), use_tqdm=False)
+    return [{"token_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason,
+             "stop_reason": o.outputs[0].stop_reason} for o in outs]
+
+
+def process_usage(engine: Any) -> dict[str, float]:
+    """RSS (MiB) and open file descriptors of the engine process, from /proc (Linux)."""
+    import os
+
+    rss = 0.0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    return {"rss_mib": rss, "open_fds": float(len(os.listdir("/proc/self/fd")))}

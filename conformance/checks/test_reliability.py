@@ -1,0 +1,121 @@
+"""P3 reliability: a soak with leak detection, randomized request mixes, and fault injection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from conformance import reliability, settings
+from conformance.engines.worker import EngineError
+
+AREA = "reliability"
+
+
+def _vllm_only(engine) -> None:
+    if engine.info.get("engine") != "vllm":
+        pytest.skip(f"the {engine.info.get('engine')} engine has no scheduler to soak")
+
+
+@pytest.mark.p3
+def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure):
+    """Rounds of mixed-length requests: engine RSS, open file descriptors and KV blocks in use after
+    each round must not grow beyond bounds kept as data once the warm-up rounds are over.
+
+    Catches: memory leaks in the engine (Python objects per request, pinned buffers), file-descriptor
+    leaks (sockets, shared memory), KV blocks never returned — failures that only show after hours.
+    Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; ARCHITECTURE.md tier P3
+    """
+    _vllm_only(engine)
+    cfg = settings.targets()["soak"]
+    vocab = int(model_under_test.config["vocab_size"])
+    samples = []
+    for r in range(cfg["rounds"]):
+        prompts = [[(r * 31 + i * 7 + j) % (vocab - 8) for j in range(5 + 37 * i)]
+                   for i in range(cfg["prompts_per_round"])]
+        engine.call("generate_greedy", prompts, 8, 1, timeout_s=call_timeout_s)
+        usage = engine.call("components:process_usage", timeout_s=call_timeout_s)
+        samples.append(usage | {"kv_used": float(engine.call("kv_state", timeout_s=call_timeout_s).used_blocks)})
+    report = reliability.soak_verdict(samples, cfg["warmup_rounds"], cfg["max_rss_growth_mib"], cfg["max_fd_growth"])
+    for name, value in report.figures().items():
+        record_figure(name, value)
+    assert not report.problems, "; ".join(report.problems)
+
+
+@pytest.mark.p3
+def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call_timeout_s, record_figure):
+    """Hypothesis draws request mixes (lengths, max_tokens, stop tokens, temperature/top-p/top-k, seeds,
+    batch sizes); every request finishes with a well-formed output and every KV block is free after.
+
+    Catches: scheduler crashes on unusual mixes, sampling kernels producing out-of-vocab ids, stop
+    handling off by one, leaks that only some parameter combinations trigger.
+    Reference: https://hypothesis.readthedocs.io/ ; https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
+    """
+    _vllm_only(engine)
+    vocab = int(model_under_test.config["vocab_size"])
+    max_len = int(settings.targets()["cpu"]["vllm"]["max_model_len"])
+    runs = {"n": 0}
+    request = st.fixed_dictionaries({
+        "prompt": st.lists(st.integers(0, vocab - 9), min_size=1, max_size=300),
+        "params": st.fixed_dictionaries({
+            "max_tokens": st.integers(1, 24),
+            "temperature": st.sampled_from([0.0, 0.7, 1.0, 1.5]),
+            "top_p": st.sampled_from([1.0, 0.9, 0.5]),
+            "top_k": st.sampled_from([-1, 1, 5, 50]),
+            "seed": st.integers(0, 2**31 - 1),
+            "stop_token_ids": st.lists(st.integers(0, vocab - 9), max_size=3),
+        }),
+    })
+
+    @hsettings(max_examples=settings.targets()["random_mix"]["max_examples"], deadline=None, database=None,
+               suppress_health_check=list(HealthCheck))
+    @given(st.lists(request, min_size=1, max_size=6))
+    def mix(requests: list[dict]) -> None:
+        runs["n"] += 1
+        for req in requests:  # one SamplingParams per call; requests of a mix still share the scheduler
+            out = engine.call("components:generate", [req["prompt"]], req["params"], timeout_s=call_timeout_s)[0]
+            problems = reliability.output_problems(out, len(req["prompt"]), req["params"], vocab, max_len)
+            assert not problems, f"{problems} for {req['params']} and a {len(req['prompt'])}-token prompt"
+        assert engine.call("kv_state", timeout_s=call_timeout_s).used_blocks == 0, "KV blocks left in use"
+
+    mix()
+    record_figure("examples", runs["n"])
+
+
+@pytest.mark.p3
+def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record_figure):
+    """Fault injection: the engine process is killed while it serves a long request; the client must
+    get an error naming the death within seconds, not hang, and the run goes on.
+
+    Catches: clients that wait forever on a dead engine (a hung CI job instead of a red one), errors
+    that lose the cause (signal, last output).
+    Reference: ARCHITECTURE.md rule 7 (isolation); https://docs.python.org/3/library/multiprocessing.html
+    """
+    victim = engines.get(seed=12345)  # its own engine: the shared one must survive
+    result: dict = {}
+
+    def long_call() -> None:
+        started = time.perf_counter()
+        try:
+            victim.call("generate_greedy", prompts.prompts * 50, 200, 1, timeout_s=120)
+            result["error"] = None
+        except EngineError as exc:
+            result["error"] = str(exc)
+        result["seconds"] = time.perf_counter() - started
+
+    worker = threading.Thread(target=long_call)
+    worker.start()
+    time.sleep(1.0)
+    killed_at = time.perf_counter()
+    victim.kill()
+    worker.join(60)
+    record_figure("seconds_to_error", time.perf_counter() - killed_at)
+    assert not worker.is_alive(), "the client was still waiting 60 s after the engine died"
+    assert result.get("error"), "the request 'succeeded' although its engine was killed"
+    assert "died" in result["error"] or "not running" in result["error"], result["error"]
+    assert Path(victim.log_path).exists()

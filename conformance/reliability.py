@@ -1,0 +1,55 @@
+"""Verdict helpers for the reliability checks: growth over a soak, and invariants of one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SoakReport:
+    samples: list[dict[str, float]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict[str, float]:
+        if not self.samples:
+            return {}
+        first, last = self.samples[0], self.samples[-1]
+        return {"rss_growth_mib": last["rss_mib"] - first["rss_mib"], "fd_growth": last["open_fds"] - first["open_fds"],
+                "max_kv_used_after_round": max(s["kv_used"] for s in self.samples), "rounds": float(len(self.samples))}
+
+
+def soak_verdict(samples: list[dict[str, float]], warmup: int, max_rss_mib: float, max_fds: float) -> SoakReport:
+    """samples: one per round after its requests finished: rss_mib, open_fds, kv_used."""
+    report = SoakReport(samples[warmup:])
+    if len(report.samples) < 2:
+        report.problems.append(f"only {len(report.samples)} rounds after warm-up: nothing to compare")
+        return report
+    figs = report.figures()
+    if figs["rss_growth_mib"] > max_rss_mib:
+        report.problems.append(f"engine RSS grew {figs['rss_growth_mib']:.0f} MiB over {len(report.samples)} rounds "
+                               f"(bound {max_rss_mib:.0f})")
+    if figs["fd_growth"] > max_fds:
+        report.problems.append(f"open file descriptors grew by {figs['fd_growth']:.0f} (bound {max_fds:.0f})")
+    leaked = [i for i, s in enumerate(report.samples) if s["kv_used"] > 0]
+    if leaked:
+        report.problems.append(f"KV blocks still in use after rounds {leaked[:5]}")
+    return report
+
+
+def output_problems(out: dict, prompt_len: int, params: dict, vocab: int, max_model_len: int) -> list[str]:
+    """Invariants of one finished request, whatever the sampling parameters."""
+    problems = []
+    ids = out["token_ids"]
+    limit = min(params["max_tokens"], max_model_len - prompt_len)
+    if len(ids) > limit:
+        problems.append(f"{len(ids)} tokens generated, more than max_tokens {params['max_tokens']}")
+    if any(not 0 <= t < vocab for t in ids):
+        problems.append("a token id outside the vocabulary")
+    stops = set(params.get("stop_token_ids") or [])
+    if stops and any(t in stops for t in ids[:-1]):
+        problems.append("generation went on past a stop token")
+    if out["finish_reason"] not in ("stop", "length"):
+        problems.append(f"finish_reason {out['finish_reason']!r}")
+    if out["finish_reason"] == "length" and len(ids) != limit:
+        problems.append(f"finished for length with {len(ids)} of {limit} tokens")
+    return problems
