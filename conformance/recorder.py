@@ -8,6 +8,7 @@ from typing import Any
 
 from conformance import runrecord
 from conformance.plugin import RunContext
+from reports.signatures import diagnose
 
 
 def fingerprint(ctx: RunContext) -> dict[str, Any]:
@@ -27,6 +28,10 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
     for r in records:
         if r.duration_s == 0 and r.outcome == "error" and not r.message:
             r.message = "did not run (the run was interrupted or stopped first)"
+        known = diagnose(r.message) if r.outcome in ("failed", "error") else None
+        if known and known.signature.failure_class:
+            r.failure_class = known.signature.failure_class  # e.g. a capability gap, not a new failure
+            r.bug_link = r.bug_link or known.signature.link
     return {
         "schema_version": 1,
         "run_id": ctx.run_id,
@@ -66,6 +71,10 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
                       f"{r.duration_s:6.1f}s  {figs}", **colour)
         if r.outcome in ("failed", "error") and r.message:
             tr.write_line(f"{'':9s} -> {r.message.splitlines()[0][:300]}")
+            known = diagnose(r.message)
+            if known:
+                tr.write_line(f"{'':9s}    known signature {known.signature.id}: {known.signature.cause} "
+                              f"Remedy: {known.signature.remedy}", yellow=True)
     counts = runrecord.summary_of(records)
     tr.write_line(", ".join(f"{v} {k}" for k, v in counts.items() if v))
     for u in ctx.unmatched_expectations:
