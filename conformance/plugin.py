@@ -5,6 +5,7 @@ Loaded with `-p conformance.plugin` (the `conformance` CLI and the nox sessions 
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import time
@@ -66,6 +67,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--reports-dir", default="reports/runs", help="where runs are written")
     g.addoption("--run-id", default=None, help="run id (default: time + target + random)")
     g.addoption("--combo", default=None, help="matrix combination id recorded in the run")
+    g.addoption("--server", default=None,
+                help="URL of a running OpenAI-compatible server to test (key: $CONFORMANCE_SERVER_API_KEY)")
+    g.addoption("--tokenizer-vocab", default=None, help="o200k_base.tiktoken file or folder (offline vocab)")
 
 
 def _new_run_id(target: str) -> str:
@@ -94,9 +98,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if not getattr(opt, "xmlpath", None):
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
     signal.signal(signal.SIGTERM, _sigterm)
-    from conformance import fixtures
+    for tier, what in (("p0", "the gate"), ("p1", "production"), ("p2", "performance"), ("p3", "extended")):
+        config.addinivalue_line("markers", f"{tier}: tier {tier.upper()}, {what}")
+    if opt.server:  # the serving checks read these; a user's server replaces the suite's own
+        os.environ["CONFORMANCE_SERVER_URL"] = opt.server
+    if opt.tokenizer_vocab:
+        os.environ["CONFORMANCE_TOKENIZER_VOCAB"] = opt.tokenizer_vocab
+    from conformance import fixtures, serving_fixtures
 
     config.pluginmanager.register(fixtures, "conformance-fixtures")
+    config.pluginmanager.register(serving_fixtures, "conformance-serving-fixtures")
 
 
 def ctx_of(config: pytest.Config) -> RunContext:

@@ -109,9 +109,8 @@ class VllmOffline:
         core = self._core()
         pool = core.scheduler.kv_cache_manager.block_pool
         kv_cfg = core.scheduler.kv_cache_config
-        groups = {
-            type(g.kv_cache_spec).__name__ + f"[{i}]": len(g.layer_names) for i, g in enumerate(kv_cfg.kv_cache_groups)
-        }
+        groups = {type(g.kv_cache_spec).__name__ + f"[{i}]": len(g.layer_names)
+                  for i, g in enumerate(kv_cfg.kv_cache_groups)}
         return KVState(
             num_blocks=pool.num_gpu_blocks,
             free_blocks=pool.get_num_free_blocks(),
@@ -200,7 +199,8 @@ class VllmOffline:
         if req is None:
             raise KeyError(f"request {request_id} is not live in the engine (finished or never added)")
         managers = _attr(core, "scheduler", "kv_cache_manager", "coordinator", "single_type_managers")
-        held = [sum(1 for b in _attr(m, "req_to_blocks").get(internal, ()) if not b.is_null) for m in managers]
+        held = [sum(1 for b in _attr(m, "req_to_blocks").get(internal, ()) if not b.is_null)
+                for m in managers]
         pool = _attr(core, "scheduler", "kv_cache_manager", "block_pool")
         return RequestBlocks(request_id, int(req.num_computed_tokens), int(req.num_tokens), held,
                              int(pool.get_num_free_blocks()))
@@ -220,7 +220,8 @@ class VllmOffline:
         return SubmitOutcome(label, True, seconds, aborted=True)
 
     def run_stepwise(self, prompts: list[list[int]], max_tokens: int | list[int], top_k: int = 1,
-                     arrivals: list[int] | None = None, intruders: list[tuple[int, str, list[int], int]] | None = None,
+                     arrivals: list[int] | None = None,
+                     intruders: list[tuple[int, str, list[int], int]] | None = None,
                      prompt_logprobs: bool = False, max_steps: int = 20000) -> StepwiseRun:
         """Feed requests at given steps (continuous batching) and step until all finish.
 

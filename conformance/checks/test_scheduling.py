@@ -1,0 +1,147 @@
+"""The scheduler changes when tokens are computed, never which: continuous batching, a small
+max_num_seqs, chunked prefill and preemption all give the greedy tokens (and logprobs within the
+tolerance) of each request served alone."""
+
+import pytest
+
+from conformance import compare
+from conformance.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE, engine_with
+
+AREA = "scheduling"
+
+
+def _vllm_only(engine) -> None:
+    if engine.info.get("engine") != "vllm":
+        pytest.skip(f"the {engine.info.get('engine')} engine has no scheduler to exercise")
+
+
+def _record(record_figure, report) -> None:
+    figures = report.figures() if callable(report.figures) else report.figures
+    for name, value in figures.items():
+        record_figure(name, value)
+
+
+def _mixed_requests(prompts) -> tuple[list[list[int]], list[int], list[int]]:
+    """Twelve requests: the prompt set and cuts of it, mixed output lengths, arriving in waves."""
+    base = prompts.prompts
+    cuts = [p[: max(3, len(p) // 3)] for p in base] + [p[len(p) // 2:] or p for p in base]
+    reqs = (base + cuts)[:12]
+    budgets = [prompts.max_tokens, 4, 24, 8, 16, 2, 12, 20, 6, 16, 10, 3][: len(reqs)]
+    arrivals = [0, 0, 0, 1, 1, 2, 3, 5, 8, 8, 13, 21][: len(reqs)]
+    return reqs, budgets, arrivals
+
+
+def _alone(proc, reqs, budgets, top_k, timeout_s, prompt_logprobs=False):
+    return [proc.call("generate_greedy", [p], n, top_k, prompt_logprobs=prompt_logprobs,
+                      timeout_s=timeout_s)[0] for p, n in zip(reqs, budgets)]
+
+
+@pytest.mark.p1
+def test_concurrent_requests_match_each_alone(engine, prompts, tolerance, call_timeout_s, record_figure):
+    """Twelve requests of mixed prompt and output lengths, arriving while others decode, give the
+    same greedy tokens and logprobs as each request run alone.
+
+    Catches: batch-dependent numerics beyond the tolerance, padding or slot-mapping bugs that let
+    one sequence see another's KV, outputs routed to the wrong request, requests dropped from a batch.
+    Reference: https://docs.vllm.ai/en/latest/design/arch_overview.html (continuous batching);
+      vLLM tests/models/utils.py check_logprobs_close
+    """
+    _vllm_only(engine)
+    tol, top_k = tolerance
+    reqs, budgets, arrivals = _mixed_requests(prompts)
+    batched = engine.call("run_stepwise", reqs, budgets, top_k, arrivals, timeout_s=call_timeout_s)
+    alone = _alone(engine, reqs, budgets, top_k, call_timeout_s)
+    report = compare.completions_equivalent(batched.completions, alone, tol, ("batched", "alone"))
+    _record(record_figure, report)
+    record_figure("max_running", batched.max_running)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_max_num_seqs_is_respected(engines, prompts, call_timeout_s, record_figure):
+    """With max_num_seqs=2, never more than two requests run in a step, the rest wait, and all finish.
+
+    Catches: a scheduler that over-admits (memory blow-ups on GPUs sized for the limit), or one that
+    never admits a waiting request again (a stuck queue).
+    Reference: vLLM SchedulerConfig.max_num_seqs (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
+    """
+    proc = engine_with(engines, **LIMITED_SCHEDULER)
+    _vllm_only(proc)
+    reqs = prompts.prompts
+    got = proc.call("run_stepwise", reqs, prompts.max_tokens, 1, timeout_s=call_timeout_s)
+    report = compare.concurrency_within(got, LIMITED_SCHEDULER["max_num_seqs"])
+    _record(record_figure, report)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_chunked_prefill_matches_unchunked(engines, prompts, tolerance, call_timeout_s, record_figure):
+    """Prompts prefilled in 32-token chunks give the same prompt logprobs, greedy tokens and logprobs
+    as prompts prefilled in one step (the default engine's budget covers every prompt).
+
+    Catches: chunk-boundary bugs (positions, RoPE offsets, sliding-window masks or sinks applied per
+    chunk instead of per sequence), prompt logprobs lost across chunks.
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#chunked-prefill
+    """
+    default = engine_with(engines)
+    _vllm_only(default)
+    tol, top_k = tolerance
+    reqs, lens = prompts.prompts, [len(p) for p in prompts.prompts]
+    budget = default.call("scheduler_limits", timeout_s=call_timeout_s)["max_num_batched_tokens"]
+    if budget < sum(lens):
+        pytest.fail(f"the default engine's token budget ({budget}) is below the prompt set "
+                    f"({sum(lens)} tokens): it is no unchunked baseline", pytrace=False)
+    whole = default.call("run_stepwise", reqs, prompts.max_tokens, top_k, prompt_logprobs=True,
+                         timeout_s=call_timeout_s)
+    chunked_engine = engine_with(engines, **LIMITED_SCHEDULER)
+    chunked = chunked_engine.call("run_stepwise", reqs, prompts.max_tokens, top_k, prompt_logprobs=True,
+                                  timeout_s=call_timeout_s)
+    steps = [compare.prefill_steps(whole, lens, budget, chunked=False),
+             compare.prefill_steps(chunked, lens, LIMITED_SCHEDULER["max_num_batched_tokens"], chunked=True)]
+    report = compare.completions_equivalent(chunked.completions, whole.completions, tol,
+                                            ("chunked", "unchunked"))
+    _record(record_figure, report)
+    record_figure("max_prefill_steps_chunked", steps[1].figures["max_prefill_steps"])
+    for r in steps:
+        r.raise_if_failed()
+    report.raise_if_failed()
+
+
+def _preemptible_requests(prompts, max_model_len: int) -> tuple[list[list[int]], int]:
+    """Six requests of ~20-45 prompt tokens that each grow to ~150 tokens: they fit alone, not together."""
+    source = max(prompts.prompts, key=len)
+    reqs = [source[7 * k: 7 * k + 20 + 5 * k] for k in range(6)]  # 20..45 tokens, distinct prefixes
+    return reqs, max_model_len - max(len(r) for r in reqs) - 10
+
+
+@pytest.mark.p1
+def test_preemption_keeps_outputs(engines, prompts, tolerance, call_timeout_s, record_figure):
+    """With a KV cache of 12 blocks, six long-running requests force preemptions (the counter proves
+    it) and every output still equals the same request on a cache big enough never to preempt.
+
+    Catches: recompute-after-preemption bugs (lost or duplicated tokens, stale KV reused, wrong
+    positions on resume), a scheduler that deadlocks instead of preempting, and a preemption counter
+    that does not count (a capacity dashboard blind to thrashing).
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; VLLM_CPU.md
+      "preemption" row (vllm:num_preemptions)
+    """
+    default = engine_with(engines)
+    _vllm_only(default)
+    tol, top_k = tolerance
+    reqs, max_tokens = _preemptible_requests(prompts, SMALL_KV_CACHE["max_model_len"])
+    before_big = default.call("metrics", timeout_s=call_timeout_s)
+    want = default.call("generate_greedy", reqs, max_tokens, top_k, timeout_s=call_timeout_s)
+    unpreempted = compare.counter_delta("vllm:num_preemptions", before_big,
+                                        default.call("metrics", timeout_s=call_timeout_s), maximum=0)
+    small = engine_with(engines, **SMALL_KV_CACHE)
+    before = small.call("metrics", timeout_s=call_timeout_s)
+    got = small.call("generate_greedy", reqs, max_tokens, top_k, timeout_s=call_timeout_s)
+    after = small.call("metrics", timeout_s=call_timeout_s)
+    preempted = compare.counter_delta("vllm:num_preemptions", before, after, minimum=1)
+    report = compare.completions_equivalent(got, want, tol, ("preempted", "large cache"))
+    for r in (preempted, report):
+        _record(record_figure, r)
+    record_figure("kv_blocks_small_cache", small.call("kv_layout", timeout_s=call_timeout_s).num_blocks)
+    unpreempted.raise_if_failed()
+    preempted.raise_if_failed()
+    report.raise_if_failed()

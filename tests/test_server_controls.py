@@ -1,0 +1,146 @@
+"""Negative controls of the server checks: deliberately broken OpenAI-compatible servers (a small
+loopback stub whose faults are chosen per test, and one real vLLM server told to stop on <|end|>)
+must fail the same probes the checks run; an unreachable URL must give one sentence."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conformance import server_probes as probes
+from conformance import settings
+from conformance.engines.vllm_server import ServerClient, ServerError, VllmServer, free_port
+from conformance.serving_fixtures import SERVER_DATE, external_server
+from conformance.tokenizer import vocab
+
+MODEL = "stub"
+
+
+class StubHandler(BaseHTTPRequestHandler):
+    """A server with the faults in `server.faults`: a set of names (see the tests)."""
+
+    def log_message(self, *args: object) -> None:  # keep pytest's output clean
+        pass
+
+    def _send(self, status: int, body: object, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorised(self) -> bool:
+        return "ignores_key" in self.server.faults or self.headers.get("Authorization") == "Bearer right-key"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path == "/health":
+            return self._send(200, {})
+        if self.path == "/metrics":
+            text = "" if "no_metrics" in self.server.faults else (
+                f'vllm:kv_cache_usage_perc{{model_name="{MODEL}"}} 0.0\n'
+                f'vllm:num_requests_running{{model_name="{MODEL}"}} 0.0\n'
+                f'vllm:num_requests_waiting{{model_name="{MODEL}"}} 0.0\n')
+            return self._send(200, text.encode(), "text/plain")
+        if not self._authorised():
+            return self._send(401, {"error": "Unauthorized"})
+        return self._send(200, {"data": [{"id": MODEL, "max_model_len": 64}]})
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if not self._authorised():
+            return self._send(401, {"error": "Unauthorized"})
+        if isinstance(body.get("prompt"), list) and len(body["prompt"]) > 64:
+            if "accepts_long_prompts" not in self.server.faults:
+                return self._send(400, {"error": {"message": "prompt too long"}})
+        token = int(next(iter(body.get("logit_bias") or {"5": 0})))
+        stops = token in (200002, 200012) or ("stops_on_end" in self.server.faults and token == 200007)
+        ids = [token] if stops else [token] * body.get("max_tokens", 1)
+        self._send(200, {"choices": [{"message": {"content": "x"}, "text": "x", "token_ids": ids,
+                                      "finish_reason": "stop" if stops else "length"}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": len(ids)}})
+
+
+@pytest.fixture
+def stub(request: pytest.FixtureRequest) -> Iterator[ServerClient]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
+    server.faults = set(getattr(request, "param", ()))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield ServerClient(f"http://127.0.0.1:{server.server_address[1]}", "right-key", timeout_s=10)
+    server.shutdown()
+    server.server_close()
+
+
+def test_probes_pass_on_a_correct_stub(stub: ServerClient):
+    for probe in (probes.api_key_enforced(stub, MODEL), probes.metrics(stub, MODEL),
+                  probes.oversized_prompt_rejected(stub, MODEL, 64),
+                  probes.stop_tokens(stub, MODEL, [200002, 200012], [200007], 10)):
+        probe.raise_if_failed()
+
+
+@pytest.mark.parametrize("stub", [("ignores_key",)], indirect=True)
+def test_api_key_check_rejects_a_server_that_ignores_the_key(stub: ServerClient):
+    probe = probes.api_key_enforced(stub, MODEL)
+    assert not probe.ok and all("not 401" in p for p in probe.problems) and len(probe.problems) == 3
+
+
+@pytest.mark.parametrize("stub", [("stops_on_end",)], indirect=True)
+def test_stop_token_check_rejects_a_server_that_stops_on_end(stub: ServerClient):
+    probe = probes.stop_tokens(stub, MODEL, [200002, 200012], [200007], 10)
+    assert not probe.ok and len(probe.problems) == 1 and "200007" in probe.problems[0]
+
+
+@pytest.mark.parametrize("stub", [("no_metrics",)], indirect=True)
+def test_metrics_check_rejects_missing_series(stub: ServerClient):
+    probe = probes.metrics(stub, MODEL)
+    assert len(probe.problems) == len(probes.METRIC_SERIES)
+
+
+@pytest.mark.parametrize("stub", [("accepts_long_prompts",)], indirect=True)
+def test_oversized_prompt_check_rejects_a_server_that_accepts_it(stub: ServerClient):
+    probe = probes.oversized_prompt_rejected(stub, MODEL, 64)
+    assert not probe.ok and "not 400" in probe.problems[0]
+
+
+def test_unreachable_server_url_gives_one_sentence():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(ServerError) as err:
+        external_server(url)
+    msg = str(err.value)
+    assert url in msg and "CONFORMANCE_SERVER_URL" in msg and "\n" not in msg and "Traceback" not in msg
+    with pytest.raises(ServerError, match="not an http"):
+        ServerClient("127.0.0.1:8000").get("/health")
+
+
+@pytest.mark.slow
+def test_stop_token_check_rejects_real_vllm_told_to_stop_on_end(tmp_path: Path):
+    """The real server, with a generation_config that lists <|end|> 200007 where <|call|> 200012 belongs
+    (GPT_OSS.md failure mode 12), must fail the stop-token probe on both; its 401s still hold."""
+    from conformance.models import tiny_gpt_oss_with_tokenizer
+
+    good = tiny_gpt_oss_with_tokenizer().path
+    model = tmp_path / "stops-on-end"
+    model.mkdir()
+    for f in good.iterdir():
+        (model / f.name).symlink_to(f)
+    (model / "generation_config.json").unlink()
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200007]}))
+    table = settings.targets()
+    env = {k: v for k, v in table["cpu"]["env"].items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env |= vocab.vocab_env(vocab.ensure_o200k().parent) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
+    server = VllmServer(str(model), "bad", dict(table["cpu"]["vllm"]) | {"dtype": "float32"}, env,
+                        tmp_path / "server.log", api_key="k")
+    with server:
+        client = server.client()
+        probe = probes.stop_tokens(client, "bad", [200002, 200012], [200007], 120)
+        probes.api_key_enforced(client, "bad").raise_if_failed()
+    assert not probe.ok and len(probe.problems) == 2, probe.problems
+    assert probe.problems[0].startswith("token 200012 must end") and "200007" in probe.problems[1]
+    shutil.rmtree(model)

@@ -1,0 +1,207 @@
+"""Negative controls of the tokenizer and harmony checks: broken tokenizers, broken chat templates and
+broken renderings must be rejected by the same verdict code the checks use; the offline vocabulary
+must be the exact o200k_base and fail with one sentence when it cannot be had."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.compare import CheckFailed
+from conformance.tokenizer import fidelity, harmony, hf_build, vocab
+
+
+@pytest.fixture(scope="session")
+def o200k_path() -> Path:
+    return vocab.ensure_o200k()
+
+
+@pytest.fixture(scope="session")
+def good_dir(o200k_path: Path) -> Path:
+    return hf_build.hf_tokenizer_dir(o200k_path)
+
+
+@pytest.fixture(scope="session")
+def enc(o200k_path: Path):
+    with vocab.offline(o200k_path.parent):
+        import tiktoken
+
+        return tiktoken.get_encoding("o200k_harmony")
+
+
+@pytest.fixture(scope="session")
+def hrm(o200k_path: Path):
+    with vocab.offline(o200k_path.parent):
+        return harmony.load_encoding()
+
+
+def load(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def good_tok(good_dir: Path):
+    return load(good_dir)
+
+
+def mutated(good_dir: Path, tmp_path: Path, edit) -> object:
+    """A copy of the generated tokenizer with tokenizer.json changed by edit(json) -> None."""
+    for name in hf_build.TOKENIZER_FILES:
+        shutil.copyfile(good_dir / name, tmp_path / name)
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    edit(data)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    return load(tmp_path)
+
+
+def test_rebuilt_vocab_is_exactly_o200k_base_and_found_offline(o200k_path: Path, enc):
+    blob = o200k_path.read_bytes()
+    assert hashlib.sha256(blob).hexdigest() == vocab.facts()["o200k_base_sha256"]
+    alias = o200k_path.parent / vocab.tiktoken_cache_name()
+    assert alias.read_bytes() == blob  # what tiktoken's read_file_cached opens instead of downloading
+    assert enc.n_vocab == 201088 and enc.encode("<|call|>", allowed_special="all") == [200012]
+
+
+def test_user_vocab_file_from_the_env_is_used(o200k_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(vocab.VOCAB_ENV, str(o200k_path.parent))  # a directory holding the file works too
+    monkeypatch.setitem(sys.modules, "quicktok", None)  # so it cannot have come from quicktok
+    got = vocab.ensure_o200k(tmp_path / "cache")
+    assert got.read_bytes() == o200k_path.read_bytes()
+
+
+def test_wrong_vocab_file_is_refused_in_one_sentence(tmp_path: Path):
+    bad = tmp_path / "o200k_base.tiktoken"
+    bad.write_bytes(b"YQ== 0\n")
+    with pytest.raises(vocab.VocabUnavailable) as err:
+        vocab.ensure_o200k(tmp_path / "cache", source=bad)
+    msg = str(err.value)
+    assert "not o200k_base" in msg and "\n" not in msg
+
+
+def test_missing_quicktok_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "quicktok", None)  # import quicktok now raises ImportError
+    monkeypatch.delenv(vocab.VOCAB_ENV, raising=False)
+    with pytest.raises(vocab.VocabUnavailable) as err:
+        vocab.ensure_o200k(tmp_path / "empty")
+    assert "quicktok-v1" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fidelity_passes_on_the_generated_tokenizer(good_tok, enc):
+    facts = vocab.facts()
+    for report in (fidelity.compare_vocabulary(good_tok, enc, int(facts["mergeable_ranks"])),
+                   fidelity.compare_specials(good_tok, enc, facts),
+                   fidelity.compare_corpus(good_tok, enc, fidelity.load_corpus())):
+        report.raise_if_failed()
+
+
+def test_vocabulary_check_rejects_two_swapped_ranks(good_dir, tmp_path, enc):
+    def swap(data: dict) -> None:
+        v = data["model"]["vocab"]
+        v["Ġthe"], v["Ġof"] = v["Ġof"], v["Ġthe"]
+
+    report = fidelity.compare_vocabulary(mutated(good_dir, tmp_path, swap), enc, 199998)
+    assert not report.ok and len(report.problems) == 2
+    with pytest.raises(CheckFailed, match="id 290"):
+        report.raise_if_failed()
+
+
+def test_corpus_check_rejects_a_merge_moved_to_the_end(good_dir, tmp_path, enc):
+    def demote(data: dict) -> None:
+        merges = data["model"]["merges"]
+        merges.append(merges.pop(merges.index(["a", "a"])))
+
+    report = fidelity.compare_corpus(mutated(good_dir, tmp_path, demote), enc, fidelity.load_corpus())
+    assert not report.ok and any(p.startswith("long_repeat") for p in report.problems)
+
+
+def test_corpus_check_rejects_a_normalizing_tokenizer(good_dir, tmp_path, enc):
+    def nfc(data: dict) -> None:
+        data["normalizer"] = {"type": "NFC"}
+
+    report = fidelity.compare_corpus(mutated(good_dir, tmp_path, nfc), enc, fidelity.load_corpus())
+    assert not report.ok and any(p.startswith("nfc_vs_nfd") for p in report.problems)
+
+
+def test_specials_check_rejects_a_shifted_special_id(good_dir, tmp_path, enc):
+    def shift(data: dict) -> None:
+        added = {t["id"]: t for t in data["added_tokens"]}
+        added[200007]["content"], added[200008]["content"] = "<|message|>", "<|end|>"
+
+    report = fidelity.compare_specials(mutated(good_dir, tmp_path, shift), enc, vocab.facts())
+    assert not report.ok
+    assert any("<|end|>" in p and "[200008]" in p for p in report.problems)
+
+
+def test_specials_check_rejects_a_missing_special_token(good_dir, tmp_path, enc):
+    def drop(data: dict) -> None:
+        data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<|call|>"]
+
+    report = fidelity.compare_specials(mutated(good_dir, tmp_path, drop), enc, vocab.facts())
+    assert not report.ok and any("<|call|>" in p for p in report.problems)
+
+
+CASES = {c.name: c for c in harmony.load_cases()}
+# Chat-template mutations the harmony comparison must reject: (old text, new text, case that shows it)
+TEMPLATE_BUGS = {
+    "lowercase_reasoning": ("'\\n\\nReasoning: '", "'\\n\\nreasoning: '", "reasoning_low"),
+    "return_in_history": ("'<|start|>assistant<|channel|>final<|message|>' ~ m.content ~ '<|end|>'",
+                          "'<|start|>assistant<|channel|>final<|message|>' ~ m.content ~ '<|return|>'",
+                          "multi_turn_history"),
+    "constrain_dropped": ("' <|constrain|>json<|message|>'", "' json<|message|>'", "tool_call_history"),
+}
+
+
+def render_template(tok, template: str, case: harmony.ChatCase) -> list[int]:
+    text = tok.apply_chat_template(case.messages, tools=case.tools, reasoning_effort=case.reasoning_effort,
+                                   conversation_start_date="2025-08-05", add_generation_prompt=True,
+                                   tokenize=False, chat_template=template)
+    return tok.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("bug", sorted(TEMPLATE_BUGS))
+def test_template_check_rejects_a_broken_chat_template(bug, good_tok, hrm):
+    old, new, case_name = TEMPLATE_BUGS[bug]
+    template = hf_build.CHAT_TEMPLATE.read_text()
+    assert old in template, f"the mutation {bug} no longer applies to the template"
+    case = CASES[case_name]
+    want = harmony.render_reference(case, hrm, "2025-08-05")
+    harmony.compare_rendering(case.name, "template", render_template(good_tok, template, case), want,
+                              hrm).raise_if_failed()  # the good template passes
+    report = harmony.compare_rendering(case.name, "template", render_template(good_tok, template.replace(old, new),
+                                                                              case), want, hrm)
+    assert not report.ok
+    with pytest.raises(CheckFailed, match="differs"):
+        report.raise_if_failed()
+
+
+@pytest.mark.parametrize("old,new,case_name", [
+    ("Reasoning: low", "reasoning: low", "reasoning_low"),
+    ("final<|message|>Blue.<|end|>", "final<|message|>Blue.<|return|>", "multi_turn_history"),
+    ("Reasoning: high", "Reasoning: medium", "multi_turn_history"),  # reasoning_effort ignored
+])
+def test_server_rendering_check_rejects_a_wrong_rendering(old, new, case_name, hrm):
+    """What test_server_prompt_matches_harmony does with a server's ids, on ids broken on purpose."""
+    want = harmony.render_reference(CASES[case_name], hrm, "2025-08-05")
+    text = hrm.decode_utf8(want)
+    assert old in text
+    bad = hrm.encode(text.replace(old, new), allowed_special="all")
+    report = harmony.compare_rendering(case_name, "server prompt", bad, want, hrm)
+    assert not report.ok and "differs" in report.problems[0]
+    assert not harmony.compare_rendering(case_name, "server prompt", None, want, hrm).ok  # no ids is a failure
+
+
+def test_stop_token_verdict_rejects_stopping_on_end():
+    obs = harmony.StopObservation
+    good = [obs(200002, "stop", [200002]), obs(200012, "stop", [200012]), obs(200007, "length", [200007] * 4)]
+    assert harmony.stop_token_verdict(good, [200002, 200012], [200007]) == []
+    bad = [obs(200002, "stop", [200002]), obs(200012, "length", [200012] * 4), obs(200007, "stop", [200007])]
+    problems = harmony.stop_token_verdict(bad, [200002, 200012], [200007])
+    assert len(problems) == 2 and "200012" in problems[0] and "200007" in problems[1]
+    assert harmony.stop_token_verdict(good[:2], [200002, 200012], [200007])  # a missing observation fails
