@@ -148,7 +148,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in items:
         tier = next(m.name for m in item.iter_markers() if m.name in runrecord.TIERS)
         ref = runrecord.docstring_field(item.function, "Reference") or ""
-        ctx.records[item.nodeid] = CheckRecord(item.nodeid, tier, runrecord.area_of(item), ref)
+        ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
 
 

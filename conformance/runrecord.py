@@ -34,6 +34,11 @@ class CheckRecord:
         return asdict(self)
 
 
+def check_id(node_id: str) -> str:
+    """The same id for a check whatever rootdir pytest chose: conformance/checks/<module>::<name>."""
+    return "conformance/checks/" + node_id.rsplit("/", 1)[-1]
+
+
 def docstring_field(func: Any, name: str) -> str | None:
     """The text after `Name:` in a check's docstring (continuation lines are indented)."""
     doc = inspect.getdoc(func) or ""
