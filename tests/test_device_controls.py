@@ -1,13 +1,23 @@
-"""Negative controls of the device and pin checks: wrong ISA, a GEMM that is really tf32 or NaN,
-gfx90a where gfx942 is required, and facts that could not be read."""
+"""Negative controls of the device and pin checks: wrong ISA, a library without the device's code objects, a
+GEMM that is really tf32, wrong by 1e-2, wrong in one tail entry or NaN, gfx90a where gfx942 is required, and
+facts that could not be read."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 
 from conformance import device
+from conformance.engines.device_probe import DeviceProbe
 from conformance.pins_check import pin_report
+from env_checks import isa
 from env_checks.pins import PINS_DIR
+
+MI300X_INFO = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942",
+               "isa_full": "gfx942:sramecc+:xnack-", "arch_list": ["gfx942"]}
+H200_INFO = {"platform": "cuda", "name": "NVIDIA H200", "isa": "sm_90", "isa_full": "sm_90", "arch_list": ["sm_90"]}
 
 
 def test_sku_lookup():
@@ -26,29 +36,144 @@ def test_isa_check_rejects_gfx90a_and_missing_code_objects():
     assert device.isa_problems(None, ["gfx942"], "gfx942")
 
 
+def _scan_of(targets: dict[str, dict[str, int]]):
+    """A stand-in for env_checks.isa.scan_installed: library label -> the targets it was read to carry."""
+    def scan(kind, timeout_s):
+        out = []
+        for label, found in targets.items():
+            package = label.split("/")[0]
+            lib = isa.Library(package, label, f"/site-packages/{label}", True)
+            out.append((lib, isa.CodeObjects(label, kind, "offload-bundle scan", found, sum(found.values()))))
+        return out, []
+    return scan
+
+
+def test_library_isa_rejects_a_gfx90a_build_on_mi300x():
+    good = _scan_of({"torch/lib/libtorch_hip.so": {"gfx90a": 10, "gfx942": 10}, "vllm/_C.abi3.so": {"gfx942": 3}})
+    verdict = device.library_isa(MI300X_INFO, "vllm", scan=good)
+    assert not verdict.problems and verdict.figures()["isa_from_scan"] == 2
+    bad = _scan_of({"torch/lib/libtorch_hip.so": {"gfx942": 10}, "vllm/_C.abi3.so": {"gfx90a": 3}})
+    verdict = device.library_isa(MI300X_INFO, "vllm", scan=bad)
+    assert len(verdict.problems) == 1 and "vllm/_C.abi3.so carries code for gfx90a" in verdict.problems[0]
+    # vLLM's build only advises when another engine is under test
+    verdict = device.library_isa(MI300X_INFO, "transformers", scan=bad)
+    assert not verdict.problems and verdict.advisories
+
+
+def test_library_isa_rejects_an_sm80_only_cuda_build():
+    verdict = device.library_isa(H200_INFO, "vllm", scan=_scan_of({"torch/lib/libtorch_cuda.so": {"sm_80": 5}}))
+    assert verdict.problems and "none that runs on sm_90" in verdict.problems[0]
+
+
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(128, 1024, generator=gen), torch.randn(1024, 128, generator=gen)
 
 
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round to TF32 (10 mantissa bits, nearest even), as tensor cores read fp32 inputs."""
+    bits = x.view(torch.int32)
+    rounded = bits + 0xFFF + ((bits >> 13) & 1)
+    return (rounded & ~0x1FFF).view(torch.float32)
+
+
 def test_gemm_numerics_accepts_fp32_and_rejects_tf32():
     a, b = _inputs()
     assert device.gemm_verdict("float32", a, b, a @ b).ok
+    tf32 = device.gemm_verdict("float32", a, b, _tf32(a) @ _tf32(b))
+    assert not tf32.ok and "tolerance" in tf32.message()
+    assert tf32.rel_err > 10 * device.gemm_tolerance("float32").rel_fro
+    # the same product is within the tolerance of the tf32 check
+    assert device.gemm_verdict("tf32", a, b, _tf32(a) @ _tf32(b)).ok
 
-    def tf32(x: torch.Tensor) -> torch.Tensor:  # keep 10 mantissa bits, as tensor cores do
-        return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
 
-    verdict = device.gemm_verdict("float32", a, b, tf32(a) @ tf32(b))
-    assert not verdict.ok and "tolerance" in verdict.message()
+@pytest.mark.parametrize("dtype", ["float32", "tf32", "bfloat16", "float16", "float8"])
+def test_gemm_wrong_by_1e_2_fails_in_every_dtype(dtype):
+    a, b = _inputs(1)
+    verdict = device.gemm_verdict(dtype, a, b, (a.double() @ b.double() * (1 + 1e-2)).float())
+    assert not verdict.ok and verdict.rel_err == pytest.approx(1e-2, rel=1e-3)
 
 
-def test_gemm_numerics_rejects_nan_and_low_precision_output():
+def test_gemm_numerics_rejects_nan_inf_and_low_precision_output():
     a, b = _inputs()
-    c = a @ b
-    c[0, 0] = float("nan")
-    assert not device.gemm_verdict("bfloat16", a, b, c).ok
+    for bad in (float("nan"), float("inf")):
+        c = a @ b
+        c[0, 0] = bad
+        verdict = device.gemm_verdict("bfloat16", a, b, c)
+        assert not verdict.ok and verdict.nonfinite == 1
     fp8ish = (a @ b).to(torch.float8_e4m3fn).float()  # output rounded to 3 mantissa bits
     assert not device.gemm_verdict("float16", a, b, fp8ish).ok
+
+
+def test_gemm_one_wrong_tail_entry_fails_through_the_entry_figure():
+    a, b = _inputs(2)
+    c = (a.double() @ b.double()).float()
+    c[-1, -1] += 0.2 * c.pow(2).mean().sqrt()  # one bad tail entry barely moves the Frobenius norm
+    verdict = device.gemm_verdict("bfloat16", a, b, c)
+    assert verdict.rel_err < device.gemm_tolerance("bfloat16").rel_fro
+    assert not verdict.ok and verdict.entry_err > device.gemm_tolerance("bfloat16").entry
+
+
+def test_sample_keeps_edges_and_is_full_for_small_dimensions():
+    rng = random.Random(0)
+    cols = device.sample_indices(201088, 256, 4, rng)
+    assert len(cols) == len(set(cols)) == 256 and cols == sorted(cols)
+    assert cols[:4] == [0, 1, 2, 3] and cols[-4:] == [201084, 201085, 201086, 201087]
+    assert device.sample_indices(17, 256, 4, rng) == list(range(17))
+    rows, cols = device.gemm_sample((4096, 2880, 201088), 7)
+    assert (len(rows), len(cols)) == (64, 256) and device.gemm_sample((4096, 2880, 201088), 7) == (rows, cols)
+
+
+def test_gemm_plans_follow_the_data():
+    cpu = device.gemm_plan("float32", {"platform": "cpu"})
+    assert (1, 2880, 2880) in cpu.shapes and (129, 2880, 5760) in cpu.shapes and (3, 2881, 17) in cpu.shapes
+    assert all(n != 201088 and m != 4096 for m, _, n in cpu.shapes)
+    assert device.gemm_plan("tf32", {"platform": "cpu"}).skip
+    assert device.gemm_plan("float8", {"platform": "cpu"}).skip
+    gpu = device.gemm_plan("bfloat16", H200_INFO)
+    assert len([s for s in gpu.shapes if s[1] == 2880 and s[2] in (2880, 5760, 201088)]) >= 15
+    tf32 = device.gemm_plan("tf32", H200_INFO)
+    assert (tf32.probe_dtype, tf32.tf32) == ("float32", True)
+    fp8 = device.gemm_plan("float8", H200_INFO)
+    assert fp8.probe_dtype == "float8_e4m3fn" and all(k % 16 == 0 and n % 16 == 0 for _, k, n in fp8.shapes)
+    assert (4096, 2880, 201088) in fp8.shapes and (3, 2881, 17) in fp8.not_applicable
+    assert device.gemm_plan("float8", MI300X_INFO).probe_dtype == "float8_e4m3fnuz"
+    assert device.gemm_plan("float8", {"platform": "cuda", "name": "Some Laptop GPU"}).skip
+
+
+def test_gemm_report_names_failing_shapes_and_seed():
+    a, b = _inputs(3)
+    good = device.gemm_verdict("float16", a, b, a @ b, shape=(128, 1024, 128))
+    bad = device.gemm_verdict("float16", a, b, a @ b * 1.01, shape=(129, 2880, 201088))
+    report = device.GemmReport("float16", 12345, [good, bad])
+    assert not report.ok and "seed 12345" in report.message() and "M=129 K=2880 N=201088" in report.message()
+    assert report.figures()["entries_checked"] == 2 * 128 * 128 and report.figures()["gemm_rel_err"] > 9e-3
+    assert not device.GemmReport("float16", 1, []).ok
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cpu_probe_returns_the_sampled_block(dtype):
+    probe = DeviceProbe("-", {"device": "cpu"})
+    shape, rows, cols = (33, 96, 300), [0, 5, 32], [0, 7, 299]
+    out = probe.gemm_sample(*shape, dtype, 11, rows, cols)
+    assert out["a"].shape == (3, 96) and out["w"].shape == (3, 96) and out["c"].shape == (3, 3)
+    verdict = device.gemm_verdict(dtype, out["a"], out["w"].t(), out["c"], shape=shape)
+    assert verdict.ok, verdict.message()
+    again = probe.gemm_sample(*shape, dtype, 11, rows, cols)
+    assert torch.equal(out["c"], again["c"])  # the seed fixes the inputs
+
+
+def test_tf32_switch_is_restored(monkeypatch):
+    probe = DeviceProbe("-", {"device": "cpu"})
+    probe.gpu = True  # the switch is a flag of torch.backends: settable on a CPU build too
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    with probe._fp32_matmul(True):
+        assert matmul.fp32_precision == "tf32"
+    with pytest.raises(RuntimeError), probe._fp32_matmul(False):
+        assert matmul.fp32_precision == "ieee"
+        raise RuntimeError("a GEMM that failed")
+    assert matmul.fp32_precision == before
 
 
 def test_pin_check_rejects_gfx90a_on_the_mi300x_manifest():

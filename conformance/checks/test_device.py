@@ -1,5 +1,6 @@
-"""The device: ISA support in the installed build, GEMM numerics per dtype (P0), and GEMM throughput
-and HBM bandwidth against per-SKU floors (P2). Work runs in a child process like an engine."""
+"""The device: ISA support in the installed build and its native libraries, GEMM numerics per dtype (P0), and
+GEMM throughput and HBM bandwidth against per-SKU floors (P2). Device work runs in a child process like an
+engine; the fp64 references and the library scan run here."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from conformance.engines.worker import EngineError
 
 AREA = "device"
 DTYPES = ["float32", "bfloat16", "float16", "float8"]
+NUMERIC_DTYPES = ["float32", "tf32", "bfloat16", "float16", "float8"]
 
 
 @pytest.fixture(scope="session")
@@ -29,44 +31,65 @@ def _gpu(probe) -> dict:
 
 
 @pytest.mark.p0
-def test_device_isa_in_build(probe, record_figure):
-    """The GPU's ISA (gfx942 for MI300X, sm_90 for H100/H200) is the one its SKU needs, and the
-    installed torch carries code objects for it.
+def test_device_isa_in_build(probe, run, record_figure):
+    """The GPU's ISA (gfx942 for MI300X, sm_90 for H100/H200) is the one its SKU needs; torch's arch list names
+    it; and the native libraries of torch and vLLM (libtorch_hip/libtorch_cuda, vllm/_C...) carry code objects
+    that load on it, read from their offload bundles / fatbins (env_checks.isa; vLLM's only fail the check when
+    vLLM is the engine under test).
 
     Catches: a wheel built for gfx90a/MI250 on an MI300X (kernels fail with 'invalid device function'),
-    a CUDA build without sm_90, a partitioned or virtual device reporting another arch.
-    Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html
+    a CUDA build without sm_90, a vLLM built for other GPUs than torch, a partitioned or virtual device
+    reporting another arch.
+    Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html ;
+      https://clang.llvm.org/docs/ClangOffloadBundler.html ; https://docs.nvidia.com/cuda/cuda-binary-utilities/
     """
     info = _gpu(probe)
     sku = device.sku_for(info.get("name"))
     record_figure("arch_list_len", len(info.get("arch_list", [])))
     problems = device.isa_problems(info.get("isa"), info.get("arch_list", []), sku and sku["isa"])
-    assert not problems, "; ".join(problems)
+    libraries = device.library_isa(info, run.engine)
+    for name, value in libraries.figures().items():
+        record_figure(name, value)
+    problems += libraries.problems
+    read = "; ".join(f"{lib}: {how}" for lib, how in libraries.sources.items())
+    assert not problems, "; ".join(problems) + (f" (targets read: {read})" if read else "")
 
 
 @pytest.mark.p0
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", NUMERIC_DTYPES)
 def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
-    """A device GEMM in each dtype matches fp64 on the same rounded inputs within the dtype's
-    accumulation tolerance (data/devices.toml).
+    """A device GEMM in each dtype, over gpt-oss shapes (K = 2880; M = 1, 7, 128, 129, 4096; N = 2880, 5760,
+    201088) and odd ones, matches fp64 on the same rounded inputs within the dtype's tolerances, on a sample of
+    entries (data/devices.toml: shapes, sample, tolerances; fresh inputs every run, the seed recorded).
 
-    Catches: tf32 silently used for fp32, fp16/bf16 accumulation in low precision, broken hipBLASLt /
-    cuBLAS kernels for a shape, FP8 GEMM paths returning garbage, NaN from uninitialised workspaces.
+    Catches: tf32 used for fp32 (NVIDIA_TF32_OVERRIDE, a library ignoring the flag), fp16/bf16 accumulation in
+    low precision, a broken hipBLASLt / cuBLAS kernel for one shape or its tail tiles (M = 129, N = 2883), FP8
+    GEMM paths returning garbage, NaN from uninitialised workspaces.
     Reference: https://pytorch.org/docs/stable/notes/numerical_accuracy.html
     """
-    gpu = probe.info["platform"] != "cpu"
-    if dtype == "float8":
-        sku = device.sku_for(probe.info.get("name"))
-        if not gpu or not (sku and sku.get("fp8")):
-            pytest.skip(f"no FP8 GEMM on {probe.info.get('name') or 'the CPU'} (devices.toml)")
-    m, k, n = device.devices()["gemm_numerics"]["shape"]["gpu" if gpu else "cpu"]
-    try:
-        out = probe.call("gemm", m, k, n, dtype, timeout_s=call_timeout_s)
-    except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    verdict = device.gemm_verdict(dtype, out["a"], out["b"], out["c"])
-    record_figure("gemm_rel_err", verdict.rel_err)
-    assert verdict.ok, verdict.message()
+    plan = device.gemm_plan(dtype, probe.info)
+    if plan.skip:
+        pytest.skip(plan.skip)
+    seed = device.fresh_seed()
+    verdicts = []
+    for i, shape in enumerate(plan.shapes):
+        shape_seed = (seed + i) % 2**31
+        rows, cols = device.gemm_sample(shape, shape_seed)
+        try:
+            out = probe.call("gemm_sample", *shape, plan.probe_dtype, shape_seed, rows, cols, tf32=plan.tf32,
+                             timeout_s=call_timeout_s)
+        except EngineError as exc:
+            record_figure("seed", seed)
+            pytest.fail(f"{dtype} GEMM M={shape[0]} K={shape[1]} N={shape[2]} (seed {shape_seed}): {exc}",
+                        pytrace=False)
+        verdicts.append(device.gemm_verdict(dtype, out["a"], out["w"].t(), out["c"], shape=shape))
+    report = device.GemmReport(dtype, seed, verdicts, plan.not_applicable)
+    figures = report.figures()
+    for name, value in figures.items():
+        record_figure(name, value)
+    if plan.tf32:  # 0 where the stack computes fp32 anyway (NVIDIA_TF32_OVERRIDE=0, no xf32 on the GPU)
+        record_figure("tf32_effective", float(figures["gemm_rel_err"] > device.gemm_tolerance("float32").rel_fro))
+    assert report.ok, report.message()
 
 
 @pytest.mark.p2

@@ -1,9 +1,11 @@
 """The device itself as a thing under test, in the engine child process (a GPU fault here fails one
-check, not the run): architecture facts, GEMM results for numerics, timed GEMMs and copies."""
+check, not the run): architecture facts, sampled GEMM results for numerics, timed GEMMs and copies."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -12,8 +14,7 @@ import torch
 class DeviceProbe:
     def __init__(self, model: str, options: dict[str, Any]) -> None:
         self.device = torch.device(options.get("device", "cpu"))
-        # tf32 would turn an fp32 verdict into a tf32 one: the stack's default is what is tested, but
-        # PyTorch's own default is off; a stack that turns it on globally is caught by the numerics check
+        # The numerics checks set TF32 on or off per check (and restore it); info records the stack's default.
         self.gpu = self.device.type == "cuda"
 
     def info(self) -> dict[str, Any]:
@@ -26,23 +27,76 @@ class DeviceProbe:
             arch = props.gcnArchName if torch.version.hip else f"sm_{major}{minor}"
             info |= {"name": props.name, "isa": arch.split(":")[0], "isa_full": arch,
                      "arch_list": torch.cuda.get_arch_list(), "platform": "rocm" if torch.version.hip else "cuda",
-                     "memory_gib": props.total_memory / 2**30}
+                     "memory_gib": props.total_memory / 2**30, "fp32_matmul": self._fp32_default()}
         return info
 
-    def gemm(self, m: int, k: int, n: int, dtype: str, seed: int = 0) -> dict[str, Any]:
-        """C = A @ B in dtype on the device; returns the inputs as rounded to dtype and C, on the CPU."""
-        gen = torch.Generator().manual_seed(seed)
-        a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
-        if dtype == "float8":
-            fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
-            a8, b8 = a.to(fp8).to(self.device), b.to(fp8).to(self.device)
-            one = torch.ones((), device=self.device)
-            c = torch._scaled_mm(a8, b8.t().contiguous().t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            return {"a": a8.float().cpu(), "b": b8.float().cpu(), "c": c.float().cpu()}
-        t = getattr(torch, dtype)
-        a_t, b_t = a.to(t).to(self.device), b.to(t).to(self.device)
-        c = a_t @ b_t
-        return {"a": a_t.float().cpu(), "b": b_t.float().cpu(), "c": c.float().cpu()}
+    @staticmethod
+    def _fp32_default() -> str:
+        matmul = torch.backends.cuda.matmul
+        try:
+            if hasattr(matmul, "fp32_precision"):
+                return str(matmul.fp32_precision)
+            return "tf32" if matmul.allow_tf32 else "ieee"
+        except RuntimeError as exc:  # mixed legacy and new TF32 interfaces
+            return f"unreadable: {exc}"[:200]
+
+    def gemm_sample(self, m: int, k: int, n: int, dtype: str, seed: int, rows: list[int], cols: list[int],
+                    tf32: bool = False) -> dict[str, Any]:
+        """C = A @ W^T (a linear layer: A is m x k, W is n x k) in `dtype` on the device, computed in full from
+        N(0,1) inputs drawn on the device with `seed`; returns, as float32 on the CPU, the sampled rows of A, the
+        sampled rows of W (= columns of C), both exactly as rounded to dtype, and the sampled block of C."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        a = torch.randn(m, k, device=self.device, generator=gen)
+        w = torch.randn(n, k, device=self.device, generator=gen)
+        ri = torch.tensor(rows, dtype=torch.long, device=self.device)
+        ci = torch.tensor(cols, dtype=torch.long, device=self.device)
+        if dtype.startswith("float8"):
+            fp8 = getattr(torch, dtype)
+            a_t, w_t = a.to(fp8), w.to(fp8)
+            del a, w
+            one = torch.ones((), dtype=torch.float32, device=self.device)
+            # _scaled_mm wants the first operand row-major and the second column-major: w_t.t() is exactly that
+            c = torch._scaled_mm(a_t, w_t.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+            def rows_of(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # index_select through a byte view
+                return x.view(torch.uint8).index_select(0, idx).view(x.dtype).float()
+        else:
+            t = getattr(torch, dtype)
+            a_t, w_t = a.to(t), w.to(t)
+            del a, w
+            with self._fp32_matmul(tf32):
+                c = torch.nn.functional.linear(a_t, w_t)
+                if self.gpu:
+                    torch.cuda.synchronize(self.device)
+
+            def rows_of(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+                return x.index_select(0, idx).float()
+        return {"a": rows_of(a_t, ri).cpu(), "w": rows_of(w_t, ci).cpu(),
+                "c": c.index_select(0, ri).index_select(1, ci).float().cpu()}
+
+    @contextlib.contextmanager
+    def _fp32_matmul(self, tf32: bool) -> Iterator[None]:
+        """TF32 on or off for fp32 GEMMs for one check, then the stack's own setting back. torch >= 2.9 has a
+        per-backend `fp32_precision` and raises when the legacy `allow_tf32` is read after it was used, so the
+        newer interface is used where it exists."""
+        if not self.gpu:
+            yield
+            return
+        matmul = torch.backends.cuda.matmul
+        if hasattr(matmul, "fp32_precision"):
+            before = matmul.fp32_precision
+            matmul.fp32_precision = "tf32" if tf32 else "ieee"
+            try:
+                yield
+            finally:
+                matmul.fp32_precision = before
+        else:
+            before = matmul.allow_tf32
+            matmul.allow_tf32 = tf32
+            try:
+                yield
+            finally:
+                matmul.allow_tf32 = before
 
     def _time(self, fn: Any, warmup: int, repeats: int) -> float:
         """Median seconds of fn, timed with device events after warm-up."""
