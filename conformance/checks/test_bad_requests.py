@@ -5,7 +5,6 @@ production queue)."""
 import pytest
 
 from conformance import compare
-from conformance.engine_configs import engine_with
 
 AREA = "bad-requests"
 REJECT_WITHIN_S = 1.0   # validation is arithmetic on the request; anything slower is waiting on the engine
@@ -26,7 +25,7 @@ BAD_REQUESTS = {
 
 @pytest.mark.p1
 @pytest.mark.parametrize("label", sorted(BAD_REQUESTS))
-def test_bad_request_rejected_while_serving(label, engines, prompts, model_under_test, tolerance,
+def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_under_test, tolerance,
                                             call_timeout_s, record_figure):
     """A bad request submitted while three good ones decode is rejected at submission, within a
     second, with an error naming the problem; the good ones finish on time with the outputs they
@@ -39,9 +38,9 @@ def test_bad_request_rejected_while_serving(label, engines, prompts, model_under
     Reference: vLLM input validation, v1/engine/input_processor.py and renderers/base.py validate_token_ids
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/engine/input_processor.py)
     """
-    proc = engine_with(engines)
-    if proc.info.get("engine") != "vllm":
-        pytest.skip(f"the {proc.info.get('engine')} engine has no request queue to exercise")
+    if run.engine != "vllm":
+        pytest.skip(f"the {run.engine} engine has no request queue to exercise")
+    proc = engines.get()
     tol, top_k = tolerance
     max_len = proc.call("scheduler_limits", timeout_s=call_timeout_s)["max_model_len"]
     good = sorted(prompts.prompts, key=len)[:3]

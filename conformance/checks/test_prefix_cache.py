@@ -6,18 +6,17 @@ import random
 import pytest
 
 from conformance import compare
-from conformance.engine_configs import engine_with
 
 AREA = "prefix-cache"
 HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (VLLM_CPU.md gotcha 7)
 
 
-def _caching_engine(engines, timeout_s: float):
-    proc = engine_with(engines)
-    if proc.info.get("engine") != "vllm":
-        pytest.skip(f"the {proc.info.get('engine')} engine has no prefix cache")
+def _caching_engine(run, engines, timeout_s: float):
+    if run.engine != "vllm":
+        pytest.skip(f"the {run.engine} engine has no prefix cache")
+    proc = engines.get()
     if not proc.call("scheduler_limits", timeout_s=timeout_s)["enable_prefix_caching"]:
-        proc = engine_with(engines, enable_prefix_caching=True)
+        proc = engines.get(enable_prefix_caching=True)
     return proc
 
 
@@ -37,7 +36,7 @@ def _generate(proc, prompt, top_k, timeout_s):
 
 
 @pytest.mark.p1
-def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_test, tolerance,
+def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_under_test, tolerance,
                                                            call_timeout_s, record_figure):
     """A prompt seen before, and another prompt with the same prefix, are served with at least one
     cached block each (vllm:prefix_cache_hits moves), and their outputs equal the uncached ones.
@@ -47,7 +46,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_
     being freed), which shows as different tokens or logprobs.
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
     """
-    proc = _caching_engine(engines, call_timeout_s)
+    proc = _caching_engine(run, engines, call_timeout_s)
     tol, top_k = tolerance
     bs = proc.call("kv_layout", timeout_s=call_timeout_s).block_size
     first, second = _shared_prefix_prompts(int(model_under_test.config["vocab_size"]), bs, seed=101)
@@ -69,7 +68,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_
 
 
 @pytest.mark.p1
-def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance, call_timeout_s,
+def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, tolerance, call_timeout_s,
                                            record_figure):
     """reset_prefix_cache() succeeds on an idle engine, after it a cached prompt hits nothing, and
     the recomputed output equals the cached one.
@@ -78,7 +77,7 @@ def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance,
     reload or LoRA swap), a reset that fails on an idle engine, and a cache that cannot warm again.
     Reference: vLLM LLM.reset_prefix_cache (https://docs.vllm.ai/en/latest/api/vllm/entrypoints/llm.html)
     """
-    proc = _caching_engine(engines, call_timeout_s)
+    proc = _caching_engine(run, engines, call_timeout_s)
     tol, top_k = tolerance
     bs = proc.call("kv_layout", timeout_s=call_timeout_s).block_size
     prompt, _ = _shared_prefix_prompts(int(model_under_test.config["vocab_size"]), bs, seed=202)

@@ -77,3 +77,46 @@ def process_usage(engine: Any) -> dict[str, float]:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
     return {"rss_mib": rss, "open_fds": float(len(os.listdir("/proc/self/fd")))}
+
+
+# --- Quantized loading (issue 7): which quantization method and kernel the engine chose per layer. ---
+def _describe(value: Any) -> str:
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "name", None)  # enums: Mxfp4MoeBackend.AITER_MXFP4_FP8, WNA16MoEBackend.CPU
+    return str(name) if isinstance(name, str) else type(value).__name__
+
+
+def quant_methods(engine: Any) -> dict[str, str]:
+    """{module name: "QuantMethod[/Scheme][/Kernel][/Backend]"} for the linear and MoE layers of the engine's
+    model (vLLM: each layer's quant_method, scheme and the kernel or backend it chose; transformers: the module
+    classes, which is where its quantizers show)."""
+
+    def vllm_methods(model: Any) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for name, mod in model.named_modules():
+            method = getattr(mod, "quant_method", None)
+            if method is None or not name.startswith("model.layers.") or name.endswith(".attn"):
+                continue
+            parts = [type(method).__name__]
+            scheme = getattr(mod, "scheme", None)
+            if scheme is not None:
+                parts.append(type(scheme).__name__)
+                inner = getattr(scheme, "fp8_linear", None) or getattr(scheme, "kernel", None)
+                if inner is not None:
+                    parts.append(_describe(inner))
+            for attr in ("kernel", "mxfp4_backend", "wna16_moe_backend", "fp8_backend", "experts_cls"):
+                value = getattr(method, attr, None)
+                if value is not None:
+                    parts.append(_describe(value))
+            found[name] = "/".join(parts)
+        return found
+
+    def hf_methods(model: Any) -> dict[str, str]:
+        # compressed-tensors keeps nn.Linear and adds weight_scale; GPTQ/AWQ swap in QuantLinear classes
+        return {name: type(mod).__name__ + "".join(f"/{p}" for p in ("qweight", "weight_scale") if hasattr(mod, p))
+                for name, mod in model.named_modules() if name.startswith("model.layers.") and name.count(".") == 4}
+
+    return _apply(engine, vllm_methods if hasattr(engine, "llm") else hf_methods)
