@@ -134,7 +134,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("checks without required metadata (STYLE.md):\n  " + "\n  ".join(bad))
     t = ctx.resolved()
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
-                "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch))}
+                "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa()}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
     check_s = float(settings.targets()["timeouts"]["check_s"])
     for item in items:
@@ -150,6 +150,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ref = runrecord.docstring_field(item.function, "Reference") or ""
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
+
+
+def _cpu_isa() -> str:
+    """The widest x86 vector ISA of the host, as vLLM-CPU chooses its kernel library by it."""
+    from env_checks.host import parse_cpuinfo
+
+    try:
+        flags = set(parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags)
+    except OSError:
+        return "unknown"
+    if {"avx512f", "avx512_bf16"} <= flags:
+        return "avx512_bf16"
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
 
 
 def _message(report: pytest.TestReport) -> str:

