@@ -47,7 +47,9 @@ def _conformance(session: nox.Session, tier: str) -> None:
     if gpu:
         # Rule 1: test the stack installed here. The venv sees system site-packages (torch, vLLM
         # of the container) and the suite goes in without dependencies.
-        _install_once(session, "--no-deps", "-e", ".", *LIGHT_DEPS)
+        # P3 drives lm-eval against the server; its torch requirement is met by the installed stack
+        extra = ["lm-eval[api]==0.4.13"] if tier == "p3" else []
+        _install_once(session, "--no-deps", "-e", ".", *LIGHT_DEPS, *extra)
     else:
         _install_once(session, "-e", ".[cpu]", after=_uninstall_breakers())
     session.run("conformance", "run", "--tier", tier, *session.posargs)

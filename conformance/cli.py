@@ -31,6 +31,8 @@ def run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--combo", help="matrix combination id to record")
     p.add_argument("--server", help="URL of a running OpenAI-compatible server to test instead of starting one")
     p.add_argument("--tokenizer-vocab", help="o200k_base.tiktoken file or folder (nothing is downloaded)")
+    p.add_argument("--eval-data", help="folder of local eval datasets for the P3 accuracy checks")
+    p.add_argument("--history-db", help="history store with the serving baselines (default reports/history.sqlite)")
     p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
     p.add_argument("-k", dest="keyword", help="only checks matching this pytest -k expression")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
@@ -41,7 +43,7 @@ def build_pytest_args(ns: argparse.Namespace) -> list[str]:
     args = [str(CHECKS), "-p", "conformance.plugin", "-m", " or ".join(tiers), "-q", "--no-header",
             "-p", "no:cacheprovider", "--rootdir", str(CHECKS), "--reports-dir", ns.reports_dir,
             "-o", "console_output_style=classic"]
-    for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab"):
+    for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab", "eval_data", "history_db"):
         if getattr(ns, flag):
             args += [f"--{flag.replace('_', '-')}", getattr(ns, flag)]
     if ns.target:

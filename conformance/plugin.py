@@ -70,6 +70,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--server", default=None,
                 help="URL of a running OpenAI-compatible server to test (key: $CONFORMANCE_SERVER_API_KEY)")
     g.addoption("--tokenizer-vocab", default=None, help="o200k_base.tiktoken file or folder (offline vocab)")
+    g.addoption("--eval-data", default=None, help="folder with local eval datasets (gsm8k, GPQA, AIME) for P3")
+    g.addoption("--history-db", default=None, help="history store holding the serving baselines (P2)")
 
 
 def _new_run_id(target: str) -> str:
@@ -102,8 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tier}: tier {tier.upper()}, {what}")
     if opt.server:  # the serving checks read these; a user's server replaces the suite's own
         os.environ["CONFORMANCE_SERVER_URL"] = opt.server
-    if opt.tokenizer_vocab:
-        os.environ["CONFORMANCE_TOKENIZER_VOCAB"] = opt.tokenizer_vocab
+    for value, env in ((opt.tokenizer_vocab, "CONFORMANCE_TOKENIZER_VOCAB"), (opt.eval_data, "CONFORMANCE_EVAL_DATA"),
+                       (opt.history_db, "CONFORMANCE_HISTORY_DB")):
+        if value:
+            os.environ[env] = value
     from conformance import fixtures, serving_fixtures
 
     config.pluginmanager.register(fixtures, "conformance-fixtures")
