@@ -53,3 +53,15 @@ def output_problems(out: dict, prompt_len: int, params: dict, vocab: int, max_mo
     if out["finish_reason"] == "length" and len(ids) != limit:
         problems.append(f"finished for length with {len(ids)} of {limit} tokens")
     return problems
+
+
+def killed_stream_problems(events: list[bytes], seconds: float, limit_s: float) -> list[str]:
+    """A stream whose server was killed after its third event must end, soon, without [DONE]."""
+    problems = []
+    if len(events) < 3:
+        problems.append("the stream never got under way")
+    elif events[-1] == b"data: [DONE]":
+        problems.append("the stream ended with [DONE] although the server was killed mid-stream")
+    if not seconds < limit_s:
+        problems.append(f"the client noticed the dead server only after {seconds:.0f} s (limit {limit_s:.0f})")
+    return problems

@@ -122,6 +122,17 @@ def external_server(url: str, api_key: str | None = None) -> ServerUnderTest:
     return ServerUnderTest(client, str(data[0].get("id")), api_key, False, None, None, None)
 
 
+def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: Path) -> VllmServer:
+    """A vLLM server for the model under the target's engine settings (not started yet), with a fresh key."""
+    target = run.resolved()
+    table = settings.targets()
+    options = dict(table[target.resolved].get("vllm", {})) | {"dtype": run.dtype_name}
+    env = {k: v for k, v in table[target.resolved].get("env", {}).items() if k not in NOT_FOR_SERVER}
+    env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
+    return VllmServer(str(model.path), model.name, options, env, log_path,
+                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=secrets.token_hex(16))
+
+
 @pytest.fixture(scope="session")
 def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUnderTest]:
     """The OpenAI-compatible server under test, started once per session (or the user's)."""
@@ -140,20 +151,14 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
         pytest.fail(f"cannot start the server: {target.sentence()}", pytrace=False)
     model: ServedModel = request.getfixturevalue("served_model")
     vocab_dir = request.getfixturevalue("o200k_vocab").parent
-    table = settings.targets()
-    options = dict(table[target.resolved].get("vllm", {})) | {"dtype": run.dtype_name}
-    env = {k: v for k, v in table[target.resolved].get("env", {}).items() if k not in NOT_FOR_SERVER}
-    env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
-    log_path = run.run_dir / "vllm-server.log"
-    proc = VllmServer(str(model.path), model.name, options, env, log_path,
-                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=secrets.token_hex(16))
+    proc = new_server(run, model, vocab_dir, run.run_dir / "vllm-server.log")
     try:
         proc.start()
     except ServerError as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         yield ServerUnderTest(proc.client(), model.name, proc.api_key, True, proc.start_seconds, SERVER_DATE,
-                              log_path)
+                              proc.log_path)
     finally:
         proc.close()
 

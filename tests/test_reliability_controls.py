@@ -47,3 +47,11 @@ def test_malformed_outputs_fail():
     assert bad({"token_ids": [7, 1, 2], "finish_reason": "length"})  # went past a stop token
     assert bad({"token_ids": [1, 2], "finish_reason": "abort"})
     assert bad({"token_ids": [1, 2], "finish_reason": "length"})  # length finish with fewer tokens
+
+
+def test_killed_stream_verdict():
+    under_way = [b"data: {}"] * 3
+    assert not reliability.killed_stream_problems(under_way, 0.3, 30)
+    assert reliability.killed_stream_problems(under_way + [b"data: [DONE]"], 0.3, 30)  # a "complete" reply
+    assert reliability.killed_stream_problems(under_way, 31, 30)  # the client hung
+    assert reliability.killed_stream_problems([], 0.1, 30)  # never started

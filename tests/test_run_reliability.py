@@ -55,3 +55,25 @@ def test_planted_secrets_reach_no_output(tmp_path):
             assert value not in text, f"{name}'s value leaked into {path.name}"
     for value in SECRETS.values():
         assert value not in out
+    # ... nor the dashboard built from the run
+    from reports.dashboard import main as dashboard
+
+    site = tmp_path / "site"
+    assert dashboard(["--runs", str(tmp_path), "--db", str(tmp_path / "h.sqlite"), "--out", str(site)]) == 0
+    for page in site.rglob("*"):
+        if page.is_file():
+            text = page.read_text(errors="replace")
+            assert not any(value in text for value in SECRETS.values()), f"a secret leaked into {page.name}"
+
+
+def test_concurrent_runs_into_one_reports_dir_stay_separate(tmp_path):
+    procs = [start_run(tmp_path, "--tier", "p0", "-k", "torch_build or pins") for _ in range(2)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-2000:]
+    runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(runs) == 2
+    for run_dir in runs:
+        record = json.loads((run_dir / "results.json").read_text())
+        validate(record)
+        assert record["run_id"] == run_dir.name and record["complete"]

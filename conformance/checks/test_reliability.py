@@ -119,3 +119,56 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
     assert result.get("error"), "the request 'succeeded' although its engine was killed"
     assert "died" in result["error"] or "not running" in result["error"], result["error"]
     assert Path(victim.log_path).exists()
+
+
+@pytest.mark.p3
+def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_vocab, record_figure):
+    """Fault injection: the server's whole process group is killed while it streams a long completion;
+    the streaming client must end with an error within seconds, never hang or report success.
+
+    Catches: clients (and the suite's own probes) that block forever on a half-open stream, a stream
+    that ends "cleanly" without [DONE] after a crash and is taken as a complete reply.
+    Reference: https://html.spec.whatwg.org/multipage/server-sent-events.html ; ARCHITECTURE.md rule 7
+    """
+    if run.engine != "vllm":
+        pytest.skip(f"the engine under test is {run.engine}: there is no vLLM server to kill")
+    from conformance.engines.vllm_server import ServerError, _signal_group
+    from conformance.serving_fixtures import new_server
+
+    proc = new_server(run, served_model, o200k_vocab.parent, run.run_dir / "vllm-server-fault.log")
+    try:
+        proc.start()
+    except ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    import http.client
+    import json
+
+    body = {"model": served_model.name, "prompt": "Count:", "max_tokens": 900, "ignore_eos": True,
+            "temperature": 0.0, "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=30)
+    events, error = [], None
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {proc.api_key}"})
+        resp = conn.getresponse()
+        for line in resp:  # read until the stream is surely under way, then kill the server
+            if line.startswith(b"data:"):
+                events.append(line.strip())
+            if len(events) == 3:
+                break
+        killed_at = time.perf_counter()
+        _signal_group(proc._proc.pid, 9)  # SIGKILL to the API server and its engine core
+        try:
+            for line in resp:
+                if line.startswith(b"data:"):
+                    events.append(line.strip())
+        except (OSError, http.client.HTTPException) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - killed_at
+    finally:
+        conn.close()
+        proc.close(grace_s=5)
+    record_figure("seconds_to_error", seconds)
+    record_figure("events_before_end", len(events))
+    problems = reliability.killed_stream_problems(events, seconds, limit_s=30.0)
+    assert not problems, "; ".join(problems) + (f" ({error})" if error else "")
