@@ -4,6 +4,7 @@ collected defensively and the writer's own errors are shown, not swallowed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from conformance import runrecord
@@ -23,11 +24,20 @@ def fingerprint(ctx: RunContext) -> dict[str, Any]:
         return {"error": f"fingerprint collection failed: {type(exc).__name__}: {exc}", "runtime": extra}
 
 
+ROOT = str(Path(__file__).resolve().parent.parent) + "/"
+
+
+def _relative_paths(text: str) -> str:
+    """Shared reports should not carry a machine's layout: checkout-relative paths, ~ for home."""
+    return text.replace(ROOT, "").replace(str(Path.home()) + "/", "~/")
+
+
 def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any]) -> dict[str, Any]:
     records = list(ctx.records.values())
     for r in records:
         if r.duration_s == 0 and r.outcome == "error" and not r.message:
             r.message = "did not run (the run was interrupted or stopped first)"
+        r.message = _relative_paths(r.message)
         known = diagnose(r.message) if r.outcome in ("failed", "error") else None
         if known and known.signature.failure_class:
             r.failure_class = known.signature.failure_class  # e.g. a capability gap, not a new failure
