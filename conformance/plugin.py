@@ -154,6 +154,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ref = runrecord.docstring_field(item.function, "Reference") or ""
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
+    if any("server" in getattr(item, "fixturenames", ()) for item in items):
+        from conformance.serving_fixtures import prestart_server
+
+        prestart_server(ctx)
 
 
 def _cpu_isa() -> str:
@@ -230,8 +234,9 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from conformance import recorder
+    from conformance import recorder, serving_fixtures
 
+    serving_fixtures.discard_prestarted()
     ctx = ctx_of(session.config)
     ran = [r for r in ctx.records.values() if r.duration_s > 0]
     if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,13 +90,57 @@ class ServedModel:
     path: Path
 
 
-@pytest.fixture(scope="session")
-def served_model(run: RunContext, o200k_vocab: Path) -> ServedModel:
+def _served_model(run: RunContext, vocab_path: Path) -> ServedModel:
     if run.model_arg:
         return ServedModel(Path(run.model_arg).name or "model", Path(run.model_arg))
     from conformance.models import tiny_gpt_oss_with_tokenizer
 
-    return ServedModel("tiny-gpt-oss-o200k", tiny_gpt_oss_with_tokenizer(vocab_path=o200k_vocab).path)
+    return ServedModel("tiny-gpt-oss-o200k", tiny_gpt_oss_with_tokenizer(vocab_path=vocab_path).path)
+
+
+@pytest.fixture(scope="session")
+def served_model(run: RunContext, o200k_vocab: Path) -> ServedModel:
+    return _served_model(run, o200k_vocab)
+
+
+# The suite's server takes ~30 s to start on two cores: when checks will need it, it is started in a
+# background thread as the session begins, overlapping the engine and device checks (plugin.py).
+_PRESTART: dict[str, Any] = {}
+
+
+def prestart_server(run: RunContext) -> None:
+    if os.environ.get(SERVER_URL_ENV) or run.engine != "vllm" or run.resolved().problems:
+        return
+
+    def start() -> None:
+        try:
+            vocab_path = vocab.ensure_o200k()
+            proc = new_server(run, _served_model(run, vocab_path), vocab_path.parent,
+                              run.run_dir / "vllm-server.log")
+            _PRESTART["proc"] = proc  # so an interrupted run can stop it while it is still starting
+            _PRESTART["server"] = proc.start()
+        except BaseException as exc:  # noqa: BLE001 - the fixture starts it again and reports properly
+            _PRESTART["error"] = exc
+
+    _PRESTART["thread"] = threading.Thread(target=start, name="server-prestart", daemon=True)
+    _PRESTART["thread"].start()
+
+
+def discard_prestarted() -> None:
+    """Stop a prestarted server no check took (an interrupted run); it lives in its own process group."""
+    proc = _PRESTART.pop("proc", None)
+    if proc is not None and "thread" in _PRESTART:
+        proc.close(grace_s=10)
+    _PRESTART.clear()
+
+
+def _take_prestarted() -> VllmServer | None:
+    thread = _PRESTART.pop("thread", None)
+    if thread is None:
+        return None
+    thread.join()
+    _PRESTART.pop("proc", None)  # taken: the fixture closes it
+    return _PRESTART.pop("server", None)
 
 
 @dataclass
@@ -151,11 +196,13 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
         pytest.fail(f"cannot start the server: {target.sentence()}", pytrace=False)
     model: ServedModel = request.getfixturevalue("served_model")
     vocab_dir = request.getfixturevalue("o200k_vocab").parent
-    proc = new_server(run, model, vocab_dir, run.run_dir / "vllm-server.log")
-    try:
-        proc.start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    proc = _take_prestarted()
+    if proc is None:
+        proc = new_server(run, model, vocab_dir, run.run_dir / "vllm-server.log")
+        try:
+            proc.start()
+        except ServerError as exc:
+            pytest.fail(str(exc), pytrace=False)
     try:
         yield ServerUnderTest(proc.client(), model.name, proc.api_key, True, proc.start_seconds, SERVER_DATE,
                               proc.log_path)
