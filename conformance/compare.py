@@ -6,7 +6,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from conformance import kv_model
 from conformance.engines.base import Completion, KVState, StepLogprobs
+from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome
 
 
 class CheckFailed(AssertionError):
@@ -150,8 +152,6 @@ def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) ->
 
 # --- Engine conformance (issue 5): KV accounting, scheduling, prefix cache, bad requests. ---
 # Imported here, not at the top, so this section stays an append-only block of the file.
-from conformance import kv_model  # noqa: E402
-from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome  # noqa: E402
 
 
 @dataclass
