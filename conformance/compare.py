@@ -151,7 +151,6 @@ def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) ->
 
 
 # --- Engine conformance (issue 5): KV accounting, scheduling, prefix cache, bad requests. ---
-# Imported here, not at the top, so this section stays an append-only block of the file.
 
 
 @dataclass
