@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
+from typing import Any
 
 from reports.results import OUTCOMES, RESULTS_FILE, ResultsError, load_run, parse_time
 from reports.stack import identify
@@ -73,6 +75,20 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _retry_locked(step: Any) -> Any:
+    """Run a set-up step, retrying while another process holds the lock. Switching a fresh file to WAL
+    needs an exclusive lock and SQLite may answer "locked" at once, without its busy handler, when
+    several processes create the store together."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class HistoryError(RuntimeError):
@@ -150,12 +166,12 @@ class History:
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if not in_memory:
-                conn.execute("PRAGMA journal_mode = WAL")
+                _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"))
                 # NORMAL is corruption-safe with WAL; a power cut may drop the last ingests, which the next
                 # build re-reads from reports/runs, and a commit without fsync keeps 1,000 ingests fast.
                 conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
-            history._migrate()
+            _retry_locked(history._migrate)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise history_error(path, exc) from None
