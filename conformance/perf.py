@@ -266,11 +266,19 @@ class GraphCapability:
     capture_log: str | None
 
 
-def graph_capability(target: str, data: dict[str, Any] | None = None) -> GraphCapability:
+def graph_capability(target: str, engine: str, data: dict[str, Any] | None = None) -> GraphCapability:
+    """Whether `target` has graphs, and the line `engine` logs once it captured them (perf.toml)."""
     row = (data or perf_data())["graph_mode"].get(target)
     if row is None:
         raise settings.DataError(f"perf.toml has no [graph_mode.{target}] table: say whether {target} has graphs.")
-    return GraphCapability(bool(row["supported"]), " ".join(str(row.get("reason", "")).split()), row.get("capture_log"))
+    reason = " ".join(str(row.get("reason", "")).split())
+    if not row["supported"]:
+        return GraphCapability(False, reason, None)
+    logs = row.get("capture_log", {})
+    if engine not in logs:
+        return GraphCapability(False, f"perf.toml [graph_mode.{target}.capture_log] names no graph mode for the "
+                                      f"{engine} engine", None)
+    return GraphCapability(True, reason, logs[engine])
 
 
 def max_greedy_divergences(dtype: str, data: dict[str, Any] | None = None) -> int:

@@ -134,9 +134,13 @@ def test_baseline_is_the_latest_passing_run_of_the_lineage_and_model():
 
 
 def test_graph_mode_capability_is_data():
-    cpu = perf.graph_capability("cpu")
+    cpu = perf.graph_capability("cpu", "vllm")
     assert not cpu.supported and "TORCH_COMPILE_DISABLE" in cpu.reason
-    assert perf.graph_capability("cuda").supported and perf.graph_capability("rocm").capture_log
+    for target in ("cuda", "rocm"):
+        for engine in ("vllm", "transformers"):
+            assert perf.graph_capability(target, engine).supported and perf.graph_capability(target, engine).capture_log
+    unknown = perf.graph_capability("cuda", "sglang")
+    assert not unknown.supported and "names no graph mode for the sglang engine" in unknown.reason
 
 
 def test_graph_mode_that_captured_nothing_is_detected(tmp_path: Path):

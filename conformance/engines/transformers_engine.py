@@ -19,9 +19,15 @@ class TransformersEngine:
         # tf32 would turn an fp32 verdict into a tf32 one on Ampere and later
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # enforce_eager=False (vLLM's option name) decodes by replaying a captured CUDA/HIP graph; the
+        # experts then run batched (no data-dependent host sync, which a capture forbids).
+        self.graphs = options.get("enforce_eager", True) is False
+        self.graph_fault = options.get("graph_fault")
+        self.moe = "batched_mm" if self.graphs else "eager"
         self.model = AutoModelForCausalLM.from_pretrained(
-            model, dtype=self.dtype, attn_implementation="eager", experts_implementation="eager"
+            model, dtype=self.dtype, attn_implementation="eager", experts_implementation=self.moe
         ).to(self.device).eval()
+        self._decoder: Any = None
 
     def info(self) -> dict[str, Any]:
         import transformers
@@ -33,7 +39,7 @@ class TransformersEngine:
             "platform": self.device.split(":")[0] if not self.device.startswith("cuda") else (
                 "rocm" if torch.version.hip else "cuda"),
             "dtype": str(self.dtype).removeprefix("torch."),
-            "backends": {"attention": "eager", "moe": "eager"},
+            "backends": {"attention": "eager", "moe": self.moe, "graphs": self.graphs},
         }
         if self.device.startswith("cuda"):
             info["device_name"] = torch.cuda.get_device_name(0)
@@ -42,6 +48,8 @@ class TransformersEngine:
     def generate_greedy(
         self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool = False
     ) -> list[Completion]:
+        if self.graphs:
+            return self._graph_greedy(prompts, max_tokens, top_k, prompt_logprobs)
         torch = self.torch
         out = []
         with torch.no_grad():
@@ -59,6 +67,15 @@ class TransformersEngine:
                     ids.append(token)
                 out.append(Completion(list(prompt), ids[len(prompt):], steps, prompt_steps))
         return out
+
+    def _graph_greedy(self, prompts: list[list[int]], max_tokens: int, top_k: int,
+                      prompt_logprobs: bool) -> list[Completion]:
+        from conformance.engines.graph_decode import GraphDecoder
+
+        max_len = max(len(p) for p in prompts) + max_tokens
+        if self._decoder is None or self._decoder.max_len < max_len:
+            self._decoder = GraphDecoder(self.model, self.device, max_len, self.graph_fault)
+        return [self._decoder.generate(p, max_tokens, top_k, prompt_logprobs) for p in prompts]
 
     def kv_state(self) -> KVState:
         raise NotImplementedError("the transformers engine has no paged KV cache")

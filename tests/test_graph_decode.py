@@ -1,0 +1,66 @@
+"""Controls of the transformers engine's graph mode (engines/graph_decode.py), the graph-vs-eager
+check's engine where vLLM is absent. On the CPU the static-cache decode runs step by step (no
+capture) and must reproduce eager; a stale input buffer must be rejected. On a CUDA/HIP device the
+same runs with the decode step captured as a graph and replayed."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import perf, settings
+from conformance.engines import graph_decode
+from conformance.engines.transformers_engine import TransformersEngine
+from conformance.models import TinyModel
+
+torch = pytest.importorskip("torch")
+GPU = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    return "cuda" if GPU else "cpu"
+
+
+@pytest.fixture(scope="module")
+def eager_and_graph_model(tiny: TinyModel, device: str):
+    eager = TransformersEngine(str(tiny.path), {"dtype": "float32", "device": device})
+    graph = TransformersEngine(str(tiny.path), {"dtype": "float32", "device": device, "enforce_eager": False})
+    assert graph.info()["backends"] == {"attention": "eager", "moe": "batched_mm", "graphs": True}
+    return eager, graph
+
+
+def _decode(engine: TransformersEngine, device: str, prompts, max_tokens: int, top_k: int, fault=None):
+    decoder = graph_decode.GraphDecoder(engine.model, device, max(map(len, prompts)) + max_tokens, fault,
+                                        capture=device != "cpu")
+    return [decoder.generate(p, max_tokens, top_k, prompt_logprobs=True) for p in prompts], decoder
+
+
+def test_static_cache_decode_matches_eager_and_stale_input_is_rejected(eager_and_graph_model, tiny_prompts, device):
+    eager_engine, graph_engine = eager_and_graph_model
+    prompts, max_tokens = tiny_prompts
+    tol, top_k = settings.tolerance("float32")
+    limit = perf.max_greedy_divergences("float32")
+    eager = eager_engine.generate_greedy(prompts, max_tokens, top_k, prompt_logprobs=True)
+
+    good, decoder = _decode(graph_engine, device, prompts, max_tokens, top_k)
+    report = perf.graph_eager_parity(good, eager, tol, limit)
+    assert report.ok, report.problems
+    assert decoder.replays == len(prompts) * (max_tokens - 1)
+
+    stale, _ = _decode(graph_engine, device, prompts, max_tokens, top_k, fault="stale_input")
+    bad = perf.graph_eager_parity(stale, eager, tol, limit)
+    assert not bad.ok and any("graph mode chose" in problem for problem in bad.problems), bad.problems
+
+
+def test_capture_needs_a_gpu_and_faults_are_known(eager_and_graph_model):
+    _, graph_engine = eager_and_graph_model
+    with pytest.raises(ValueError, match="unknown graph-mode fault"):
+        graph_decode.GraphDecoder(graph_engine.model, "cpu", 8, fault="typo", capture=False)
+    if not GPU:
+        with pytest.raises(ValueError, match="needs a CUDA/HIP device"):
+            graph_decode.GraphDecoder(graph_engine.model, "cpu", 8)
+
+
+def test_capture_log_in_data_is_the_one_the_decoder_writes():
+    for target in ("cuda", "rocm"):
+        assert perf.graph_capability(target, "transformers").capture_log == graph_decode.CAPTURE_LOG
