@@ -25,7 +25,7 @@ def device() -> str:
 def eager_and_graph_model(tiny: TinyModel, device: str):
     eager = TransformersEngine(str(tiny.path), {"dtype": "float32", "device": device})
     graph = TransformersEngine(str(tiny.path), {"dtype": "float32", "device": device, "enforce_eager": False})
-    assert graph.info()["backends"] == {"attention": "eager", "moe": "batched_mm", "graphs": True}
+    assert graph.info()["backends"] == {"attention": "eager", "moe": "batched_mm", "decode": "graphs"}
     return eager, graph
 
 
@@ -35,7 +35,8 @@ def _decode(engine: TransformersEngine, device: str, prompts, max_tokens: int, t
     return [decoder.generate(p, max_tokens, top_k, prompt_logprobs=True) for p in prompts], decoder
 
 
-def test_static_cache_decode_matches_eager_and_stale_input_is_rejected(eager_and_graph_model, tiny_prompts, device):
+def test_static_cache_decode_matches_eager_and_planted_graph_bugs_are_rejected(eager_and_graph_model, tiny_prompts,
+                                                                                device):
     eager_engine, graph_engine = eager_and_graph_model
     prompts, max_tokens = tiny_prompts
     tol, top_k = settings.tolerance("float32")
@@ -47,9 +48,23 @@ def test_static_cache_decode_matches_eager_and_stale_input_is_rejected(eager_and
     assert report.ok, report.problems
     assert decoder.replays == len(prompts) * (max_tokens - 1)
 
-    stale, _ = _decode(graph_engine, device, prompts, max_tokens, top_k, fault="stale_input")
-    bad = perf.graph_eager_parity(stale, eager, tol, limit)
-    assert not bad.ok and any("graph mode chose" in problem for problem in bad.problems), bad.problems
+    for fault in graph_decode.FAULTS:
+        broken, _ = _decode(graph_engine, device, prompts, max_tokens, top_k, fault=fault)
+        bad = perf.graph_eager_parity(broken, eager, tol, limit)
+        assert not bad.ok and any("graph mode chose" in problem for problem in bad.problems), (fault, bad.problems)
+
+
+def test_engine_static_decode_matches_recompute(tiny: TinyModel, eager_and_graph_model, tiny_prompts, device):
+    """enforce_eager=True is the graph check's eager side for transformers: the static cache, no graph."""
+    eager_engine, _ = eager_and_graph_model
+    static = TransformersEngine(str(tiny.path), {"dtype": "float32", "device": device, "enforce_eager": True})
+    assert static.info()["backends"]["decode"] == "static"
+    prompts, max_tokens = tiny_prompts
+    tol, top_k = settings.tolerance("float32")
+    report = perf.graph_eager_parity(static.generate_greedy(prompts, max_tokens, top_k, prompt_logprobs=True),
+                                     eager_engine.generate_greedy(prompts, max_tokens, top_k, prompt_logprobs=True),
+                                     tol, 0)
+    assert report.ok, report.problems
 
 
 def test_capture_needs_a_gpu_and_faults_are_known(eager_and_graph_model):

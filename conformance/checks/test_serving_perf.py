@@ -88,7 +88,8 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
 def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, record_figure, request):
     """The prompt set run greedy with CUDA/HIP graphs captured (enforce_eager=False) gives the eager
     engine's tokens (exactly in fp32) and logprobs within the dtype's tolerance. With the transformers
-    engine, graph mode is a static KV cache whose decode step is one captured graph, replayed.
+    engine both sides decode from the same static KV cache, step by step or by replaying the decode
+    step captured as one graph.
 
     Catches: graph capture replaying stale buffers, padded graph batch sizes that pick different or
     broken kernels, sink or sliding-window metadata frozen at capture time — bugs that exist only in
@@ -100,9 +101,11 @@ def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, recor
     if not capability.supported:
         pytest.skip(f"target {target}: {capability.reason} (perf.toml [graph_mode.{target}])")
     engines = request.getfixturevalue("engines")
-    eager, _ = request.getfixturevalue("engine_greedy")
     tol, top_k = tolerance
     try:
+        # vLLM: the default engine (enforce_eager is its default); transformers: its static-cache decode
+        eager = engines.get(enforce_eager=True).call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
+                                                     prompt_logprobs=True, timeout_s=call_timeout_s)
         graph_engine = engines.get(enforce_eager=False)
         graph = graph_engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
                                   prompt_logprobs=True, timeout_s=call_timeout_s)

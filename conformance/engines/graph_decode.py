@@ -1,13 +1,16 @@
 """Graph mode for the transformers engine: prefill eagerly into a static KV cache, then decode by
 replaying one captured CUDA/HIP graph of the single-token step (what vLLM does for its decode batch
-sizes). The graph reads its input token from a static buffer and its position from the cache's
-device-side length counter, so nothing in it is frozen at capture except what a bug freezes.
+sizes). As in vLLM, the step's metadata is prepared outside the graph and copied into static
+buffers before each replay: the input token, and the additive attention masks of the full and
+sliding-window layers (transformers' own mask builder copies from the host, which a capture
+forbids). The position comes from the static cache's device-side length counter.
 
 With `capture=False` the same static-cache decode runs each step eagerly instead of replaying: on
 any device, it separates a static-cache bug from a graph-capture bug.
 
-`fault` plants a known bug for the negative control: "stale_input" never refreshes the static input
-buffer, so every replay decodes the first generated token again."""
+`fault` plants a known bug for the negative controls: "stale_input" never refreshes the static input
+buffer, so every replay decodes the first generated token again; "frozen_mask" keeps the masks of
+the first decode step, so later steps cannot see the keys they wrote."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Any
 from conformance.engines.base import Completion, StepLogprobs
 
 CAPTURE_LOG = "conformance: decode step captured as a CUDA/HIP graph"
-FAULTS = ("stale_input",)
+FAULTS = ("stale_input", "frozen_mask")
 
 
 class GraphDecoder:
@@ -35,6 +38,10 @@ class GraphDecoder:
         # from the device-side position, never by host-side bookkeeping that a graph would freeze.
         self.cache = Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in range(n_layers)])
         self.token = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.window = int(model.config.sliding_window)
+        self.masks = {kind: torch.zeros((1, 1, 1, max_len), dtype=model.dtype, device=device)
+                      for kind in ("full_attention", "sliding_attention")}
+        self._set_masks(0)
         self.replays = 0
         if capture:
             self.logits = self._capture()
@@ -46,8 +53,19 @@ class GraphDecoder:
         with self.torch.no_grad():
             self.logits = self._step()
 
+    def _set_masks(self, position: int) -> None:
+        """Masks of a decode step whose query sits at `position` (GPT_OSS.md: the window holds the last
+        `sliding_window` positions, the query's own included)."""
+        torch = self.torch
+        kv = torch.arange(self.max_len)
+        seen = kv <= position
+        blocked = torch.finfo(self.masks["full_attention"].dtype).min
+        for kind, allowed in (("full_attention", seen), ("sliding_attention", seen & (kv > position - self.window))):
+            self.masks[kind].copy_(torch.where(allowed, 0.0, blocked).view(1, 1, 1, -1))
+
     def _step(self) -> Any:
-        return self.model(input_ids=self.token, past_key_values=self.cache, use_cache=True).logits
+        return self.model(input_ids=self.token, attention_mask=self.masks, past_key_values=self.cache,
+                          use_cache=True).logits
 
     def _capture(self) -> Any:
         torch = self.torch
@@ -87,6 +105,8 @@ class GraphDecoder:
                 break
             if not (self.fault == "stale_input" and i > 0):
                 self.token.fill_(token)
+            if not (self.fault == "frozen_mask" and i > 0):
+                self._set_masks(len(prompt) + i)
             self._replay()
             self.replays += 1
             row = self.logits[0, -1].float().log_softmax(-1).cpu()

@@ -19,11 +19,12 @@ class TransformersEngine:
         # tf32 would turn an fp32 verdict into a tf32 one on Ampere and later
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        # enforce_eager=False (vLLM's option name) decodes by replaying a captured CUDA/HIP graph; the
-        # experts then run batched (no data-dependent host sync, which a capture forbids).
-        self.graphs = options.get("enforce_eager", True) is False
-        self.graph_fault = options.get("graph_fault")
-        self.moe = "batched_mm" if self.graphs else "eager"
+        # Default: every step recomputes the whole sequence (no cache to get wrong). With vLLM's option
+        # name, enforce_eager decodes from a static KV cache: True step by step, False by replaying the
+        # step captured as a CUDA/HIP graph. The experts then run batched (no data-dependent host sync,
+        # which a capture forbids), so the two differ in nothing but the graph.
+        self.decode = {None: "recompute", True: "static", False: "graphs"}[options.get("enforce_eager")]
+        self.moe = "eager" if self.decode == "recompute" else "batched_mm"
         self.model = AutoModelForCausalLM.from_pretrained(
             model, dtype=self.dtype, attn_implementation="eager", experts_implementation=self.moe
         ).to(self.device).eval()
@@ -39,7 +40,7 @@ class TransformersEngine:
             "platform": self.device.split(":")[0] if not self.device.startswith("cuda") else (
                 "rocm" if torch.version.hip else "cuda"),
             "dtype": str(self.dtype).removeprefix("torch."),
-            "backends": {"attention": "eager", "moe": self.moe, "graphs": self.graphs},
+            "backends": {"attention": "eager", "moe": self.moe, "decode": self.decode},
         }
         if self.device.startswith("cuda"):
             info["device_name"] = torch.cuda.get_device_name(0)
@@ -48,8 +49,8 @@ class TransformersEngine:
     def generate_greedy(
         self, prompts: list[list[int]], max_tokens: int, top_k: int, prompt_logprobs: bool = False
     ) -> list[Completion]:
-        if self.graphs:
-            return self._graph_greedy(prompts, max_tokens, top_k, prompt_logprobs)
+        if self.decode != "recompute":
+            return self._static_greedy(prompts, max_tokens, top_k, prompt_logprobs)
         torch = self.torch
         out = []
         with torch.no_grad():
@@ -68,13 +69,13 @@ class TransformersEngine:
                 out.append(Completion(list(prompt), ids[len(prompt):], steps, prompt_steps))
         return out
 
-    def _graph_greedy(self, prompts: list[list[int]], max_tokens: int, top_k: int,
+    def _static_greedy(self, prompts: list[list[int]], max_tokens: int, top_k: int,
                       prompt_logprobs: bool) -> list[Completion]:
         from conformance.engines.graph_decode import GraphDecoder
 
         max_len = max(len(p) for p in prompts) + max_tokens
         if self._decoder is None or self._decoder.max_len < max_len:
-            self._decoder = GraphDecoder(self.model, self.device, max_len, self.graph_fault)
+            self._decoder = GraphDecoder(self.model, self.device, max_len, capture=self.decode == "graphs")
         return [self._decoder.generate(p, max_tokens, top_k, prompt_logprobs) for p in prompts]
 
     def kv_state(self) -> KVState:
