@@ -4,14 +4,13 @@ in each and brings back what rank 0..W-1 returned, with a deadline. A hung colle
 with its traceback or signal (ARCHITECTURE.md rules 5 and 7). Also: the per-target plans read from
 data/distributed.toml and nccl-tests' bus-bandwidth formulas.
 
-Ranks are forked from a multiprocessing forkserver that has imported torch once, so a launch costs
-well under a second after the first (spawning 8 fresh interpreters costs ~15 s on 2 cores). The
-forkserver never touches a GPU, so CUDA/HIP is initialised only in the ranks, after the fork.
+Ranks are forked from the run's forkserver (conformance/forkserver.py), which has imported torch once,
+so a launch costs well under a second after the first (spawning 8 fresh interpreters costs ~15 s on
+2 cores). The forkserver never touches a GPU, so CUDA/HIP is initialised only in the ranks.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
@@ -24,11 +23,9 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
-from conformance import settings
+from conformance import forkserver, settings
 from conformance.compare import CheckFailed
 
-PRELOAD = ["torch", "torch.distributed", "conformance.distributed", "conformance.collectives",
-           "conformance.reference.tp"]
 # Rank 0 has already failed: how long the others get to report before they are killed (they are
 # usually blocked in a collective waiting for it).
 PEER_GRACE_S = 3.0
@@ -104,9 +101,7 @@ def free_port() -> int:
 
 
 def _context() -> Any:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (first launch)
-    return ctx
+    return forkserver.context()
 
 
 def _rank_main(rank: int, port: int, plan: Launch, target: Callable[..., Any], args: tuple, out: Any) -> None:

@@ -91,7 +91,8 @@ class EngineFactory:
         proc = EngineProcess(
             kind, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {})),
             self.run.run_dir / f"engine-{kind}-{len(self.start_seconds)}.log",
-            start_timeout_s=float(table["timeouts"]["engine_start_s"]))
+            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
+            start_method=table[self.run.resolved().resolved]["engine_start"])
         self.start_seconds[key] = time.perf_counter() - started
         self.live[key] = proc
         if not self.run.engine_info:

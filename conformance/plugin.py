@@ -154,6 +154,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ref = runrecord.docstring_field(item.function, "Reference") or ""
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
+    target = ctx.resolved()
+    table = settings.targets().get(target.resolved, {})
+    if not target.problems and items and table.get("engine_start") == "forkserver":
+        from conformance import forkserver
+
+        # its imports (vLLM, transformers) overlap the checks that need no engine
+        forkserver.start(table.get("env", {}))
     if any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.serving_fixtures import prestart_server
 

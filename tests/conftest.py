@@ -31,7 +31,8 @@ def start_cpu_engine(model_dir: str, log_path, **overrides) -> EngineProcess:
     table = settings.targets()
     options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"} | overrides
     return EngineProcess("vllm", model_dir, options, dict(table["cpu"]["env"]), log_path,
-                         start_timeout_s=float(table["timeouts"]["engine_start_s"]))
+                         start_timeout_s=float(table["timeouts"]["engine_start_s"]),
+                         start_method=table["cpu"]["engine_start"])
 
 
 @pytest.fixture(scope="session")

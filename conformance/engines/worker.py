@@ -11,6 +11,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from conformance import forkserver
+
 
 class EngineError(RuntimeError):
     """The engine under test raised, crashed or hung; the message says which and shows its output."""
@@ -38,6 +40,14 @@ def _build(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) 
 
         return DeviceProbe(model, options)
     raise ValueError(f"unknown engine {kind!r}: use vllm or transformers")
+
+
+def _context(start_method: str, env: dict[str, str]) -> Any:
+    """`spawn`, or `forkserver`: fork from the run's forkserver (conformance/forkserver.py) when it runs
+    with this environment, else spawn."""
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"unknown engine start method {start_method!r}: use spawn or forkserver")
+    return (start_method == "forkserver" and forkserver.context(env)) or mp.get_context("spawn")
 
 
 def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path: str) -> None:
@@ -74,10 +84,11 @@ class EngineProcess:
     """A live engine in a child process; `call` forwards a method call with a timeout."""
 
     def __init__(self, kind: str, model: str, options: dict[str, Any], env: dict[str, str],
-                 log_path: Path, start_timeout_s: float) -> None:
+                 log_path: Path, start_timeout_s: float, start_method: str = "spawn") -> None:
         self.kind, self.model, self.log_path = kind, model, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        ctx = mp.get_context("spawn")  # vLLM needs spawn; fork would copy the parent's torch state
+        # never plain fork: it would copy the parent's torch state (and threads) into the engine
+        ctx = _context(start_method, env)
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, kind, model, options, env, str(log_path)),
                                  daemon=True, name=f"engine-{kind}")
