@@ -155,21 +155,24 @@ def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) ->
 
 @dataclass
 class VerdictReport:
-    """A verdict with its figures; `details` print both sides when it fails."""
+    """A verdict with its figures; `details` print both sides when it fails. With `require_figures`
+    a report that measured nothing fails too (a comparison that compared nothing proves nothing)."""
 
     what: str
     figures: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
+    require_figures: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and (bool(self.figures) or not self.require_figures)
 
     def raise_if_failed(self) -> None:
-        if self.problems:
+        if not self.ok:
             more = ("\n  " + "\n  ".join(self.details[:12])) if self.details else ""
-            raise CheckFailed(f"{self.what}: " + "; ".join(self.problems[:10]) + more)
+            problems = "; ".join(self.problems[:10]) or "nothing was compared"
+            raise CheckFailed(f"{self.what}: {problems}{more}")
 
 
 def _group_kind(kind: str) -> str:

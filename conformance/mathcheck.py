@@ -5,34 +5,17 @@ reports print both sides, the figure and the tolerance, and raise only via `rais
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
-from conformance.compare import CheckFailed
-
-
-@dataclass
-class ComponentReport:
-    what: str
-    figures: dict[str, float] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and bool(self.figures)
-
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            detail = "; ".join(self.problems) or "nothing was compared"
-            raise CheckFailed(f"{self.what}: {detail}")
+from conformance.compare import VerdictReport
 
 
 def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor],
-               positions: list[int], tol: dict[str, float]) -> ComponentReport:
+               positions: list[int], tol: dict[str, float]) -> VerdictReport:
     """Engine cos/sin tables [P, D/2] against the reference's. Position 1 must be among the positions:
     there the angle is inv_freq itself, so the engine's inv_freq and concentration are recovered."""
-    report = ComponentReport("RoPE/YaRN tables")
+    report = VerdictReport("RoPE/YaRN tables", require_figures=True)
     (gc, gs), (wc, ws) = [(c.double(), s.double()) for c, s in (got, want)]
     if gc.shape != wc.shape:
         report.problems.append(f"table shape {tuple(gc.shape)} vs reference {tuple(wc.shape)}")
@@ -60,9 +43,9 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     return report
 
 
-def moe_close(got: torch.Tensor, want: torch.Tensor, rel_tol: float, label: str) -> ComponentReport:
+def moe_close(got: torch.Tensor, want: torch.Tensor, rel_tol: float, label: str) -> VerdictReport:
     """Max |engine - reference| over the block output, relative to the reference's largest magnitude."""
-    report = ComponentReport(f"MoE block {label}")
+    report = VerdictReport(f"MoE block {label}", require_figures=True)
     if got.shape != want.shape:
         report.problems.append(f"output shape {tuple(got.shape)} vs reference {tuple(want.shape)}")
         return report

@@ -1,5 +1,5 @@
 """What the server checks ask an OpenAI-compatible server, and how they judge the answers: each
-probe takes a client and returns a `Probe` with the problems found and the figures measured, so a
+probe takes a client and returns a `VerdictReport` with the problems found and the figures measured, so a
 check and its negative control (a deliberately broken server) run exactly the same code."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.compare import CheckFailed
+from conformance.compare import VerdictReport
 from conformance.engines.vllm_server import ServerClient, ServerError
 from conformance.tokenizer.harmony import StopObservation, stop_token_verdict
 
@@ -20,28 +19,13 @@ METRIC_SERIES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:
 REJECT_WITHIN_S = 10.0
 
 
-@dataclass
-class Probe:
-    what: str
-    problems: list[str] = field(default_factory=list)
-    figures: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def raise_if_failed(self) -> None:
-        if self.problems:
-            raise CheckFailed(f"{self.what}:\n  " + "\n  ".join(self.problems[:12]))
-
-
 def _error_text(body: Any) -> str:
     err = body.get("error") if isinstance(body, dict) else None
     return str(err.get("message") if isinstance(err, dict) else err or body)[:300]
 
 
-def health_and_models(client: ServerClient, model: str) -> Probe:
-    probe = Probe("/health and /v1/models")
+def health_and_models(client: ServerClient, model: str) -> VerdictReport:
+    probe = VerdictReport("/health and /v1/models")
     health = client.get("/health")
     if health.status != 200:
         probe.problems.append(f"/health answered HTTP {health.status}, not 200")
@@ -62,9 +46,9 @@ def max_model_len(client: ServerClient, model: str) -> int | None:
     return None
 
 
-def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[Probe, dict]:
+def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[VerdictReport, dict]:
     """One non-streaming chat completion; problems if it is not a well-formed 200."""
-    probe = Probe("/v1/chat/completions")
+    probe = VerdictReport("/v1/chat/completions")
     res = client.post("/v1/chat/completions", body, timeout_s=timeout_s)
     data = res.json()
     probe.figures["chat_latency_s"] = res.seconds
@@ -80,9 +64,9 @@ def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[Probe, dic
     return probe, data
 
 
-def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[Probe, str]:
+def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[VerdictReport, str]:
     """A streaming chat completion: SSE chunks, a finish reason, usage, and [DONE] last."""
-    probe = Probe("/v1/chat/completions stream=true")
+    probe = VerdictReport("/v1/chat/completions stream=true")
     head, events = client.stream("/v1/chat/completions", body | {"stream_options": {"include_usage": True}},
                                  timeout_s=timeout_s)
     probe.figures["stream_events"] = float(len(events))
@@ -108,8 +92,8 @@ def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[P
     return probe, text
 
 
-def metrics(client: ServerClient, model: str) -> Probe:
-    probe = Probe("/metrics")
+def metrics(client: ServerClient, model: str) -> VerdictReport:
+    probe = VerdictReport("/metrics")
     res = client.get("/metrics")
     if res.status != 200:
         probe.problems.append(f"/metrics answered HTTP {res.status}")
@@ -129,9 +113,9 @@ def metrics(client: ServerClient, model: str) -> Probe:
     return probe
 
 
-def api_key_enforced(client: ServerClient, model: str) -> Probe:
+def api_key_enforced(client: ServerClient, model: str) -> VerdictReport:
     """Without the key every /v1 endpoint answers 401; with it, 200."""
-    probe = Probe("API key")
+    probe = VerdictReport("API key")
     requests = (("GET", "/v1/models", None),
                 ("POST", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 1}),
                 ("POST", "/v1/chat/completions", {"model": model, "max_tokens": 1,
@@ -146,9 +130,9 @@ def api_key_enforced(client: ServerClient, model: str) -> Probe:
     return probe
 
 
-def oversized_prompt_rejected(client: ServerClient, model: str, limit: int) -> Probe:
+def oversized_prompt_rejected(client: ServerClient, model: str, limit: int) -> VerdictReport:
     """A prompt longer than max_model_len gets a 400 at once, not a hang or a 500."""
-    probe = Probe(f"prompt of {limit + 16} tokens against max_model_len {limit}")
+    probe = VerdictReport(f"prompt of {limit + 16} tokens against max_model_len {limit}")
     res = client.post("/v1/completions", {"model": model, "prompt": [13] * (limit + 16), "max_tokens": 4},
                       timeout_s=60.0)
     probe.figures["reject_s"] = res.seconds
@@ -160,9 +144,9 @@ def oversized_prompt_rejected(client: ServerClient, model: str, limit: int) -> P
 
 
 def concurrent_completions(client: ServerClient, model: str, clients: int, max_tokens: int,
-                           timeout_s: float) -> Probe:
+                           timeout_s: float) -> VerdictReport:
     """`clients` simultaneous completions all succeed with every token they asked for."""
-    probe = Probe(f"{clients} concurrent clients")
+    probe = VerdictReport(f"{clients} concurrent clients")
 
     def one(i: int) -> tuple[int, int, str]:
         body = {"model": model, "prompt": f"Client {i} says:", "max_tokens": max_tokens, "temperature": 0,
@@ -185,9 +169,10 @@ def concurrent_completions(client: ServerClient, model: str, clients: int, max_t
     return probe
 
 
-def stop_tokens(client: ServerClient, model: str, stop: list[int], not_stop: list[int], timeout_s: float) -> Probe:
+def stop_tokens(client: ServerClient, model: str, stop: list[int], not_stop: list[int],
+                timeout_s: float) -> VerdictReport:
     """Make the model emit each token first (logit_bias) and see whether the server ends the turn."""
-    probe = Probe("assistant stop tokens")
+    probe = VerdictReport("assistant stop tokens")
     observed = []
     for token in [*stop, *not_stop]:
         body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,

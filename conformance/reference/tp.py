@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
+from conformance.compare import VerdictReport
 from conformance.distributed import RankContext
-from conformance.mathcheck import ComponentReport
 from conformance.reference.gpt_oss import Reference, WeightStore, dequant_mxfp4
 
 MX_BLOCK = 32
@@ -242,9 +242,9 @@ def tp_rank(ctx: RankContext, model_dir: str, layers: list[int], alignment: int,
 
 
 def recombined_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rel_tol: float,
-                     label: str) -> ComponentReport:
+                     label: str) -> VerdictReport:
     """Each recombined output against the unsharded one: max |Δ| / max |unsharded| within rel_tol."""
-    report = ComponentReport(f"TP sharding {label}")
+    report = VerdictReport(f"TP sharding {label}", require_figures=True)
     worst: dict[str, float] = {}
     for name, w in want.items():
         g = got.get(name)
