@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import settings
+from conformance import forkserver, settings
 from conformance.engines.worker import EngineProcess
 from conformance.models import TinyModel, tiny_gpt_oss
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start the forkserver with the CPU target's environment, as `conformance run` does, so that engine
+    controls fork from it whichever test first needs a child process (its imports overlap collection)."""
+    forkserver.start(settings.targets()["cpu"]["env"])
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,38 @@
+"""The run's forkserver: children fork with the target's environment already applied at import time
+and the stacks already imported; an engine needing another environment is spawned instead."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from conformance import forkserver, settings
+from conformance.engines import worker
+
+
+def _report(queue) -> None:
+    queue.put((os.environ.get("TORCH_COMPILE_DISABLE"), "torch" in sys.modules, "vllm" in sys.modules))
+
+
+def test_children_fork_with_the_target_environment_and_the_stacks_imported():
+    env = settings.targets()["cpu"]["env"]
+    ctx = forkserver.context(env)
+    assert ctx is not None and ctx.get_start_method() == "forkserver"
+    queue = ctx.Queue()
+    child = ctx.Process(target=_report, args=(queue,))
+    child.start()
+    compile_disabled, has_torch, has_vllm = queue.get(timeout=120)
+    child.join(30)
+    assert compile_disabled == env["TORCH_COMPILE_DISABLE"]
+    assert has_torch and has_vllm, "the forkserver did not preload the stacks: each engine would import them again"
+
+
+def test_another_environment_is_spawned_not_forked():
+    env = dict(settings.targets()["cpu"]["env"]) | {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert forkserver.context(env) is None
+    assert worker._context("forkserver", env).get_start_method() == "spawn"
+    assert worker._context("forkserver", settings.targets()["cpu"]["env"]).get_start_method() == "forkserver"
+    with pytest.raises(ValueError, match="unknown engine start method"):
+        worker._context("fork", {})
