@@ -4,6 +4,7 @@ check and its negative control (a deliberately broken server) run exactly the sa
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -140,6 +141,32 @@ def oversized_prompt_rejected(client: ServerClient, model: str, limit: int) -> V
         probe.problems.append(f"HTTP {res.status}, not 400: {res.body[:200]!r}")
     if res.seconds > REJECT_WITHIN_S:
         probe.problems.append(f"the refusal took {res.seconds:.1f} s (limit {REJECT_WITHIN_S:.0f} s)")
+    return probe
+
+
+# Bodies that are not UTF-8 JSON (RFC 8259 section 8.1); %s is the model name as a JSON string.
+MALFORMED_BODIES = {
+    "invalid UTF-8 inside a JSON string": b'{"model": %s, "prompt": "caf\xc3\x28 \xff\xfe", "max_tokens": 4}',
+    "JSON cut off mid-string": b'{"model": %s, "prompt": "Hello',
+}
+# A refusal: vLLM answers 400 for these; FastAPI's default for a body it cannot parse is 422.
+CLIENT_ERRORS = (400, 422)
+
+
+def malformed_bodies_rejected(client: ServerClient, model: str) -> VerdictReport:
+    """Each malformed body gets a client error at once, and the server is healthy afterwards."""
+    probe = VerdictReport("malformed request bodies")
+    name = json.dumps(model).encode()
+    for what, template in MALFORMED_BODIES.items():
+        res = client.post("/v1/completions", template % name, timeout_s=60.0)
+        probe.figures["reject_s"] = max(probe.figures.get("reject_s", 0.0), res.seconds)
+        if res.status not in CLIENT_ERRORS:
+            probe.problems.append(f"{what}: HTTP {res.status}, not one of {CLIENT_ERRORS}: {res.body[:200]!r}")
+        if res.seconds > REJECT_WITHIN_S:
+            probe.problems.append(f"{what}: the refusal took {res.seconds:.1f} s (limit {REJECT_WITHIN_S:.0f} s)")
+    health = client.get("/health")
+    if health.status != 200:
+        probe.problems.append(f"after the malformed bodies /health answered HTTP {health.status}, not 200")
     return probe
 
 

@@ -41,7 +41,7 @@ class StubHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if self.path == "/health":
-            return self._send(200, {})
+            return self._send(503 if "down" in self.server.faults else 200, {})
         if self.path == "/metrics":
             text = "" if "no_metrics" in self.server.faults else (
                 f'vllm:kv_cache_usage_perc{{model_name="{MODEL}"}} 0.0\n'
@@ -53,7 +53,14 @@ class StubHandler(BaseHTTPRequestHandler):
         return self._send(200, {"data": [{"id": MODEL, "max_model_len": 64}]})
 
     def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            if "crashes_on_bad_bodies" in self.server.faults:
+                self.server.faults.add("down")
+                return self._send(500, {"error": "Internal Server Error"})
+            return self._send(400, {"error": {"message": "JSON decode error"}})
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
         if isinstance(body.get("prompt"), list) and len(body["prompt"]) > 64:
@@ -80,7 +87,7 @@ def stub(request: pytest.FixtureRequest) -> Iterator[ServerClient]:
 
 def test_probes_pass_on_a_correct_stub(stub: ServerClient):
     for probe in (probes.api_key_enforced(stub, MODEL), probes.metrics(stub, MODEL),
-                  probes.oversized_prompt_rejected(stub, MODEL, 64),
+                  probes.oversized_prompt_rejected(stub, MODEL, 64), probes.malformed_bodies_rejected(stub, MODEL),
                   probes.stop_tokens(stub, MODEL, [200002, 200012], [200007], 10)):
         probe.raise_if_failed()
 
@@ -101,6 +108,14 @@ def test_stop_token_check_rejects_a_server_that_stops_on_end(stub: ServerClient)
 def test_metrics_check_rejects_missing_series(stub: ServerClient):
     probe = probes.metrics(stub, MODEL)
     assert len(probe.problems) == len(probes.METRIC_SERIES)
+
+
+@pytest.mark.parametrize("stub", [("crashes_on_bad_bodies",)], indirect=True)
+def test_malformed_body_check_rejects_a_server_that_answers_500_and_goes_down(stub: ServerClient):
+    probe = probes.malformed_bodies_rejected(stub, MODEL)
+    assert not probe.ok
+    assert sum("HTTP 500" in p for p in probe.problems) == len(probes.MALFORMED_BODIES)
+    assert any("/health answered HTTP 503" in p for p in probe.problems)
 
 
 @pytest.mark.parametrize("stub", [("accepts_long_prompts",)], indirect=True)

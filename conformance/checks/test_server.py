@@ -121,6 +121,21 @@ def test_server_rejects_oversized_prompt(server, record_figure):
 
 
 @pytest.mark.p1
+def test_server_rejects_malformed_bodies(server, record_figure):
+    """A request body that is not valid UTF-8, or JSON cut off mid-string, is refused with a client
+    error (400/422) within seconds, and /health still answers 200 afterwards.
+
+    Catches: a decode error in the API server that becomes a 500, hangs the request, or takes the
+    server down for every other client.
+    Reference: https://www.rfc-editor.org/rfc/rfc8259#section-8.1 (JSON between systems is UTF-8);
+      https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
+    """
+    probe = probes.malformed_bodies_rejected(server.client, server.model)
+    _record(probe, record_figure)
+    probe.raise_if_failed()
+
+
+@pytest.mark.p1
 def test_server_concurrent_clients_succeed(server, server_call_timeout_s, record_figure):
     """Eight clients at once each get all 16 tokens they asked for.
 

@@ -71,11 +71,13 @@ class ServerClient:
 
     def request(self, method: str, path: str, body: Any = None, *, key: bool = True,
                 timeout_s: float | None = None) -> HttpResult:
-        """One request; `key=False` leaves the API key out (the 401 check)."""
+        """One request; `key=False` leaves the API key out (the 401 check). A `bytes` body goes as it is
+        (the malformed-body check), anything else as JSON."""
         conn, prefix = self._conn(timeout_s)
         started = time.perf_counter()
+        raw = body if isinstance(body, bytes) or body is None else json.dumps(body)
         try:
-            conn.request(method, prefix + path, body=None if body is None else json.dumps(body),
+            conn.request(method, prefix + path, body=raw,
                          headers=self._headers(key, body is not None))
             resp = conn.getresponse()
             data = resp.read()
