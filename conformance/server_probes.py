@@ -170,6 +170,82 @@ def malformed_bodies_rejected(client: ServerClient, model: str) -> VerdictReport
     return probe
 
 
+def _response_text(response: dict) -> str:
+    return "".join(part.get("text", "") for item in response.get("output") or [] if item.get("type") == "message"
+                   for part in item.get("content") or [] if part.get("type") == "output_text")
+
+
+def responses_api(client: ServerClient, model: str, max_output_tokens: int, timeout_s: float) -> VerdictReport:
+    """/v1/responses plain and streamed, greedy, cut off by max_output_tokens: a message with text, the
+    status and usage that say it was cut off, and a stream that starts with response.created and whose
+    deltas, output_text.done and final response all carry the plain reply's text."""
+    probe = VerdictReport("/v1/responses")
+    body = {"model": model, "input": "Say hello.", "max_output_tokens": max_output_tokens, "temperature": 0}
+    res = client.post("/v1/responses", body, timeout_s=timeout_s)
+    probe.figures["responses_latency_s"] = res.seconds
+    if res.status != 200:
+        probe.problems.append(f"plain: HTTP {res.status}, not 200: {_error_text(res.json())}")
+        return probe
+    plain = res.json()
+    text, usage = _response_text(plain), plain.get("usage") or {}
+    if plain.get("object") != "response" or not text:
+        probe.problems.append(f"plain: object {plain.get('object')!r} with output text {text!r}: want a response "
+                              "with a message")
+    out_tokens = int(usage.get("output_tokens", -1))
+    if not 0 < out_tokens <= max_output_tokens:
+        probe.problems.append(f"plain: usage.output_tokens {out_tokens} outside 1..{max_output_tokens}")
+    if usage.get("total_tokens") != usage.get("input_tokens", 0) + out_tokens:
+        probe.problems.append(f"plain: usage total_tokens {usage.get('total_tokens')} != input + output")
+    reason = (plain.get("incomplete_details") or {}).get("reason")
+    if out_tokens == max_output_tokens and (plain.get("status"), reason) != ("incomplete", "max_output_tokens"):
+        probe.problems.append(f"plain: stopped by max_output_tokens but status {plain.get('status')!r}, "
+                              f"incomplete_details.reason {reason!r}")
+
+    head, events = client.stream("/v1/responses", body, timeout_s=timeout_s)
+    kinds = [e.get("type") for e in events if isinstance(e, dict)]
+    if head.status != 200 or not kinds:
+        probe.problems.append(f"stream: HTTP {head.status} with {len(kinds)} events")
+        return probe
+    probe.figures["responses_stream_events"] = float(len(kinds))
+    if kinds[0] != "response.created":
+        probe.problems.append(f"stream: first event {kinds[0]!r}, not response.created")
+    deltas = "".join(e.get("delta", "") for e in events if isinstance(e, dict)
+                     and e.get("type") == "response.output_text.delta")
+    done = [e.get("text") for e in events if isinstance(e, dict) and e.get("type") == "response.output_text.done"]
+    final = events[-1].get("response", {}) if isinstance(events[-1], dict) else {}
+    for what, got in (("the deltas", deltas), ("output_text.done", done[0] if done else None),
+                      ("the final response", _response_text(final))):
+        if got != text:
+            probe.problems.append(f"stream: {what} give {got!r}, the plain reply {text!r}")
+    return probe
+
+
+# The stream's last event by the response's final status (OpenAI Responses streaming events).
+TERMINAL_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete",
+                   "failed": "response.failed"}
+
+
+def responses_terminal_event(client: ServerClient, model: str, max_output_tokens: int,
+                             timeout_s: float) -> VerdictReport:
+    """A stream cut off by max_output_tokens ends with the event of its final status."""
+    probe = VerdictReport("/v1/responses stream terminal event")
+    body = {"model": model, "input": "Say hello.", "max_output_tokens": max_output_tokens, "temperature": 0}
+    head, events = client.stream("/v1/responses", body, timeout_s=timeout_s)
+    last = next((e for e in reversed(events) if isinstance(e, dict)), None)
+    if head.status != 200 or last is None:
+        probe.problems.append(f"stream: HTTP {head.status} with no events")
+        return probe
+    status = (last.get("response") or {}).get("status")
+    want = TERMINAL_EVENTS.get(status)
+    probe.figures["responses_stream_events"] = float(len(events))
+    if want is None:
+        probe.problems.append(f"the last event {last.get('type')!r} carries no final status (status {status!r})")
+    elif last.get("type") != want:
+        probe.problems.append(f"the response ended {status!r} but the stream's last event is {last.get('type')!r}, "
+                              f"not {want!r}: clients that read the event type miss the cut-off")
+    return probe
+
+
 def concurrent_completions(client: ServerClient, model: str, clients: int, max_tokens: int,
                            timeout_s: float) -> VerdictReport:
     """`clients` simultaneous completions all succeed with every token they asked for."""

@@ -63,6 +63,8 @@ class StubHandler(BaseHTTPRequestHandler):
             return self._send(400, {"error": {"message": "JSON decode error"}})
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
+        if self.path == "/v1/responses":
+            return self._responses(body)
         if isinstance(body.get("prompt"), list) and len(body["prompt"]) > 64:
             if "accepts_long_prompts" not in self.server.faults:
                 return self._send(400, {"error": {"message": "prompt too long"}})
@@ -72,6 +74,25 @@ class StubHandler(BaseHTTPRequestHandler):
         self._send(200, {"choices": [{"message": {"content": "x"}, "text": "x", "token_ids": ids,
                                       "finish_reason": "stop" if stops else "length"}],
                          "usage": {"prompt_tokens": 3, "completion_tokens": len(ids)}})
+
+
+    def _responses(self, body: dict) -> None:
+        """A Responses reply cut off at max_output_tokens, plain or as the OpenAI event stream."""
+        faults, n = self.server.faults, int(body["max_output_tokens"])
+        status = "completed" if "hides_truncation" in faults else "incomplete"
+        response = {"object": "response", "status": status,
+                    "incomplete_details": None if status == "completed" else {"reason": "max_output_tokens"},
+                    "output": [{"type": "message", "content": [{"type": "output_text", "text": "ab" * n}]}],
+                    "usage": {"input_tokens": 5, "output_tokens": n, "total_tokens": 5 + n}}
+        if not body.get("stream"):
+            return self._send(200, response)
+        deltas = ["ab"] * (n - 1 if "drops_a_delta" in faults else n)
+        terminal = "response.completed" if "completed_when_truncated" in faults else f"response.{status}"
+        events = [{"type": "response.created", "response": {"status": "in_progress"}},
+                  *({"type": "response.output_text.delta", "delta": d} for d in deltas),
+                  {"type": "response.output_text.done", "text": "ab" * n},
+                  {"type": terminal, "response": response}]
+        self._send(200, "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode(), "text/event-stream")
 
 
 @pytest.fixture
@@ -88,7 +109,8 @@ def stub(request: pytest.FixtureRequest) -> Iterator[ServerClient]:
 def test_probes_pass_on_a_correct_stub(stub: ServerClient):
     for probe in (probes.api_key_enforced(stub, MODEL), probes.metrics(stub, MODEL),
                   probes.oversized_prompt_rejected(stub, MODEL, 64), probes.malformed_bodies_rejected(stub, MODEL),
-                  probes.stop_tokens(stub, MODEL, [200002, 200012], [200007], 10)):
+                  probes.stop_tokens(stub, MODEL, [200002, 200012], [200007], 10),
+                  probes.responses_api(stub, MODEL, 8, 10), probes.responses_terminal_event(stub, MODEL, 8, 10)):
         probe.raise_if_failed()
 
 
@@ -108,6 +130,26 @@ def test_stop_token_check_rejects_a_server_that_stops_on_end(stub: ServerClient)
 def test_metrics_check_rejects_missing_series(stub: ServerClient):
     probe = probes.metrics(stub, MODEL)
     assert len(probe.problems) == len(probes.METRIC_SERIES)
+
+
+@pytest.mark.parametrize("stub", [("drops_a_delta",)], indirect=True)
+def test_responses_check_rejects_a_stream_that_drops_text(stub: ServerClient):
+    probe = probes.responses_api(stub, MODEL, 8, 10)
+    assert not probe.ok and len(probe.problems) == 1 and "the deltas give" in probe.problems[0]
+
+
+@pytest.mark.parametrize("stub", [("hides_truncation",)], indirect=True)
+def test_responses_check_rejects_a_cut_off_reply_reported_as_completed(stub: ServerClient):
+    probe = probes.responses_api(stub, MODEL, 8, 10)
+    assert not probe.ok and "stopped by max_output_tokens but status 'completed'" in probe.problems[0]
+
+
+@pytest.mark.parametrize("stub", [("completed_when_truncated",)], indirect=True)
+def test_terminal_event_check_rejects_completed_for_an_incomplete_response(stub: ServerClient):
+    """What vLLM 0.32 does (expectations/server.toml): an 'incomplete' response in a response.completed event."""
+    assert probes.responses_api(stub, MODEL, 8, 10).ok
+    probe = probes.responses_terminal_event(stub, MODEL, 8, 10)
+    assert not probe.ok and "not 'response.incomplete'" in probe.problems[0]
 
 
 @pytest.mark.parametrize("stub", [("crashes_on_bad_bodies",)], indirect=True)

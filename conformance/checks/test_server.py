@@ -136,6 +136,36 @@ def test_server_rejects_malformed_bodies(server, record_figure):
 
 
 @pytest.mark.p1
+def test_server_responses_api(server, server_call_timeout_s, record_figure):
+    """/v1/responses, plain and streamed, greedy and cut off by max_output_tokens: a message with text,
+    status "incomplete" with reason max_output_tokens, consistent usage, and a stream whose deltas,
+    output_text.done and final response carry the plain reply's text.
+
+    Catches: a Responses endpoint that drops or duplicates streamed text, reports the final response
+    without its output, miscounts usage, or hides that the reply was cut off.
+    Reference: https://platform.openai.com/docs/api-reference/responses ;
+      https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
+    """
+    probe = probes.responses_api(server.client, server.model, 16, server_call_timeout_s)
+    _record(probe, record_figure)
+    probe.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_server_responses_stream_ends_with_its_status(server, server_call_timeout_s, record_figure):
+    """A streamed response cut off by max_output_tokens ends with `response.incomplete`, the event of
+    its final status, not `response.completed`.
+
+    Catches: streams whose terminal event says "completed" for a truncated reply, so clients (and
+    gateways translating to finish_reason) report a cut-off answer as a normal one.
+    Reference: https://platform.openai.com/docs/api-reference/responses-streaming/response/incomplete
+    """
+    probe = probes.responses_terminal_event(server.client, server.model, 16, server_call_timeout_s)
+    _record(probe, record_figure)
+    probe.raise_if_failed()
+
+
+@pytest.mark.p1
 def test_server_concurrent_clients_succeed(server, server_call_timeout_s, record_figure):
     """Eight clients at once each get all 16 tokens they asked for.
 
