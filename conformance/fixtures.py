@@ -94,6 +94,7 @@ class EngineFactory:
             start_timeout_s=float(table["timeouts"]["engine_start_s"]),
             start_method=table[self.run.resolved().resolved]["engine_start"])
         self.start_seconds[key] = time.perf_counter() - started
+        self.run.startups.append((f"{kind} engine", self.start_seconds[key]))
         self.live[key] = proc
         if not self.run.engine_info:
             self.run.engine_info = proc.info

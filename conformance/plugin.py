@@ -39,6 +39,8 @@ class RunContext:
     fingerprint: dict[str, Any] | None = None
     collected: int = 0
     unmatched_expectations: list[str] = field(default_factory=list)
+    # (what, seconds) of each engine or server start-up: where a run's time goes (the summary's last lines)
+    startups: list[tuple[str, float]] = field(default_factory=list)
 
     def resolved(self) -> targets.TargetReport:
         if self.target is None:

@@ -69,6 +69,17 @@ def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
 
 
+def startup_line(startups: list[tuple[str, float]]) -> str | None:
+    """Where a run's time went to start-ups, summed per kind: 'start-ups: 12 x vllm engine 48.2 s, ...'."""
+    per: dict[str, list[float]] = {}
+    for what, seconds in startups:
+        per.setdefault(what, []).append(seconds)
+    if not per:
+        return None
+    parts = [f"{len(v)} x {what} {sum(v):.1f} s" for what, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))]
+    return "start-ups: " + ", ".join(parts)
+
+
 def print_summary(tr: Any, ctx: RunContext) -> None:
     records = sorted(ctx.records.values(), key=lambda r: (r.tier, r.id))
     tr.write_sep("=", "conformance summary")
@@ -87,6 +98,9 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
                               f"Remedy: {known.signature.remedy}", yellow=True)
     counts = runrecord.summary_of(records)
     tr.write_line(", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    startups = startup_line(ctx.startups)
+    if startups:
+        tr.write_line(startups)
     for u in ctx.unmatched_expectations:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
     verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 else "FAIL"

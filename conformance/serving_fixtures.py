@@ -203,6 +203,9 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
             proc.start()
         except ServerError as exc:
             pytest.fail(str(exc), pytrace=False)
+        run.startups.append(("vLLM server", proc.start_seconds))
+    else:
+        run.startups.append(("vLLM server (started in the background)", proc.start_seconds))
     try:
         yield ServerUnderTest(proc.client(), model.name, proc.api_key, True, proc.start_seconds, SERVER_DATE,
                               proc.log_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path):
     proc = conformance_run(tmp_path, "--tier", "p0")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "verdict: PASS" in proc.stdout and "conformance summary" in proc.stdout
+    # where the time went: the engines and the server P0 starts
+    assert re.search(r"start-ups: .*\d+ x vllm engine [\d.]+ s", proc.stdout), proc.stdout[-1500:]
+    assert "vLLM server" in proc.stdout.split("start-ups:")[1].splitlines()[0]
     record = only_run(tmp_path)
     assert record["complete"] and record["target"] == "cpu" and record["engine"] == "vllm"
     summary = record["summary"]
@@ -89,3 +93,11 @@ def test_a_run_with_no_checks_is_a_failure(tmp_path):
     assert proc.returncode == 1
     record = only_run(tmp_path)
     assert record["complete"] is False and record["checks"] == []
+
+
+def test_startup_line_sums_per_kind_largest_first():
+    from conformance.recorder import startup_line
+
+    assert startup_line([]) is None
+    line = startup_line([("vllm engine", 8.0), ("device engine", 1.0), ("vllm engine", 4.5), ("vLLM server", 30.0)])
+    assert line == "start-ups: 1 x vLLM server 30.0 s, 2 x vllm engine 12.5 s, 1 x device engine 1.0 s"
