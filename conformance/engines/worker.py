@@ -4,6 +4,7 @@ goes on (ARCHITECTURE.md rule 7)."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -66,7 +67,14 @@ def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path:
         except EOFError:
             return
         if method == "close":
-            conn.send(("ok", None))
+            # Release the engine before the child exits: a forked child ends with os._exit, which skips
+            # the finalizers that would free what the engine holds (vLLM's semaphores among them).
+            try:
+                engine.close()
+                del engine
+                gc.collect()
+            finally:
+                conn.send(("ok", None))
             return
         try:
             if method.startswith("components:"):  # component probes take the engine as first argument
