@@ -37,6 +37,8 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path):
     assert "vLLM server" in proc.stdout.split("start-ups:")[1].splitlines()[0]
     record = only_run(tmp_path)
     assert record["complete"] and record["target"] == "cpu" and record["engine"] == "vllm"
+    junit = next(tmp_path.iterdir()) / "junit.xml"
+    assert str(Path(__file__).resolve().parent.parent) not in junit.read_text(), "junit.xml names this machine's paths"
     summary = record["summary"]
     assert summary["failed"] == summary["error"] == 0 and summary["passed"] >= 6
     skipped = [c for c in record["checks"] if c["outcome"] == "skipped"]
