@@ -175,12 +175,17 @@ def _response_text(response: dict) -> str:
                    for part in item.get("content") or [] if part.get("type") == "output_text")
 
 
+def _responses_request(model: str, max_output_tokens: int) -> dict:
+    """A greedy /v1/responses request that the token limit cuts off."""
+    return {"model": model, "input": "Say hello.", "max_output_tokens": max_output_tokens, "temperature": 0}
+
+
 def responses_api(client: ServerClient, model: str, max_output_tokens: int, timeout_s: float) -> VerdictReport:
     """/v1/responses plain and streamed, greedy, cut off by max_output_tokens: a message with text, the
     status and usage that say it was cut off, and a stream that starts with response.created and whose
     deltas, output_text.done and final response all carry the plain reply's text."""
     probe = VerdictReport("/v1/responses")
-    body = {"model": model, "input": "Say hello.", "max_output_tokens": max_output_tokens, "temperature": 0}
+    body = _responses_request(model, max_output_tokens)
     res = client.post("/v1/responses", body, timeout_s=timeout_s)
     probe.figures["responses_latency_s"] = res.seconds
     if res.status != 200:
@@ -229,7 +234,7 @@ def responses_terminal_event(client: ServerClient, model: str, max_output_tokens
                              timeout_s: float) -> VerdictReport:
     """A stream cut off by max_output_tokens ends with the event of its final status."""
     probe = VerdictReport("/v1/responses stream terminal event")
-    body = {"model": model, "input": "Say hello.", "max_output_tokens": max_output_tokens, "temperature": 0}
+    body = _responses_request(model, max_output_tokens)
     head, events = client.stream("/v1/responses", body, timeout_s=timeout_s)
     last = next((e for e in reversed(events) if isinstance(e, dict)), None)
     if head.status != 200 or last is None:

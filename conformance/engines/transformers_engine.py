@@ -23,7 +23,10 @@ class TransformersEngine:
         # name, enforce_eager decodes from a static KV cache: True step by step, False by replaying the
         # step captured as a CUDA/HIP graph. The experts then run batched (no data-dependent host sync,
         # which a capture forbids), so the two differ in nothing but the graph.
-        self.decode = {None: "recompute", True: "static", False: "graphs"}[options.get("enforce_eager")]
+        modes = {None: "recompute", True: "static", False: "graphs"}
+        if options.get("enforce_eager") not in modes:
+            raise ValueError(f"enforce_eager must be true, false or absent, not {options['enforce_eager']!r}")
+        self.decode = modes[options.get("enforce_eager")]
         self.moe = "eager" if self.decode == "recompute" else "batched_mm"
         self.model = AutoModelForCausalLM.from_pretrained(
             model, dtype=self.dtype, attn_implementation="eager", experts_implementation=self.moe
