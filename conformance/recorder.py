@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conformance import runrecord
-from conformance.plugin import RunContext
-from reports.signatures import diagnose
+from conformance import machine_health, phases, runrecord
+from conformance.runcontext import RunContext
+from env_checks.signatures import diagnose
 
 
 def fingerprint(ctx: RunContext) -> dict[str, Any]:
@@ -53,17 +53,21 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "engine": ctx.engine,
         "dtype": ctx.dtype_name,
         "combo": ctx.combo,
+        "profile": ctx.profile,
+        "profile_settings": ctx.serving_profile.record() if ctx.serving_profile is not None else None,
         "tiers": sorted({r.tier for r in records}),
         "model": ctx.model_meta,
         "fingerprint": fp,
         "summary": runrecord.summary_of(records),
         "checks": [r.as_dict() for r in records],
         "unmatched_expectations": ctx.unmatched_expectations,
+        "phases": phases.snapshot(ctx.startups),
+        **machine_health.results_fields(),
     }
 
 
 def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
-    from reports.results import write_run
+    from env_checks.results import write_run
 
     fp = ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx)
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
@@ -109,6 +113,12 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         tr.write_line(startups)
     for u in ctx.unmatched_expectations:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
-    verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 else "FAIL"
+    for line, bad in machine_health.summary_lines():
+        tr.write_line(line, **({"red": True} if bad else {}))
+    shortfall = getattr(ctx, "shortfall", None)  # conformance/run_minimum.py: what the run lacks to be a pass
+    if shortfall:
+        tr.write_line(f"not a pass: {shortfall}", red=True)
+    verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 and not machine_health.failed() \
+        and not shortfall else "FAIL"
     tr.write_line(f"verdict: {verdict}   run written to {ctx.run_dir}/", bold=True,
                   green=verdict == "PASS", red=verdict == "FAIL")

@@ -14,12 +14,17 @@ class SoakReport:
         if not self.samples:
             return {}
         first, last = self.samples[0], self.samples[-1]
-        return {"rss_growth_mib": last["rss_mib"] - first["rss_mib"], "fd_growth": last["open_fds"] - first["open_fds"],
+        figs = {"rss_growth_mib": last["rss_mib"] - first["rss_mib"], "fd_growth": last["open_fds"] - first["open_fds"],
                 "max_kv_used_after_round": max(s["kv_used"] for s in self.samples), "rounds": float(len(self.samples))}
+        if all("vram_mib" in s for s in self.samples):
+            figs["vram_growth_mib"] = last["vram_mib"] - first["vram_mib"]
+        return figs
 
 
-def soak_verdict(samples: list[dict[str, float]], warmup: int, max_rss_mib: float, max_fds: float) -> SoakReport:
-    """samples: one per round after its requests finished: rss_mib, open_fds, kv_used."""
+def soak_verdict(samples: list[dict[str, float]], warmup: int, max_rss_mib: float, max_fds: float,
+                 max_vram_mib: float | None = None) -> SoakReport:
+    """samples: one per round after its requests finished: rss_mib, open_fds, kv_used (and vram_mib on a GPU,
+    judged when `max_vram_mib` is given: a GPU soak that cannot read VRAM fails closed)."""
     report = SoakReport(samples[warmup:])
     if len(report.samples) < 2:
         report.problems.append(f"only {len(report.samples)} rounds after warm-up: nothing to compare")
@@ -30,6 +35,12 @@ def soak_verdict(samples: list[dict[str, float]], warmup: int, max_rss_mib: floa
                                f"(bound {max_rss_mib:.0f})")
     if figs["fd_growth"] > max_fds:
         report.problems.append(f"open file descriptors grew by {figs['fd_growth']:.0f} (bound {max_fds:.0f})")
+    if max_vram_mib is not None:
+        if "vram_growth_mib" not in figs:
+            report.problems.append("the engine reported no VRAM use (vram_mib): device memory growth not measured")
+        elif figs["vram_growth_mib"] > max_vram_mib:
+            report.problems.append(f"engine VRAM grew {figs['vram_growth_mib']:.0f} MiB over {len(report.samples)} "
+                                   f"rounds (bound {max_vram_mib:.0f})")
     leaked = [i for i, s in enumerate(report.samples) if s["kv_used"] > 0]
     if leaked:
         report.problems.append(f"KV blocks still in use after rounds {leaked[:5]}")

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-TIERS = ("p0", "p1", "p2", "p3")
+from conformance.tiers import TIERS
+
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 
 
@@ -56,8 +57,11 @@ def check_metadata_problems(item: Any) -> list[str]:
     if not docstring_field(func, "Catches"):
         problems.append("has no 'Catches:' line in its docstring (what failure does it catch?)")
     ref = docstring_field(func, "Reference")
-    if not ref or "http" not in ref and "GPT_OSS.md" not in ref:
+    if not ref or "http" not in ref and "docs/" not in ref:
         problems.append("has no 'Reference:' line with a link")
+    from conformance import controls
+
+    problems += controls.problems(docstring_field(func, controls.FIELD), inspect.getsourcefile(func) if func else None)
     return problems
 
 

@@ -5,16 +5,16 @@ check and its negative control (a deliberately broken server) run exactly the sa
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from conformance import openai_api, prom_metrics
 from conformance.compare import VerdictReport
 from conformance.engines.vllm_server import ServerClient, ServerError
 from conformance.tokenizer.harmony import StopObservation, stop_token_verdict
 
-# The series an operator alerts on (VLLM_CPU.md gotcha 7: the same names in-process and in Prometheus).
+# The series an operator alerts on (docs/vllm-cpu.md "Gotchas" 7: the same names in-process and in Prometheus).
 METRIC_SERIES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
 # An oversized prompt must be refused before it reaches the engine: this long at most.
 REJECT_WITHIN_S = 10.0
@@ -56,6 +56,7 @@ def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[VerdictRep
     if res.status != 200:
         probe.problems.append(f"HTTP {res.status}: {_error_text(data)}")
         return probe, data
+    probe.problems += openai_api.body_problems("chat.completion", data)
     choices = data.get("choices") or []
     if len(choices) != 1 or not isinstance((choices[0].get("message") or {}).get("content"), (str, type(None))):
         probe.problems.append(f"expected one choice with a message, got {str(choices)[:200]}")
@@ -81,6 +82,9 @@ def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[V
     chunks = [e for e in events if isinstance(e, dict)]
     if any(c.get("object") != "chat.completion.chunk" for c in chunks):
         probe.problems.append("an event is not a chat.completion.chunk")
+    # the SDK's type for every chunk; the first chunk unlike it is reported
+    probe.problems += next((bad for i, c in enumerate(chunks)
+                            if (bad := openai_api.body_problems("chat.completion.chunk", c, f"chunk {i}"))), [])
     text = "".join((ch.get("delta") or {}).get("content") or "" for c in chunks for ch in c.get("choices") or [])
     finishes = [ch.get("finish_reason") for c in chunks for ch in c.get("choices") or [] if ch.get("finish_reason")]
     if len(finishes) != 1:
@@ -99,10 +103,13 @@ def metrics(client: ServerClient, model: str) -> VerdictReport:
     if res.status != 200:
         probe.problems.append(f"/metrics answered HTTP {res.status}")
         return probe
-    text = res.body.decode("utf-8", "replace")
+    try:
+        samples = prom_metrics.parse(res.body.decode("utf-8", "replace"), res.headers.get("content-type", ""))
+    except prom_metrics.MetricsError as exc:
+        probe.problems.append(str(exc))
+        return probe
     for series in METRIC_SERIES:
-        rows = re.findall(rf"^{re.escape(series)}\{{([^}}]*)\}} (\S+)$", text, flags=re.MULTILINE)
-        mine = [float(v) for labels, v in rows if f'model_name="{model}"' in labels]
+        mine = prom_metrics.values(samples, series, {"model_name": model})
         if not mine:
             probe.problems.append(f"no {series} series for model_name={model!r}")
             continue
@@ -192,6 +199,7 @@ def responses_api(client: ServerClient, model: str, max_output_tokens: int, time
         probe.problems.append(f"plain: HTTP {res.status}, not 200: {_error_text(res.json())}")
         return probe
     plain = res.json()
+    probe.problems += openai_api.body_problems("response", plain, "plain")
     text, usage = _response_text(plain), plain.get("usage") or {}
     if plain.get("object") != "response" or not text:
         probe.problems.append(f"plain: object {plain.get('object')!r} with output text {text!r}: want a response "
@@ -218,6 +226,7 @@ def responses_api(client: ServerClient, model: str, max_output_tokens: int, time
                      and e.get("type") == "response.output_text.delta")
     done = [e.get("text") for e in events if isinstance(e, dict) and e.get("type") == "response.output_text.done"]
     final = events[-1].get("response", {}) if isinstance(events[-1], dict) else {}
+    probe.problems += openai_api.body_problems("response", final, "stream: the final response")
     for what, got in (("the deltas", deltas), ("output_text.done", done[0] if done else None),
                       ("the final response", _response_text(final))):
         if got != text:
@@ -263,15 +272,18 @@ def concurrent_completions(client: ServerClient, model: str, clients: int, max_t
             res = client.post("/v1/completions", body, timeout_s=timeout_s)
         except ServerError as exc:
             return -1, 0, str(exc)
-        n = (res.json().get("usage") or {}).get("completion_tokens", 0) if res.status == 200 else 0
-        return res.status, n, "" if res.status == 200 else res.body[:200].decode("utf-8", "replace")
+        if res.status != 200:
+            return res.status, 0, res.body[:200].decode("utf-8", "replace")
+        data = res.json()
+        return res.status, (data.get("usage") or {}).get("completion_tokens", 0), "; ".join(
+            openai_api.body_problems("text_completion", data))
 
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = list(pool.map(one, range(clients)))
     wall = time.perf_counter() - started
     for i, (status, n, err) in enumerate(results):
-        if status != 200 or n != max_tokens:
+        if status != 200 or n != max_tokens or err:
             probe.problems.append(f"client {i}: HTTP {status}, {n}/{max_tokens} tokens {err}")
     probe.figures |= {"concurrent_wall_s": wall, "concurrent_output_tokens_per_s": clients * max_tokens / wall}
     return probe

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from conformance import settings
+from conformance import heartbeat, openai_api, phases, settings
+from conformance.engines import server_fork
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
-from conformance.plugin import RunContext
+from conformance.runcontext import RunContext
 from conformance.tokenizer import vocab
 
 # The conversation date the suite's own server renders (vLLM reads it from this env var), so the
@@ -33,11 +34,14 @@ NOT_FOR_SERVER = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
 
 @pytest.fixture(scope="session")
 def o200k_vocab() -> Path:
-    """The verified o200k_base.tiktoken (rebuilt from quicktok-v1, or $CONFORMANCE_TOKENIZER_VOCAB)."""
+    """The verified o200k_base.tiktoken (rebuilt from quicktok-v1, or $CONFORMANCE_TOKENIZER_VOCAB). A wrong
+    vocabulary (sha256 mismatch) or none at all fails the checks that need it: never a skip, which would let
+    P0 pass without its tokenizer checks."""
+    phases.wait_built("o200k")  # built in the background from collection on (phases.py)
     try:
         return vocab.ensure_o200k()
     except vocab.VocabUnavailable as exc:
-        pytest.skip(str(exc))
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +104,7 @@ def _served_model(run: RunContext, vocab_path: Path) -> ServedModel:
 
 @pytest.fixture(scope="session")
 def served_model(run: RunContext, o200k_vocab: Path) -> ServedModel:
+    phases.wait_built("tiny-tok")
     return _served_model(run, o200k_vocab)
 
 
@@ -114,11 +119,17 @@ def prestart_server(run: RunContext) -> None:
 
     def start() -> None:
         try:
+            for built in ("o200k", "tiny-tok"):  # the background builds (phases.py), not a second build
+                phases.wait_built(built)
+            ready = phases.forkserver_ready()  # a forked server would wait for its imports anyway: so
+            if ready is not None:              # its start_seconds is its own start, not theirs
+                ready.wait(float(settings.targets()["timeouts"]["engine_start_s"]))
             vocab_path = vocab.ensure_o200k()
             proc = new_server(run, _served_model(run, vocab_path), vocab_path.parent,
                               run.run_dir / "vllm-server.log")
             _PRESTART["proc"] = proc  # so an interrupted run can stop it while it is still starting
-            _PRESTART["server"] = proc.start()
+            with heartbeat.phase("vLLM server start (in the background)", proc.log_path, every=0):
+                _PRESTART["server"] = proc.start()
         except BaseException as exc:  # noqa: BLE001 - the fixture starts it again and reports properly
             _PRESTART["error"] = exc
 
@@ -138,7 +149,11 @@ def _take_prestarted() -> VllmServer | None:
     thread = _PRESTART.pop("thread", None)
     if thread is None:
         return None
-    thread.join()
+    if thread.is_alive():
+        proc = _PRESTART.get("proc")
+        with heartbeat.phase("waiting for the vLLM server started in the background",
+                             getattr(proc, "log_path", None)):
+            thread.join()
     _PRESTART.pop("proc", None)  # taken: the fixture closes it
     return _PRESTART.pop("server", None)
 
@@ -157,12 +172,13 @@ class ServerUnderTest:
 
 
 def external_server(url: str, api_key: str | None = None) -> ServerUnderTest:
-    """A server the user runs; ServerError (one sentence) when it cannot be reached or used."""
-    client = ServerClient(url.rstrip("/"), api_key)
+    """A server the user runs, at its root URL or its SDK base URL (`.../v1`); ServerError (one sentence) when
+    it cannot be reached or used."""
+    client = ServerClient(openai_api.server_root(url), api_key)
     models = client.get("/v1/models")
     if models.status != 200:
         raise ServerError(f"the server at {url} answered /v1/models with HTTP {models.status}: check it, and "
-                          f"{SERVER_KEY_ENV} if it needs a key.")
+                          f"{SERVER_KEY_ENV} (or {openai_api.API_KEY_ENV}) if it needs a key.")
     data = models.json().get("data") or [{}]
     return ServerUnderTest(client, str(data[0].get("id")), api_key, False, None, None, None)
 
@@ -174,8 +190,10 @@ def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: P
     options = dict(table[target.resolved].get("vllm", {})) | {"dtype": run.dtype_name}
     env = {k: v for k, v in table[target.resolved].get("env", {}).items() if k not in NOT_FOR_SERVER}
     env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
-    return VllmServer(str(model.path), model.name, options, env, log_path,
-                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=secrets.token_hex(16))
+    fork_ctx, fork_env = server_fork.context_for(table[target.resolved])  # forked from the forkserver
+    return VllmServer(str(model.path), model.name, options, env | fork_env, log_path,
+                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=secrets.token_hex(16),
+                      fork_ctx=fork_ctx)
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +202,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
     url = os.environ.get(SERVER_URL_ENV)
     if url:
         try:
-            user_server = external_server(url, os.environ.get(SERVER_KEY_ENV) or None)
+            user_server = external_server(url, openai_api.server_api_key(os.environ))
         except ServerError as exc:
             pytest.fail(str(exc), pytrace=False)
         yield user_server
@@ -200,7 +218,8 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
     if proc is None:
         proc = new_server(run, model, vocab_dir, run.run_dir / "vllm-server.log")
         try:
-            proc.start()
+            with heartbeat.phase("vLLM server start", proc.log_path):
+                proc.start()
         except ServerError as exc:
             pytest.fail(str(exc), pytrace=False)
         run.startups.append(("vLLM server", proc.start_seconds))

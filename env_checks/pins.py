@@ -5,15 +5,25 @@ A manifest lists `[[pin]]` entries, each naming a fact of the fingerprint by dot
 
     range = ">=6.4,<8"          version range (every element, for a per-GPU list)
     min = 177                   number or version floor (the smallest element, for a list)
+    max = 64                    number ceiling (the largest element, for a list)
     equals = 0 / one_of = [..]  plain values
     all_equal = "gfx942"        every element of a non-empty list
     all_contain = "H200"        every element of a non-empty list contains the text
+    all_in = ["0x74a1"]         every element of a non-empty list is one of these
+    table = { SPX = 1, CPX = 8 } with keyed_by = "platform.compute_partition": the value the table gives for
+                                that other fact (a partition mode decides the device count)
     contains_all = ["video"]    a list fact holds all of these
     same_release_as = "platform.rocm_version" (with parts = 2)   major.minor agree
 
 plus `reason`, optional `link`, `severity` ("required", the default, or "recommended") and `unless_env`
 (a table of environment values that waive the pin, e.g. HSA_NO_SCRATCH_RECLAIM = "1" for old MEC
-firmware). `[[known_bad]]` entries name a fact, a `versions` range, a reason and a link.
+firmware), `when` (a table of facts that must hold for the pin to apply, e.g. platform.virtualization =
+"bare_metal" for what a VF cannot show; otherwise the pin is "n/a") and `default` (the value of a fact that
+is absent, e.g. a kernel option not given on the command line). `[[known_bad]]` entries name a fact, a
+`versions` range, a reason and a link.
+
+Which machines a manifest describes is data too, its `[match]` table (see `matches`): a new SKU is a new
+manifest file, no code.
 
 A fact that is missing (tool not installed, output unparseable) gives "unknown", never "ok": the caller
 fails closed. The fingerprint explains each missing platform fact under `platform.why_missing`.
@@ -34,7 +44,8 @@ else:  # Python 3.10: the same parser, published as tomli
 from env_checks.versions import InvalidVersion, Version, compare, in_range
 
 PINS_DIR = Path(__file__).parent / "pins"
-CHECKS = ("range", "min", "equals", "one_of", "all_equal", "all_contain", "contains_all", "same_release_as")
+CHECKS = ("range", "min", "max", "equals", "one_of", "all_equal", "all_contain", "all_in", "contains_all",
+          "same_release_as", "table")
 SEVERITIES = ("required", "recommended")
 
 
@@ -53,6 +64,9 @@ class Pin:
     severity: str = "required"
     unless_env: dict[str, str] = field(default_factory=dict)
     parts: int = 2
+    when: dict[str, Any] = field(default_factory=dict)
+    default: Any = None
+    keyed_by: str | None = None
 
 
 @dataclass
@@ -71,12 +85,13 @@ class PinManifest:
     description: str
     pins: list[Pin]
     known_bad: list[KnownBad]
+    match: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class PinVerdict:
     name: str
-    status: str  # "ok" | "violation" | "unknown"
+    status: str  # "ok" | "violation" | "unknown" | "n/a" (its `when` does not hold here)
     expected: str
     found: Any
     reason: str
@@ -130,6 +145,9 @@ def _load_pin(path: Path, index: int, raw: dict[str, Any]) -> Pin:
         severity=severity,
         unless_env={str(k): str(v) for k, v in raw.get("unless_env", {}).items()},
         parts=int(raw.get("parts", 2)),
+        when=dict(raw.get("when", {})),
+        default=raw.get("default"),
+        keyed_by=_need(path, where, raw, "keyed_by", str) if checks[0] == "table" else None,
     )
 
 
@@ -154,25 +172,70 @@ def load_manifest(path: str | Path) -> PinManifest:
                                     for k in ("name", "fact", "versions", "reason", "link"))))
     if not pins and not known_bad:
         raise PinManifestError(f"Pin manifest {path} has no [[pin]] or [[known_bad]] entries; add some.")
+    match = data.get("match", {})
+    unknown = set(match) - set(MATCH_KEYS) if isinstance(match, dict) else {"(not a table)"}
+    if unknown:
+        raise PinManifestError(f"Pin manifest {path} has [match] keys {', '.join(sorted(unknown))}; "
+                               f"use {', '.join(MATCH_KEYS)}.")
     return PinManifest(
         path=path,
         platform=_need(path, "its top level", data, "platform", str),
         description=str(data.get("description", "")),
         pins=pins,
         known_bad=known_bad,
+        match=match,
     )
 
 
-def manifest_for(fingerprint: dict) -> Path | None:
-    """The bundled manifest for the detected platform: gfx942 -> mi300x, H200 -> h200, no GPU -> cpu."""
+MATCH_KEYS = ("accelerator", "gfx_targets", "names", "not_names", "device_ids", "vram_gib")
+IDENTITY_KEYS = ("names", "device_ids", "vram_gib")
+
+
+def _criterion(key: str, want: Any, platform: dict) -> bool | None:
+    """True / False, or None when the fact it needs is unknown."""
+    if key == "accelerator":
+        return platform.get("accelerator") == want
+    if key == "gfx_targets":
+        have = platform.get("gfx_targets") or []
+        return all(g in want for g in have) if have else None
+    if key in ("names", "not_names"):
+        names = [n.upper() for n in platform.get("gpu_names") or []]
+        if not names:
+            return None
+        hits = [any(w.upper() in n for w in want) for n in names]
+        return all(hits) if key == "names" else not any(hits)
+    if key == "device_ids":
+        ids = [str(i).lower() for i in platform.get("device_ids") or []]
+        return all(i in [w.lower() for w in want] for i in ids) if ids else None
+    if platform.get("compute_partition") not in (None, "SPX"):
+        return None  # a partitioned device sees a share of the GPU's memory, not the SKU's size
+    sizes = [v / 1024 for v in platform.get("vram_mib") or [] if isinstance(v, (int, float))]
+    return all(want[0] <= v <= want[1] for v in sizes) if sizes else None
+
+
+def matches(manifest: PinManifest, fingerprint: dict) -> bool:
+    """Whether the manifest's [match] table describes this machine: no criterion contradicts it, and (when it
+    has identity criteria: names, device ids, VRAM size) at least one of those is known to hold. An empty
+    [match] matches nothing (a manifest only for --pins FILE)."""
+    if not manifest.match:
+        return False
     platform = fingerprint.get("platform") or {}
-    if "gfx942" in (platform.get("gfx_targets") or []):
-        return PINS_DIR / "mi300x.toml"
-    if any("H200" in name for name in platform.get("gpu_names") or []):
-        return PINS_DIR / "h200.toml"
-    if platform.get("accelerator") == "none":
-        return PINS_DIR / "cpu.toml"
-    return None
+    results = {k: _criterion(k, v, platform) for k, v in manifest.match.items()}
+    if any(r is False for r in results.values()) or results.get("accelerator") is None and "accelerator" in results:
+        return False
+    identity = [results[k] for k in IDENTITY_KEYS if k in results and k != "not_names"]
+    return not identity or any(r is True for r in identity)
+
+
+def matching_manifests(fingerprint: dict, pins_dir: Path = PINS_DIR) -> list[Path]:
+    return [p for p in sorted(Path(pins_dir).glob("*.toml")) if matches(load_manifest(p), fingerprint)]
+
+
+def manifest_for(fingerprint: dict, pins_dir: Path = PINS_DIR) -> Path | None:
+    """The one manifest under `pins_dir` whose [match] describes this machine; None when none or several do
+    (an MI300A must not borrow the MI300X pins, nor an unnamed gfx942 pick one of them)."""
+    found = matching_manifests(fingerprint, pins_dir)
+    return found[0] if len(found) == 1 else None
 
 
 def lookup(fingerprint: dict, dotted: str) -> Any:
@@ -208,6 +271,15 @@ def _check(pin: Pin, value: Any, fingerprint: dict) -> tuple[bool | None, str]:
         if all(isinstance(v, int) for v in values) and isinstance(exp, int):
             return min(values) >= exp, f">= {exp}"
         return all(compare(str(v), str(exp)) >= 0 for v in values), f">= {exp}"
+    if pin.check == "max":
+        return max(values) <= exp, f"<= {exp}"
+    if pin.check == "all_in":
+        return bool(values) and all(str(v).lower() in [str(e).lower() for e in exp] for v in values), f"each in {exp}"
+    if pin.check == "table":
+        key = lookup(fingerprint, pin.keyed_by or "")
+        if _is_missing(key) or str(key) not in exp:
+            return None, f"the value {pin.keyed_by} = {key!r} gives in {exp} (no entry for it)"
+        return value == exp[str(key)], f"== {exp[str(key)]!r} for {pin.keyed_by} = {key}"
     if pin.check == "equals":
         return value == exp, f"== {exp!r}"
     if pin.check == "one_of":
@@ -227,6 +299,13 @@ def _check(pin: Pin, value: Any, fingerprint: dict) -> tuple[bool | None, str]:
 
 def _evaluate_pin(pin: Pin, fingerprint: dict) -> PinVerdict:
     value = lookup(fingerprint, pin.fact)
+    if _is_missing(value) and pin.default is not None:
+        value = pin.default
+    unmet = {k: lookup(fingerprint, k) for k, v in pin.when.items() if lookup(fingerprint, k) != v}
+    if unmet:
+        what = ", ".join(f"{k} is {v!r}" for k, v in unmet.items())
+        return PinVerdict(pin.name, "n/a", f"applies when {pin.when}", value,
+                          f"not applicable here ({what}). {pin.reason}", pin.link, pin.severity, pin.fact)
     env = fingerprint.get("env") or {}
     waiver = bool(pin.unless_env) and all(env.get(k) == v for k, v in pin.unless_env.items())
     waiver_text = " and ".join(f"{k}={v}" for k, v in pin.unless_env.items())
@@ -274,4 +353,4 @@ def evaluate(manifest: PinManifest, fingerprint: dict) -> list[PinVerdict]:
 
 def failed(verdicts: list[PinVerdict]) -> list[PinVerdict]:
     """The verdicts that must stop a run: required pins that are violated or unknown (fail closed)."""
-    return [v for v in verdicts if v.severity == "required" and v.status != "ok"]
+    return [v for v in verdicts if v.severity == "required" and v.status not in ("ok", "n/a")]

@@ -63,6 +63,25 @@ def latest_per_lineage(runs: list[RunInfo]) -> dict[str, RunInfo]:
     return latest
 
 
+def latest_per_lineage_tier(runs: list[RunInfo]) -> dict[str, dict[str, RunInfo]]:
+    """Per lineage, the newest run of each tier it ran (`runs` oldest first): a P1 run does not hide the
+    lineage's latest P0 results."""
+    latest: dict[str, dict[str, RunInfo]] = defaultdict(dict)
+    for run in runs:
+        for tier in run.tiers:
+            latest[run.lineage][tier] = run
+    return dict(latest)
+
+
+def checks_of_latest_tiers(newest: RunInfo, by_tier: dict[str, RunInfo],
+                           checks: dict[str, list[CheckRow]]) -> list[CheckRow]:
+    """A lineage's checks, each tier's from the newest run of that tier (`checks` keyed by run id); a check
+    whose tier none of the runs declared comes from the lineage's newest run."""
+    out = [c for tier, run in sorted(by_tier.items()) for c in checks.get(run.run_id, []) if c.tier == tier]
+    out += [c for c in checks.get(newest.run_id, []) if c.tier not in by_tier]
+    return out
+
+
 def build_matrix(columns: list[Column], results: dict[str, list[CheckRow]]) -> Matrix:
     """Lay out `results` (keyed by column key) as a matrix; rows sorted by tier, area, check id."""
     matrix = Matrix(columns=list(columns))

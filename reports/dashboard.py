@@ -13,6 +13,7 @@ import os
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -49,9 +50,22 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def build(runs_dir: Path, db_path: Path | str, out_dir: Path, now: datetime | None = None) -> BuildResult:
-    """Ingest `runs_dir` into `db_path` and write `out_dir/index.html`. Raises HistoryError only when even
-    an in-memory store cannot be built; a damaged `db_path` is reported in `BuildResult.errors`."""
+def _ingest_all(history: History, runs_dirs: list[Path]) -> IngestReport:
+    report = IngestReport()
+    for runs_dir in runs_dirs:
+        one = history.ingest_dir(runs_dir)
+        report.ingested += one.ingested
+        report.already += one.already
+        report.skipped += one.skipped
+    return report
+
+
+def build(runs_dir: Path | Sequence[Path], db_path: Path | str, out_dir: Path,
+          now: datetime | None = None) -> BuildResult:
+    """Ingest `runs_dir` (one directory of runs, or several) into `db_path` and write `out_dir/index.html`.
+    Raises HistoryError only when even an in-memory store cannot be built; a damaged `db_path` is reported
+    in `BuildResult.errors`."""
+    runs_dirs = [Path(runs_dir)] if isinstance(runs_dir, (str, Path)) else [Path(d) for d in runs_dir]
     errors: list[str] = []
     try:
         history = History.open(db_path)
@@ -60,12 +74,12 @@ def build(runs_dir: Path, db_path: Path | str, out_dir: Path, now: datetime | No
         history = History.open(":memory:")
     with history:
         try:
-            report = history.ingest_dir(runs_dir)
+            report = _ingest_all(history, runs_dirs)
         except sqlite3.DatabaseError as exc:  # damage deeper in the file than its header, or a long lock
             errors.append(str(history_error(db_path, exc)))
             history.close()
             history = History.open(":memory:")
-            report = history.ingest_dir(runs_dir)
+            report = _ingest_all(history, runs_dirs)
         data = collect(history, now=now)
     data.skipped_inputs = report.skipped
     data.notices = [f"History store not used: {msg} This page was built from the run files alone."
@@ -86,7 +100,10 @@ def _parser() -> argparse.ArgumentParser:
                     "aside; it is rebuilt from the run files).",
         epilog="Exit status: 0 built; 2 bad inputs (missing runs directory, damaged history store, or, with "
                "--strict, any skipped run directory).")
-    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS, metavar="DIR",
+    parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUNS",
+                        help="directories of runs to ingest (each holding one sub-directory per run, e.g. "
+                             "runs copied from a fleet's reports/runs); the same as --runs, repeatable")
+    parser.add_argument("--runs", type=Path, action="append", metavar="DIR",
                         help=f"directory holding one sub-directory per run (default: {DEFAULT_RUNS})")
     parser.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="FILE",
                         help=f"SQLite history store, created if absent (default: {DEFAULT_DB})")
@@ -100,12 +117,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     args = _parser().parse_args(argv)
-    if not args.runs.is_dir():
-        print(f"dashboard: runs directory {args.runs} does not exist; run the suite first or pass "
-              "--runs DIR.", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    runs_dirs = [*args.run_dirs, *(args.runs or [])] or [DEFAULT_RUNS]
+    for runs_dir in runs_dirs:
+        if not runs_dir.is_dir():
+            print(f"dashboard: runs directory {runs_dir} does not exist; run the suite first or pass "
+                  "--runs DIR.", file=sys.stderr)
+            return EXIT_BAD_INPUT
     try:
-        result = build(args.runs, args.db, args.out)
+        result = build(runs_dirs, args.db, args.out)
     except (HistoryError, OSError) as exc:
         print(f"dashboard: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -73,6 +73,15 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_by_lineage ON runs (lineage, started_at);
     CREATE INDEX figures_by_check ON figures (check_id, name);
     """,
+    # 3: the run's phase timings (results.json `phases`: wall, floor, engine and server starts ...).
+    """
+    CREATE TABLE phases (
+        run_id TEXT NOT NULL REFERENCES runs(run_id),
+        name TEXT NOT NULL,
+        seconds REAL NOT NULL,
+        PRIMARY KEY (run_id, name)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -234,7 +243,7 @@ class History:
                                        (record["run_id"],)).fetchone()
             newer = (int(record["complete"]), record["finished_at"], len(record["checks"]))
             if stored is not None and not stored[0] and tuple(stored) != newer:
-                for table in ("figures", "checks", "runs"):
+                for table in ("phases", "figures", "checks", "runs"):
                     self.conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (record["run_id"],))
             cursor = self.conn.execute(
                 "INSERT OR IGNORE INTO runs (run_id, started_at, finished_at, target, engine, combo, "
@@ -259,6 +268,10 @@ class History:
                 "INSERT INTO figures (run_id, check_id, name, value) VALUES (?,?,?,?)",
                 [(record["run_id"], c["id"], name, value) for c in record["checks"]
                  for name, value in sorted(c["figures"].items())])
+            self.conn.executemany(
+                "INSERT INTO phases (run_id, name, seconds) VALUES (?,?,?)",
+                [(record["run_id"], name, float(value))
+                 for name, value in sorted((record.get("phases") or {}).items())])
             self.conn.execute("COMMIT")
         except BaseException:
             self.conn.execute("ROLLBACK")
@@ -329,6 +342,15 @@ class History:
                 "SELECT run_id, tier, outcome, COUNT(*) FROM checks GROUP BY run_id, tier, outcome"):
             out.setdefault((run_id, tier), {})[outcome] = count
         return out
+
+    def phase_points(self, name: str = "wall", tier: str | None = "p0") -> list[tuple[str, str, float]]:
+        """(lineage, started_at, seconds) of phase `name` for every run that recorded it, oldest first; with
+        `tier`, only runs of that tier alone (a P0 run's wall, not that of a P0+P1 run)."""
+        rows = self.conn.execute(
+            "SELECT r.lineage, r.started_at, p.seconds, r.tiers FROM phases p JOIN runs r ON r.run_id = p.run_id "
+            "WHERE p.name = ? ORDER BY r.lineage, r.started_at", (name,))
+        return [(lineage, started, seconds) for lineage, started, seconds, tiers in rows
+                if tier is None or json.loads(tiers) == [tier]]
 
     def figure_points(self) -> list[tuple[str, str, str, str, float]]:
         """(check id, figure name, lineage, started_at, value) for every numeric figure, oldest first."""

@@ -68,15 +68,28 @@ def _platforms(data: SiteData) -> str:
                    if rate is not None else "")
             cells.append(f'<td class="num" {score_style(rate)}>{pct(rate)} <small>{passing}/{ran}</small>'
                          f"{bar}</td>" if tally else '<td class="num muted">–</td>')
-        run = column.run
-        status = "" if run is None or run.complete else ' <span class="badge c-crash">incomplete</span>'
         rows.append(f"<tr><th>{column_head(column)}</th>{''.join(cells)}"
-                    f'<td><code>{e(run.run_id if run else "")}</code>{status}<br>'
-                    f'<small>{e(run.started_at if run else "")}</small></td></tr>')
-    head = ["Platform (latest run)", *[e(t.upper()) for t in tiers], "All", "Run"]
+                    f"<td>{_source_runs(column, data.tier_runs.get(column.key, {}))}</td></tr>")
+    head = ["Platform (latest run of each tier)", *[e(t.upper()) for t in tiers], "All", "Runs"]
     return section("platforms", "Pass rate per platform and tier", table(head, rows, "rates"),
-                   "Latest run of each platform lineage. Pass rate = passed or xpassed ÷ checks that ran "
-                   "(skipped checks are not applicable and do not count).")
+                   "Each tier's figures come from the latest run of that tier on the platform lineage (a P1 "
+                   "run does not hide the P0 results before it). Pass rate = passed or xpassed ÷ checks that "
+                   "ran (skipped checks are not applicable and do not count).")
+
+
+def _source_runs(column: Column, tier_runs: dict) -> str:
+    """The run (or runs, one per tier) a platform row's figures come from, newest first."""
+    tiers_of: dict[str, list[str]] = {}
+    runs = {column.run.run_id: column.run} if column.run else {}
+    for tier, run in sorted(tier_runs.items()):
+        tiers_of.setdefault(run.run_id, []).append(tier.upper())
+        runs[run.run_id] = run
+    parts = []
+    for run in sorted(runs.values(), key=lambda r: r.started_at, reverse=True):
+        status = "" if run.complete else ' <span class="badge c-crash">incomplete</span>'
+        tiers = f' <small class="tiers">{e(" ".join(tiers_of[run.run_id]))}</small>' if len(runs) > 1 else ""
+        parts.append(f'<code>{e(run.run_id)}</code>{tiers}{status}<br><small>{e(run.started_at)}</small>')
+    return "<br>".join(parts)
 
 
 def _parity(data: SiteData) -> str:

@@ -203,5 +203,5 @@ def catalogue() -> str:
     listing = table(["Id", "Pattern", "Cause", "Remedy", "Class", "Link"], rows, "list")
     body = f"<details><summary>Show the known error signatures ({len(rows)})</summary>{listing}</details>"
     return section("diagnosis", "Diagnosis catalogue", body,
-                   "Kept as data in reports/signatures.toml: add a signature there when a new failure is "
+                   "Kept as data in env_checks/signatures.toml: add a signature there when a new failure is "
                    "understood.")

@@ -1,6 +1,6 @@
 """Everything the dashboard page shows, gathered from the history store into one `SiteData` value.
 
-Queries are few and set-based (latest run per lineage, grouped tier counts, one figures join), so a history
+Queries are few and set-based (latest run of each tier per lineage, grouped tier counts, one figures join), so a history
 of a thousand runs renders in about a second; the HTML itself is built by `render` from this value alone.
 """
 
@@ -47,6 +47,10 @@ class SiteData:
     diagnoses: dict[tuple[str, str], Diagnosis] = field(default_factory=dict)
     skipped_inputs: list[tuple[str, str]] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    # lineage -> tier -> the newest run of that tier: the source of that tier's checks in `latest_checks`
+    tier_runs: dict[str, dict[str, RunInfo]] = field(default_factory=dict)
+    # lineage (combo) -> (started_at, seconds) of each P0-only run's wall (results.json phases): P0 time over time
+    p0_wall_trend: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     @property
     def tiers(self) -> list[str]:
@@ -78,16 +82,20 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
     """Read the history store and compute every view of the dashboard."""
     runs = history.runs()
     latest = analysis.latest_per_lineage(runs)
+    tier_runs = analysis.latest_per_lineage_tier(runs)
     columns = sorted((Column(key, run.platform, run.target, run) for key, run in latest.items()),
                      key=lambda c: (TARGET_ORDER.get(c.target, 9), c.key))
-    by_run = history.checks(run.run_id for run in latest.values())
-    latest_checks = {c.key: by_run[c.run.run_id] for c in columns if c.run}
+    wanted = {run.run_id for run in latest.values()} | {r.run_id for t in tier_runs.values() for r in t.values()}
+    by_run = history.checks(sorted(wanted))
+    latest_checks = {c.key: analysis.checks_of_latest_tiers(c.run, tier_runs.get(c.key, {}), by_run)
+                     for c in columns if c.run}
     matrix = analysis.build_matrix(columns, latest_checks)
     colors = {c.key: PALETTE[i % len(PALETTE)] for i, c in enumerate(columns)}
     data = SiteData(
         generated_at=(now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         runs=runs, columns=columns, matrix=matrix, scores=analysis.parity_scores(matrix),
-        disagreements=analysis.rocm_cuda_disagreements(matrix), latest_checks=latest_checks, colors=colors)
+        disagreements=analysis.rocm_cuda_disagreements(matrix), latest_checks=latest_checks, colors=colors,
+        tier_runs=tier_runs)
 
     transitions = analysis.what_changed(runs)
     pair_checks = history.checks(r.run_id for t in transitions for r in (t.last_green, t.first_red))
@@ -115,4 +123,6 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
     for check_id, name, lineage, started_at, value in history.figure_points():
         figure_trend[(check_id, name)].setdefault(lineage, []).append((started_at, value))
     data.figure_trend = dict(sorted(figure_trend.items(), key=lambda kv: _figure_order(*kv[0])))
+    for lineage, started_at, seconds in history.phase_points("wall", tier="p0"):
+        data.p0_wall_trend.setdefault(lineage, []).append((started_at, seconds))
     return data

@@ -8,6 +8,8 @@ from conformance import forkserver, settings
 from conformance.engines.worker import EngineProcess
 from conformance.models import TinyModel, tiny_gpt_oss
 
+pytest_plugins = ["tests.check_mutation"]  # each check's controls rerun against the check with its body gone
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Start the forkserver with the CPU target's environment, as `conformance run` does, so that engine

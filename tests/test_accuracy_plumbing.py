@@ -20,7 +20,7 @@ from conformance import accuracy, settings
 from conformance.compare import CheckFailed
 from conformance.engines.vllm_server import ServerClient
 
-EVAL = settings.FIXTURES / "eval"
+EVAL = Path(__file__).resolve().parent.parent / "fixtures" / "eval"
 RECORDED = EVAL / "lm_eval_output"
 G120 = {"model_type": "gpt_oss", "num_hidden_layers": 36, "num_local_experts": 128, "hidden_size": 2880}
 G20 = {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32}
@@ -110,7 +110,7 @@ def test_verdict_fails_below_the_pass_mark_and_on_the_wrong_effort():
 
 class HarmonyStub(BaseHTTPRequestHandler):
     """A chat server whose renderer ignores reasoning_effort (always `Reasoning: medium`) or spells it
-    in lower case, as some chat templates do (GPT_OSS.md)."""
+    in lower case, as some chat templates do (docs/model.md)."""
 
     def log_message(self, *args: object) -> None:
         pass

@@ -69,3 +69,47 @@ def test_missing_config_and_wrong_model_type(model_copy):
 def test_not_a_directory(tmp_path):
     with pytest.raises(ModelDirError, match="not a directory"):
         inspect_model_dir(tmp_path / "nope")
+
+
+def write_shard(path, tensors, metadata=None):
+    """A safetensors file from {name: (dtype, shape, nbytes)}, zero-filled."""
+    header, offset = {}, 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    if metadata:
+        header["__metadata__"] = metadata
+    raw = json.dumps(header).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+def test_newer_dtypes_are_read_not_called_damaged(model_copy):
+    """MXFP4-era dtypes (the E8M0 scales, packed F4) that the old hand-written dtype table refused."""
+    from conformance.modeldir import read_safetensors
+
+    shard = model_copy / "extra.safetensors"
+    write_shard(shard, {"s.scales": ("F8_E8M0", [2, 4], 8), "w.packed": ("F4", [2, 4], 4)}, {"format": "pt"})
+    tensors, metadata = read_safetensors(shard)
+    assert tensors == {"s.scales": {"dtype": "F8_E8M0", "shape": [2, 4]}, "w.packed": {"dtype": "F4", "shape": [2, 4]}}
+    assert metadata == {"format": "pt"}
+    assert {"F8_E8M0", "F4", "F32"} <= inspect_model_dir(model_copy).dtypes
+
+
+def test_unknown_dtype_and_short_span_are_one_sentence_naming_the_tensor(model_copy):
+    shard = model_copy / "extra.safetensors"
+    write_shard(shard, {"x": ("F9_E9", [4], 4)})
+    with pytest.raises(ModelDirError) as exc:
+        inspect_model_dir(model_copy)
+    assert "tensor x has dtype 'F9_E9', which safetensors" in one_sentence(exc)
+    write_shard(shard, {"w.packed": ("F4", [2, 4], 3)})  # 8 four-bit values need 4 bytes
+    with pytest.raises(ModelDirError) as exc:
+        inspect_model_dir(model_copy)
+    assert "tensor w.packed is declared F4 [2, 4] (4 bytes) but spans 3 bytes" in one_sentence(exc)
+
+
+def test_shard_shorter_than_its_header_length_is_one_sentence(model_copy):
+    (model_copy / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 20) + b"{}")
+    with pytest.raises(ModelDirError) as exc:
+        inspect_model_dir(model_copy)
+    assert "larger than the file" in one_sentence(exc)

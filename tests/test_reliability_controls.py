@@ -55,3 +55,13 @@ def test_killed_stream_verdict():
     assert reliability.killed_stream_problems(under_way + [b"data: [DONE]"], 0.3, 30)  # a "complete" reply
     assert reliability.killed_stream_problems(under_way, 31, 30)  # the client hung
     assert reliability.killed_stream_problems([], 0.1, 30)  # never started
+
+
+def test_vram_growth_fails_on_a_gpu_soak_and_unread_vram_fails_closed():
+    samples = [s | {"vram_mib": v} for s, v in zip(rounds([1000] * 6), [900, 2000, 2100, 2400, 2700, 3000])]
+    report = reliability.soak_verdict(samples, 2, 64, 4, max_vram_mib=256)
+    assert report.problems == ["engine VRAM grew 900 MiB over 4 rounds (bound 256)"]
+    assert report.figures()["vram_growth_mib"] == 900
+    assert not reliability.soak_verdict(samples, 2, 64, 4).problems  # the CPU target passes no VRAM bound
+    blind = reliability.soak_verdict(rounds([1000] * 6), 2, 64, 4, max_vram_mib=256)
+    assert blind.problems and "reported no VRAM use" in blind.problems[0]

@@ -46,7 +46,7 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path):
     assert record["model"]["name"] == "tiny-gpt-oss" and len(record["model"]["content_hash"]) == 64
     parity = next(c for c in record["checks"] if c["id"].endswith("test_greedy_logprobs_match_reference"))
     assert parity["figures"]["max_abs_dlogprob"] < 2e-3 and parity["area"] == "model-math"
-    assert parity["reference"].startswith("GPT_OSS.md")
+    assert parity["reference"].startswith("docs/model.md")
     # a second run never touches the first
     first = sorted(tmp_path.iterdir())
     conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build")

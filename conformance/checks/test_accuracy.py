@@ -47,8 +47,8 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
 
     Catches: accuracy lost on the real model where every numeric check on the tiny one passes — MoE
     kernel or padding regressions at TP>1 (gsm8k 0.9 -> 0.68), providers scoring 80 instead of 93 on
-    AIME25, and a reasoning effort silently ignored (GPT_OSS.md failure mode 10).
-    Reference: GPT_OSS.md "Reference figures"; https://github.com/EleutherAI/lm-evaluation-harness
+    AIME25, and a reasoning effort silently ignored (docs/failure-modes.md, mode 10).
+    Reference: docs/figures.md "Reference figures"; https://github.com/EleutherAI/lm-evaluation-harness
     """
     model = _published_model(run)
     spec = accuracy.tasks()[task]

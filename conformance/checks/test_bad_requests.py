@@ -37,6 +37,7 @@ def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_
     IndexError and the engine hangs for good), errors too vague to act on.
     Reference: vLLM input validation, v1/engine/input_processor.py and renderers/base.py validate_token_ids
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/engine/input_processor.py)
+    Controls: tests/test_check_bodies_engine.py::test_bad_request_check_fails_when_an_invalid_prompt_is_accepted
     """
     if run.engine != "vllm":
         pytest.skip(f"the {run.engine} engine has no request queue to exercise")

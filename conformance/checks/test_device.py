@@ -42,6 +42,7 @@ def test_device_isa_in_build(probe, run, record_figure):
     reporting another arch.
     Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html ;
       https://clang.llvm.org/docs/ClangOffloadBundler.html ; https://docs.nvidia.com/cuda/cuda-binary-utilities/
+    Controls: tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x
     """
     info = _gpu(probe)
     sku = device.sku_for(info.get("name"))
@@ -66,6 +67,7 @@ def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
     low precision, a broken hipBLASLt / cuBLAS kernel for one shape or its tail tiles (M = 129, N = 2883), FP8
     GEMM paths returning garbage, NaN from uninitialised workspaces.
     Reference: https://pytorch.org/docs/stable/notes/numerical_accuracy.html
+    Controls: tests/test_check_bodies_platform.py::test_gemm_numerics_check_fails_on_a_gemm_off_by_one_percent
     """
     plan = device.gemm_plan(dtype, probe.info)
     if plan.skip:
@@ -102,6 +104,7 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
     clocks stuck low, a GEMM falling back to a generic kernel.
     Reference: https://rocm.docs.amd.com/projects/ROCmValidationSuite/en/latest/ (GST level-4 targets: MI300X
       bf16 552, fp16 523, fp8 981 TFLOP/s)
+    Controls: tests/test_check_bodies_platform.py::test_gemm_throughput_check_fails_below_the_floor
     """
     info = _gpu(probe)
     sku = device.sku_for(info.get("name"))
@@ -125,6 +128,8 @@ def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
 
     Catches: HBM running degraded (memory clock, ECC storms, a bad partition mode), wrong NUMA/NPS setup.
     Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html (peak HBM bandwidth)
+    Controls: tests/test_check_bodies_platform.py::test_hbm_bandwidth_check_fails_below_the_floor,
+      tests/test_check_bodies_platform.py::test_device_floors_fail_when_the_probe_errors
     """
     info = _gpu(probe)
     sku = device.sku_for(info.get("name"))

@@ -64,6 +64,7 @@ def test_kv_block_count_matches_config(engine, engines, run, model_under_test, c
     the whole context in every layer), or a pool sized for one group only.
     Reference: vLLM v1/core/kv_cache_utils.py get_kv_cache_config_from_groups
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py); conformance/kv_model.py
+    Controls: tests/test_check_bodies_engine.py::test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
@@ -83,6 +84,7 @@ def test_request_holds_blocks_per_group(engine, model_under_test, call_timeout_s
     block counts at block boundaries, and blocks kept after the request finished.
     Reference: vLLM v1/core/single_type_kv_cache_manager.py SlidingWindowManager.get_num_skipped_tokens
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/single_type_kv_cache_manager.py)
+    Controls: tests/test_check_bodies_engine.py::test_request_blocks_check_fails_when_the_sliding_group_never_frees
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
@@ -106,6 +108,7 @@ def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figu
     cache until the server preempts or rejects everything), aborted requests left in the queues.
     Reference: vLLM LLMEngine.abort_request (https://docs.vllm.ai/en/latest/api/vllm/v1/engine/llm_engine.html);
       v1/core/kv_cache_manager.py free
+    Controls: tests/test_check_bodies_engine.py::test_kv_abort_check_fails_when_aborted_requests_keep_blocks
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
@@ -131,9 +134,10 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
 
     Catches: accounting that is right only at the default block size (page size not scaled, window
     blocks freed at the wrong boundary), and a requested block size silently replaced by another
-    (vLLM-CPU raises 16 to 32 with only a performance warning: VLLM_CPU.md).
+    (vLLM-CPU raises 16 to 32 with only a performance warning: docs/vllm-cpu.md).
     Reference: vLLM CacheConfig.block_size (https://docs.vllm.ai/en/latest/api/vllm/config/cache.html);
       conformance/kv_model.py
+    Controls: tests/test_check_bodies_engine.py::test_kv_block_size_check_fails_on_wrong_counts
     """
     if run.engine != "vllm":  # asked before an engine with a vLLM-only option is started
         pytest.skip(f"the {run.engine} engine has no paged KV cache to inspect")
@@ -165,6 +169,7 @@ def test_kv_blocks_do_not_leak_over_rounds(engine, prompts, call_timeout_s, reco
     blocks, blocks of aborted or preempted requests never returned), the soak failure of a server
     that runs out of KV cache after hours.
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1/core/block_pool.py
+    Controls: tests/test_check_bodies_engine.py::test_kv_rounds_check_fails_on_a_slow_leak
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")

@@ -17,6 +17,7 @@ def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, call_
     Catches: block leaks in the allocator (a server that slowly runs out of KV cache and starts
     preempting or rejecting requests), requests stuck in the scheduler, or no cache allocated at all.
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1 core/block_pool.py
+    Controls: tests/test_check_bodies_engine.py::test_kv_released_check_fails_on_a_leaking_pool
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")

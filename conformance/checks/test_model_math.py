@@ -1,6 +1,6 @@
 """Model-math conformance: the gpt-oss config, RoPE/YaRN tables, the MoE block at many batch sizes,
 attention sinks at their extremes, the sliding-window boundary in prefill / decode / chunked prefill,
-and which known failure mode a stack is nearest to (GPT_OSS.md "Failure modes")."""
+and which known failure mode a stack is nearest to (docs/failure-modes.md)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def test_model_config_is_gpt_oss(model_under_test, record_figure):
 
     Catches: checkpoints converted with "LLaMA-style" configs (rope_theta 1e6, 80 layers), truncate
     left at true (rounded YaRN), a window or layer pattern changed by a conversion script.
-    Reference: GPT_OSS.md "Architecture"; https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json
+    Reference: docs/model.md "Architecture"; https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json
+    Controls: tests/test_check_bodies_math.py::test_config_check_fails_on_a_llama_style_rope_theta
     """
     params = gptoss_config.count_params(model_under_test.path)
     record_figure("params_billion", params / 1e9)
@@ -48,7 +49,8 @@ def test_rope_tables_match_reference(engine, reference, call_timeout_s, record_f
 
     Catches: rounded YaRN correction range (vllm#27722), a missing or doubled concentration, a rotary
     buffer left uninitialised after loading (exact at position 0, wrong everywhere else), wrong base.
-    Reference: GPT_OSS.md "RoPE with YaRN"; https://github.com/vllm-project/vllm/issues/27722
+    Reference: docs/model.md "RoPE with YaRN"; https://github.com/vllm-project/vllm/issues/27722
+    Controls: tests/test_check_bodies_math.py::test_rope_check_fails_on_an_engine_with_rounded_yarn
     """
     positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
     got = _call(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
@@ -68,7 +70,8 @@ def test_moe_block_matches_reference(m, engine, reference, run, call_timeout_s, 
 
     Catches: fused-MoE kernels wrong at some batch sizes (small-M paths, padding at 129), gate/up
     de-interleaving, a missing clamp or +1, routing not renormalised, dropped router or expert biases.
-    Reference: GPT_OSS.md "SwiGLU", "MoE routing", failure modes 5-8
+    Reference: docs/model.md "SwiGLU", "MoE routing"; docs/failure-modes.md, modes 5-8
+    Controls: tests/test_check_bodies_math.py::test_moe_check_fails_on_an_engine_with_gate_up_halves
     """
     hidden = int(reference.cfg["hidden_size"])
     x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
@@ -90,7 +93,8 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
 
     Catches: backends that ignore sinks, count them twice in split-KV decode, overflow on large sinks
     or produce NaN for -inf sinks (several ROCm attention backends added sink support late).
-    Reference: GPT_OSS.md "Attention sinks", failure mode 4
+    Reference: docs/model.md "Attention sinks"; docs/failure-modes.md, mode 4
+    Controls: tests/test_check_bodies_math.py::test_sinks_check_fails_on_nan_from_extreme_sinks
     """
     path = crafted(variant)
     tol, top_k = tolerance
@@ -114,7 +118,8 @@ def test_sliding_window_boundary(chunked, run, engines, reference, model_under_t
 
     Catches: a window off by one (Megatron-LM, mlx-lm, LightLLM shipped this), a window applied to
     the wrong layers, or chunked prefill that loses the window across chunk boundaries.
-    Reference: GPT_OSS.md "Sliding window", failure mode 3
+    Reference: docs/model.md "Sliding window"; docs/failure-modes.md, mode 3
+    Controls: tests/test_check_bodies_math.py::test_window_check_fails_on_a_window_off_by_one
     """
     if chunked and run.engine != "vllm":
         pytest.skip(f"the {run.engine} engine has no chunked prefill")
@@ -139,7 +144,8 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
     the distance to each mutant is recorded, so a failing stack is named ("behaves like yarn_rounded").
 
     Catches: the same failure modes as the parity check, and says which one a failing stack has.
-    Reference: GPT_OSS.md "Failure modes seen in the wild"
+    Reference: docs/failure-modes.md
+    Controls: tests/test_check_bodies_math.py::test_nearest_mutant_check_fails_on_a_stack_that_behaves_like_rounded_yarn
     """
     outputs, _ = engine_greedy
     _, top_k = tolerance

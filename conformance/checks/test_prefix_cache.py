@@ -8,7 +8,7 @@ import pytest
 from conformance import compare
 
 AREA = "prefix-cache"
-HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (VLLM_CPU.md gotcha 7)
+HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (docs/vllm-cpu.md "Gotchas" 7)
 
 
 def _caching_engine(run, engines, timeout_s: float):
@@ -45,6 +45,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_u
     prefill), and one that hits the wrong blocks (hash collisions, sliding-window blocks reused after
     being freed), which shows as different tokens or logprobs.
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
+    Controls: tests/test_check_bodies_engine.py::test_prefix_hit_check_fails_when_cached_blocks_change_the_output
     """
     proc = _caching_engine(run, engines, call_timeout_s)
     tol, top_k = tolerance
@@ -76,6 +77,7 @@ def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, toler
     Catches: a reset that reports success but keeps serving old blocks (stale KV after a weight
     reload or LoRA swap), a reset that fails on an idle engine, and a cache that cannot warm again.
     Reference: vLLM LLM.reset_prefix_cache (https://docs.vllm.ai/en/latest/api/vllm/entrypoints/llm.html)
+    Controls: tests/test_check_bodies_engine.py::test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks
     """
     proc = _caching_engine(run, engines, call_timeout_s)
     tol, top_k = tolerance

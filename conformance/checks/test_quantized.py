@@ -6,6 +6,7 @@ A format an engine or target lacks is a skip through expectations/*.toml, naming
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,13 @@ def _fail(message: str) -> None:
     pytest.fail(message, pytrace=False)
 
 
+def _missing_package(error: str) -> str | None:
+    """The message of the error's final exception when that is an ImportError (a package not installed)."""
+    last = [line for line in error.splitlines() if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*:", line)]
+    m = re.match(r"^(ImportError|ModuleNotFoundError): (.+)$", last[-1]) if last else None
+    return m.group(2) if m else None
+
+
 def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: str, engines: Any, run: Any,
                        prompts: Any, call_timeout_s: float, record_figure: Any) -> None:
     """Validate, load in the engine, record the chosen methods, compare with the dequantized reference."""
@@ -44,11 +52,12 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
         engine = engines.get(model=path, kind=kind, dtype=limits.dtype_for(kind or run.engine))
         methods = engine.call("components:quant_methods", timeout_s=call_timeout_s)
     except EngineError as exc:
-        # transformers is the helper engine here, not the stack under test: a loader package it lacks
-        # (optimum, gptqmodel, compressed-tensors) is an absent capability, named, not a verdict
-        if (kind or run.engine) == "transformers" and "ImportError" in str(exc):
-            pytest.skip(f"capability absent: transformers cannot load {fmt} in this environment: "
-                        f"{str(exc).split('ImportError: ')[-1].splitlines()[0]}")
+        # transformers as the helper engine (not the stack under test): a loader package it lacks (optimum,
+        # gptqmodel, compressed-tensors) is an absent capability, named, not a verdict. As the engine under
+        # test, or for any other error (a crash whose traceback merely mentions ImportError), it fails.
+        missing = _missing_package(str(exc))
+        if kind == "transformers" and run.engine != "transformers" and missing:
+            pytest.skip(f"capability absent: transformers cannot load {fmt} in this environment: {missing}")
         _fail(str(exc))
     engine_name = str(engine.info.get("engine", kind or run.engine))
     record_figure("engine_is_" + engine_name, 1.0)
@@ -86,6 +95,7 @@ def test_model_quantization_is_well_formed(model_under_test, record_figure):
     Catches: a truncated download, a header whose dtype disagrees with the data, a missing scale tensor, an
     unknown quant_method — before an engine loads them as garbage or hangs on them.
     Reference: https://huggingface.co/docs/safetensors/index ; conformance/quant/validate.py
+    Controls: tests/test_check_bodies_platform.py::test_model_quantization_check_fails_on_a_truncated_shard
     """
     try:
         found = validate(model_under_test.path)
@@ -108,9 +118,12 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, run, 
 
     Catches: a loader that unpacks nibbles in the wrong order or ignores AWQ's interleave, zeros read with
     the wrong "-1" convention, scales inverted or on the wrong axis, a quantization_config accepted but not
-    applied (VLLM_CPU.md gotcha 5), and writer bugs of the suite itself (the known-weights step).
+    applied (docs/vllm-cpu.md "Gotchas" 5), and writer bugs of the suite itself (the known-weights step).
     Reference: https://github.com/AutoGPTQ/AutoGPTQ ; https://github.com/casper-hansen/AutoAWQ ;
       https://github.com/neuralmagic/compressed-tensors ; conformance/quant/formats.py
+    Controls: tests/test_check_bodies_platform.py::test_quantized_check_fails_on_a_loader_that_reverses_gptq_nibbles,
+      tests/test_check_bodies_platform.py::test_quantized_check_fails_when_the_transformers_engine_under_test_lacks_a_loader,
+      tests/test_check_bodies_platform.py::test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror
     """
     path = quantized(fmt)
     known = known_weights_match(path)
@@ -130,9 +143,10 @@ def test_mxfp4_checkpoint_matches_reference(engine_kind, engines, run, prompts, 
     A backend that rounds activations to FP8 (MI355X's AITER W4A8) is labelled not-reference-numerics.
 
     Catches: nibble order or scale bias wrong in a loader, blocks read transposed, an MXFP4 MoE
-    backend that corrupts outputs (GPT_OSS.md failure mode 8), a format silently not applied.
+    backend that corrupts outputs (docs/failure-modes.md, mode 8), a format silently not applied.
     Reference: https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf ;
-      GPT_OSS.md "MXFP4"
+      docs/model.md "MXFP4"
+    Controls: tests/test_check_bodies_platform.py::test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles
     """
     path = mxfp4()
     _loads_and_matches("mxfp4", path, path, engine_kind, engines, run, prompts, call_timeout_s, record_figure)

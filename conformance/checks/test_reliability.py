@@ -23,13 +23,14 @@ def _vllm_only(engine) -> None:
 
 
 @pytest.mark.p3
-def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure):
-    """Rounds of mixed-length requests: engine RSS, open file descriptors and KV blocks in use after
+def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure, run):
+    """Rounds of mixed-length requests: engine RSS, VRAM (GPU), open file descriptors and KV blocks in use after
     each round must not grow beyond bounds kept as data once the warm-up rounds are over.
 
     Catches: memory leaks in the engine (Python objects per request, pinned buffers), file-descriptor
     leaks (sockets, shared memory), KV blocks never returned — failures that only show after hours.
-    Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; ARCHITECTURE.md tier P3
+    Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; docs/architecture.md "Tiers"
+    Controls: tests/test_check_bodies_engine.py::test_soak_check_fails_on_growing_memory
     """
     _vllm_only(engine)
     cfg = settings.targets()["soak"]
@@ -41,7 +42,9 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure)
         engine.call("generate_greedy", prompts, 8, 1, timeout_s=call_timeout_s)
         usage = engine.call("components:process_usage", timeout_s=call_timeout_s)
         samples.append(usage | {"kv_used": float(engine.call("kv_state", timeout_s=call_timeout_s).used_blocks)})
-    report = reliability.soak_verdict(samples, cfg["warmup_rounds"], cfg["max_rss_growth_mib"], cfg["max_fd_growth"])
+    vram = cfg["max_vram_growth_mib"] if settings.targets()[run.resolved().resolved]["needs_device"] else None
+    report = reliability.soak_verdict(samples, cfg["warmup_rounds"], cfg["max_rss_growth_mib"], cfg["max_fd_growth"],
+                                      vram)
     for name, value in report.figures().items():
         record_figure(name, value)
     assert not report.problems, "; ".join(report.problems)
@@ -55,6 +58,7 @@ def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call
     Catches: scheduler crashes on unusual mixes, sampling kernels producing out-of-vocab ids, stop
     handling off by one, leaks that only some parameter combinations trigger.
     Reference: https://hypothesis.readthedocs.io/ ; https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
+    Controls: tests/test_check_bodies_engine.py::test_random_mix_check_fails_on_out_of_vocab_samples
     """
     _vllm_only(engine)
     vocab = int(model_under_test.config["vocab_size"])
@@ -94,7 +98,8 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
 
     Catches: clients that wait forever on a dead engine (a hung CI job instead of a red one), errors
     that lose the cause (signal, last output).
-    Reference: ARCHITECTURE.md rule 7 (isolation); https://docs.python.org/3/library/multiprocessing.html
+    Reference: docs/architecture.md "Rule 7: isolation"; https://docs.python.org/3/library/multiprocessing.html
+    Controls: tests/test_check_bodies_engine.py::test_engine_kill_check_fails_when_the_request_succeeds_after_the_kill
     """
     victim = engines.get(seed=12345)  # its own engine: the shared one must survive
     result: dict = {}
@@ -128,7 +133,7 @@ def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_
 
     Catches: clients (and the suite's own probes) that block forever on a half-open stream, a stream
     that ends "cleanly" without [DONE] after a crash and is taken as a complete reply.
-    Reference: https://html.spec.whatwg.org/multipage/server-sent-events.html ; ARCHITECTURE.md rule 7
+    Reference: https://html.spec.whatwg.org/multipage/server-sent-events.html ; docs/architecture.md "Rule 7: isolation"
     """
     if run.engine != "vllm":
         pytest.skip(f"the engine under test is {run.engine}: there is no vLLM server to kill")

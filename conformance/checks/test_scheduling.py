@@ -45,6 +45,7 @@ def test_concurrent_requests_match_each_alone(run, engine, prompts, tolerance, c
     one sequence see another's KV, outputs routed to the wrong request, requests dropped from a batch.
     Reference: https://docs.vllm.ai/en/latest/design/arch_overview.html (continuous batching);
       vLLM tests/models/utils.py check_logprobs_close
+    Controls: tests/test_check_bodies_engine.py::test_concurrent_check_fails_when_batching_changes_tokens
     """
     _vllm_only(run)
     tol, top_k = tolerance
@@ -64,6 +65,7 @@ def test_max_num_seqs_is_respected(run, engines, prompts, call_timeout_s, record
     Catches: a scheduler that over-admits (memory blow-ups on GPUs sized for the limit), or one that
     never admits a waiting request again (a stuck queue).
     Reference: vLLM SchedulerConfig.max_num_seqs (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
+    Controls: tests/test_check_bodies_engine.py::test_max_num_seqs_check_fails_when_the_limit_is_exceeded
     """
     _vllm_only(run)
     proc = engines.get(**LIMITED_SCHEDULER)
@@ -83,6 +85,7 @@ def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, cal
     Catches: chunk-boundary bugs (positions, RoPE offsets, sliding-window masks or sinks applied per
     chunk instead of per sequence), prompt logprobs lost across chunks.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#chunked-prefill
+    Controls: tests/test_check_bodies_engine.py::test_chunked_prefill_check_fails_when_chunking_changes_tokens
     """
     _vllm_only(run)
     default = engines.get()
@@ -125,8 +128,9 @@ def test_preemption_keeps_outputs(run, engines, prompts, tolerance, call_timeout
     Catches: recompute-after-preemption bugs (lost or duplicated tokens, stale KV reused, wrong
     positions on resume), a scheduler that deadlocks instead of preempting, and a preemption counter
     that does not count (a capacity dashboard blind to thrashing).
-    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; VLLM_CPU.md
-      "preemption" row (vllm:num_preemptions)
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; docs/vllm-cpu.md
+      "Capability map" (the preemption row: vllm:num_preemptions)
+    Controls: tests/test_check_bodies_engine.py::test_preemption_check_fails_when_no_preemption_happened
     """
     _vllm_only(run)
     default = engines.get()

@@ -86,7 +86,7 @@ def test_server_metrics_expose_kv_and_queue_series(server, record_figure):
     running / waiting request gauges, labelled with the served model.
 
     Catches: metrics renamed or dropped in a vLLM upgrade (alerts silently stop firing), values out of range.
-    Reference: VLLM_CPU.md gotcha 7; https://docs.vllm.ai/en/latest/usage/metrics.html
+    Reference: docs/vllm-cpu.md "Gotchas" 7; https://docs.vllm.ai/en/latest/usage/metrics.html
     """
     probe = probes.metrics(server.client, server.model)
     _record(probe, record_figure)
@@ -183,9 +183,9 @@ def test_server_prompt_matches_harmony(case, server, harmony_encoding, server_ca
     """The token ids the server feeds the model for a chat request equal openai-harmony's rendering.
 
     Catches: reasoning_effort ignored or written `reasoning: low`, instructions in the wrong message,
-    history turns ending in <|return|>, tool calls without `<|constrain|>json` — GPT_OSS.md failure
+    history turns ending in <|return|>, tool calls without `<|constrain|>json` — docs/failure-modes.md,
     modes 10 and 11: the model is served prompts it was never trained on.
-    Reference: GPT_OSS.md "Failure modes" 10-11; https://github.com/openai/harmony
+    Reference: docs/failure-modes.md, modes 10-11; https://github.com/openai/harmony
     """
     res = server.client.post("/v1/chat/completions", case.request(server.model) | {
         "max_tokens": 1, "return_token_ids": True}, timeout_s=server_call_timeout_s)
@@ -201,9 +201,9 @@ def test_server_stops_on_harmony_stop_tokens(server, tokenizer_facts, server_cal
     """Made to emit it first, <|return|> 200002 and <|call|> 200012 each end the assistant turn;
     <|end|> 200007 does not.
 
-    Catches: GPT_OSS.md failure mode 12 — a server that stops on <|end|> cuts every reply after its
+    Catches: docs/failure-modes.md, mode 12 — a server that stops on <|end|> cuts every reply after its
     analysis channel; one that ignores <|call|> runs tool calls on into garbage.
-    Reference: GPT_OSS.md "Failure modes" 12; https://github.com/openai/harmony
+    Reference: docs/failure-modes.md, mode 12; https://github.com/openai/harmony
     """
     probes.stop_tokens(server.client, server.model, list(tokenizer_facts["stop_tokens"]),
                        list(tokenizer_facts["not_stop_tokens"]), server_call_timeout_s).raise_if_failed()

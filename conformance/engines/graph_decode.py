@@ -54,8 +54,8 @@ class GraphDecoder:
             self.logits = self._step()
 
     def _set_masks(self, position: int) -> None:
-        """Masks of a decode step whose query sits at `position` (GPT_OSS.md: the window holds the last
-        `sliding_window` positions, the query's own included)."""
+        """Masks of a decode step whose query sits at `position` (docs/model.md "Sliding window": the
+        window holds the last `sliding_window` positions, the query's own included)."""
         torch = self.torch
         kv = torch.arange(self.max_len)
         seen = kv <= position

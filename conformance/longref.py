@@ -1,0 +1,191 @@
+"""The fp64 reference at depth (8k-32k tokens) and with a quantised KV cache.
+
+`Reference._attention` builds the whole [heads, T, T] score matrix: 8 GiB of fp64 at 16k tokens. This
+subclass computes the same formulas a block of queries at a time against only the keys it may see (the
+window for sliding layers), so memory stays O(T x block) and sliding layers cost O(T x window); and the
+last layer runs only at the positions that are scored. Everything else (RoPE tables, MoE, norms, sinks,
+the `Math` mutants) is the parent's.
+
+`kv_quant` applies the engine's fp8 KV cache to the reference: K (after RoPE, as vLLM stores it) and V are
+rounded to fp8 with a per-tensor scale of 1.0 (vLLM's default without calibrated scales: the value is
+clamped to the format's range, then rounded to nearest even), then attention runs in fp64 on the rounded
+values. "e4m3fn" is the OCP format (CUDA; vLLM-CPU), "e4m3fnuz" the gfx942 (MI300) one: exponent bias 8,
+no negative zero, no infinities, max 240 (https://onnx.ai/onnx/technical/float8.html).
+
+Depth mutants (`DepthMath`) agree with the correct reference below a position and break past it, so only
+a check at depth can see them: a sliding window whose mask is lost past 4096 tokens, RoPE positions that
+stop at the original 4096-token context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from conformance.engines.base import Completion, StepLogprobs
+from conformance.reference.gpt_oss import Math, Reference, rms_norm, rope
+
+QUERY_BLOCK = 512
+
+# (exponent bias, mantissa bits, largest finite value, has negative zero); both formats have 4 exponent bits
+FP8_FORMATS: dict[str, tuple[int, int, float]] = {
+    "e4m3fn": (7, 3, 448.0),
+    "e4m3fnuz": (8, 3, 240.0),
+}
+# vLLM's kv_cache_dtype names and the format each means per platform (gfx942 stores fnuz)
+KV_CACHE_DTYPE_FORMAT = {"fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e4m3fn": "e4m3fn",
+                         "fp8_e4m3fnuz": "e4m3fnuz"}
+
+
+class LongReferenceError(ValueError):
+    """A request the reference cannot serve (unknown fp8 format, positions outside the prompt)."""
+
+
+def fp8_round(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """x rounded to the fp8 format (saturating, round to nearest even), returned as fp64.
+
+    Written from the format's definition, not through torch's float8 dtypes, so tests can hold the two
+    against each other."""
+    if fmt not in FP8_FORMATS:
+        raise LongReferenceError(f"unknown fp8 format {fmt!r}: known {sorted(FP8_FORMATS)}")
+    bias, mant, top = FP8_FORMATS[fmt]
+    x = x.to(torch.float64).clamp(-top, top)
+    min_exp = 1 - bias  # exponent of the smallest normal; subnormals share its quantum
+    mag = x.abs()
+    exp = torch.floor(torch.log2(mag.clamp(min=2.0 ** (min_exp - mant - 1))))
+    exp = exp.clamp(min=min_exp)
+    quantum = torch.pow(2.0, exp - mant)
+    rounded = torch.round(mag / quantum) * quantum  # torch.round: half to even
+    out = torch.sign(x) * rounded.clamp(max=top)
+    return out + 0.0  # -0.0 -> +0.0 (fnuz has no negative zero; in fn the sign of a zero changes nothing here)
+
+
+@dataclass(frozen=True)
+class DepthMath:
+    """Bugs that only exist at depth: `from_position` is where they start."""
+
+    window_lost_from: int | None = None  # sliding layers attend to everything from this query position on
+    rope_clamped_at: int | None = None   # RoPE angles of positions >= this use the last position below it
+
+
+DEPTH_MUTATIONS: dict[str, DepthMath] = {
+    "window_lost_past_4k": DepthMath(window_lost_from=4096),
+    "rope_clamped_past_4k": DepthMath(rope_clamped_at=4096),
+}
+
+
+class LongReference(Reference):
+    """fp64 gpt-oss, blockwise, optionally with an fp8 KV cache and/or a depth mutant."""
+
+    def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False,
+                 kv_quant: str | None = None, depth: DepthMath | str | None = None) -> None:
+        super().__init__(model_dir, math_, streaming)
+        if kv_quant is not None and kv_quant not in FP8_FORMATS:
+            raise LongReferenceError(f"unknown fp8 format {kv_quant!r}: known {sorted(FP8_FORMATS)}")
+        self.kv_quant = kv_quant
+        self.depth = DEPTH_MUTATIONS[depth] if isinstance(depth, str) else (depth or DepthMath())
+
+    def rope_tables(self, positions: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.as_tensor(positions, dtype=torch.float64)
+        if self.depth.rope_clamped_at is not None:
+            pos = pos.clamp(max=self.depth.rope_clamped_at - 1)
+        return super().rope_tables(pos)
+
+    def _qkv(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
+        n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
+        t = x.shape[0]
+        q = (x @ w[p + "q_proj.weight"].T + w[p + "q_proj.bias"]).view(t, n_h, d)
+        k = (x @ w[p + "k_proj.weight"].T + w[p + "k_proj.bias"]).view(t, n_kv, d)
+        v = (x @ w[p + "v_proj.weight"].T + w[p + "v_proj.bias"]).view(t, n_kv, d)
+        q, k = rope(q, cos, sin, m.rope_style), rope(k, cos, sin, m.rope_style)
+        if self.kv_quant is not None:
+            k, v = fp8_round(k, self.kv_quant), fp8_round(v, self.kv_quant)
+        return q, k, v
+
+    def _attention_rows(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        rows: torch.Tensor) -> torch.Tensor:
+        """Attention output of layer i at query positions `rows` (sorted), keys from the whole of x."""
+        c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
+        n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
+        q, k, v = self._qkv(i, x, cos, sin)
+        rep = n_h // n_kv
+        layer_types = c.get("layer_types") or ["sliding_attention" if j % 2 == 0 else "full_attention"
+                                               for j in range(c["num_hidden_layers"])]
+        sliding = layer_types[i] == "sliding_attention"
+        window = int(c["sliding_window"]) + m.window_offset
+        sink = w[p + "sinks"].view(n_h, 1, 1)
+        out = torch.empty(len(rows), n_h * d, dtype=torch.float64)
+        for s in range(0, len(rows), QUERY_BLOCK):
+            qi = rows[s:s + QUERY_BLOCK]
+            lo_pos, hi_pos = int(qi[0]), int(qi[-1])
+            lost = self.depth.window_lost_from is not None and hi_pos >= self.depth.window_lost_from
+            lo = max(0, lo_pos - window + 1) if sliding and not lost else 0
+            kj = torch.arange(lo, hi_pos + 1)
+            kk = k[lo:hi_pos + 1].repeat_interleave(rep, dim=1)
+            vv = v[lo:hi_pos + 1].repeat_interleave(rep, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q[qi], kk).div_(math.sqrt(d))
+            if sliding:  # the whole block: keys before the window and after the query
+                visible = kj[None, :] <= qi[:, None]
+                in_window = (qi[:, None] - kj[None, :]) < window
+                if self.depth.window_lost_from is not None:
+                    in_window |= qi[:, None] >= self.depth.window_lost_from
+                scores.masked_fill_(~(visible & in_window), float("-inf"))
+            else:  # only keys at or after the block's first query can lie in a query's future
+                off = lo_pos - lo
+                future = kj[off:][None, :] > qi[:, None]
+                scores[..., off:].masked_fill_(future, float("-inf"))
+            # softmax over [scores, sink x sink_count] without materialising the concatenation
+            top = scores.amax(-1, keepdim=True)
+            if m.sink_count:
+                top = torch.maximum(top, sink.expand_as(top))
+            probs = scores.sub_(top).exp_()
+            denom = probs.sum(-1, keepdim=True)
+            if m.sink_count:
+                denom = denom + m.sink_count * torch.exp(sink - top)
+            probs.div_(denom)
+            out[s:s + len(qi)] = torch.einsum("hqk,khd->qhd", probs, vv).reshape(len(qi), n_h * d)
+        return out @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
+
+    @torch.no_grad()
+    def logprobs_at(self, ids: list[int], rows: list[int] | None = None) -> torch.Tensor:
+        """log-softmax of the next-token logits at positions `rows` (default all), [len(rows), vocab]."""
+        c, w = self.cfg, self.w
+        n = len(ids)
+        want = torch.arange(n) if rows is None else torch.as_tensor(sorted(set(rows)), dtype=torch.long)
+        if len(want) and (int(want[0]) < 0 or int(want[-1]) >= n):
+            raise LongReferenceError(f"positions {int(want[0])}..{int(want[-1])} are outside a {n}-token input")
+        eps = float(c.get("rms_norm_eps", 1e-5))
+        cos, sin = self.rope_tables(torch.arange(n))
+        x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+        every = torch.arange(n)
+        layers = int(c["num_hidden_layers"])
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            last = i == layers - 1
+            here = want if last else every
+            h = x[here] + self._attention_rows(i, rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin, here)
+            x = h + self.moe(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], eps))
+            w.done_with(p)
+        logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.no_grad()
+    def logprobs(self, ids: list[int]) -> torch.Tensor:
+        return self.logprobs_at(ids)
+
+    def score_from(self, prompt: list[int], continuation: list[int], top_k: int, start: int) -> Completion:
+        """`Reference.score`, but prompt steps only from position `start` on (the band at depth): prompt_steps
+        holds the steps that predict tokens start+1 .. end, then the continuation's steps."""
+        ids = prompt + continuation[:-1] if continuation else prompt
+        rows = list(range(start, len(ids)))
+        lp = self.logprobs_at(ids, rows)
+        prompt_steps = [StepLogprobs.from_row(lp[t - start], top_k, chosen=prompt[t + 1])
+                        for t in range(start, len(prompt) - 1)]
+        steps = [StepLogprobs.from_row(lp[len(prompt) - 1 + t - start], top_k, chosen=continuation[t])
+                 for t in range(len(continuation))]
+        return Completion(list(prompt), list(continuation), steps, prompt_steps)

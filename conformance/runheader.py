@@ -1,0 +1,42 @@
+"""The run header: the first lines of every run name what is being tested (target, the stack's versions,
+the GPUs, engine, dtype, profile, tiers) and where the run is written (run id and folder).
+
+pytest prints `pytest_report_header` lines only with its own header, which `-q` (what `conformance run`
+uses) and `--no-header` hide; the plugin then prints these lines itself as the session starts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from env_checks.fingerprint import package_versions
+
+PREFIX = "conformance:"
+
+
+def _version(packages: Mapping[str, str | None], key: str) -> str:
+    return packages.get(key) or "not installed"
+
+
+def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None] | None = None) -> list[str]:
+    """The header of the run `ctx` (a RunContext); `packages` as env_checks.fingerprint.package_versions()."""
+    packages = package_versions() if packages is None else packages
+    t = ctx.resolved()
+    gpu = f"{len(t.devices)} x {t.devices[0]}" if t.devices else "no GPU"
+    arch = f" ({', '.join(sorted(set(t.gcn_arch)))})" if t.gcn_arch else ""
+    vllm = _version(packages, "vllm")
+    if packages.get("vllm_distribution") not in (None, "vllm"):
+        vllm += f" ({packages['vllm_distribution']})"
+    profile = getattr(ctx, "profile", None) or "default"
+    return [
+        f"{PREFIX} target {t.resolved} (asked: {t.requested}); torch {t.torch_version or 'not installed'} "
+        f"[{t.torch_flavour or '?'}]; vLLM {vllm}; transformers {_version(packages, 'transformers')}; {gpu}{arch}",
+        f"{PREFIX} engine {ctx.engine}, dtype {ctx.dtype_name}, profile {profile}, "
+        f"model {ctx.model_arg or 'tiny-gpt-oss'}" + (f"; tiers {', '.join(tiers)}" if tiers else ""),
+        f"{PREFIX} run {ctx.run_id} -> {ctx.run_dir}",
+    ]
+
+
+def pytest_shows_header(config: Any) -> bool:
+    """Whether pytest prints its own header (and so the report-header lines) for this session."""
+    return config.option.verbose >= 0 and not getattr(config.option, "no_header", False)

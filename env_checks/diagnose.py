@@ -1,0 +1,203 @@
+"""`conformance diagnose FILE|-`: read a pasted tool output or log, say what it is, the facts it states and the
+known fault signatures it shows, with their remedies, in one screen (or as JSON for tools).
+
+Exit codes: 0 no known fault signature, 1 fault signature(s) found, 2 unreadable input or bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from env_checks import textforms as amd
+from env_checks import textforms_more as more
+from env_checks.signatures import Match, match
+
+MAX_BYTES = 32 * 1024 * 1024
+
+# (kind, detector, reader): every detector that fires contributes its reader's facts, in this order.
+_KERNEL_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\w{3} +\d+ [\d:]+ \S+ kernel:"
+                          r"|\d{4}-\d\d-\d\dT[\d:.,]+\S* \S+ kernel:|kern +:\w+ *:)", re.MULTILINE)
+_VLLM_LINE = re.compile(r"^(INFO|WARNING|ERROR|DEBUG|\(\w+ pid=\d+\)) .*\[[\w./]+\.py:\d+\]", re.MULTILINE)
+DETECTORS: list[tuple[str, Callable[[str], bool], Callable[[str], amd.Reading]]] = [
+    ("nvidia-smi -q -x", lambda t: "<nvidia_smi_log" in t, more.read_nvidia_xml),
+    ("nvidia-smi -q", lambda t: "NVSMI LOG" in t or bool(re.search(r"^Attached GPUs\s+:", t, re.M)),
+     more.read_nvidia_q),
+    ("nvidia-smi", lambda t: bool(re.search(r"NVIDIA-SMI \S+\s+(Driver|KMD) Version", t))
+     or bool(re.search(r"^\|\s+\d+\s+NVIDIA .+\|", t, re.M)), more.read_nvidia_table),
+    ("nvidia-smi --query-gpu", lambda t: bool(re.search(r"^\s*(name|index|driver_version|pci\.bus_id)\s*,", t, re.M)),
+     more.read_nvidia_csv),
+    ("collect_env", lambda t: bool(re.search(r"^(PyTorch version|Is debug build|ROCM used to build PyTorch)\s*:", t,
+                                            re.M)), more.read_collect_env),
+    ("rocminfo", lambda t: "HSA Agents" in t or "HSA System Attributes" in t or "ROCk module" in t
+     or bool(re.search(r"^\*{5,}\s*\n\s*Agent \d+", t, re.M)), amd.read_rocminfo),
+    ("rocm-smi", lambda t: "ROCm System Management Interface" in t or bool(re.search(r'"card\d+"\s*:', t))
+     or bool(re.search(r"^GPU\[\d+\]\s*:", t, re.M)) or bool(re.search(r"^device,", t, re.M | re.I))
+     or bool(re.search(r"^\d+\s+.*NPS\d+\s*,\s*[SDTQC]PX", t, re.M)), amd.read_rocm_smi),
+    ("amd-smi", lambda t: "AMDSMI Tool:" in t or bool(re.search(r"^GPU: \d+\s*$", t, re.M))
+     or bool(re.search(r'"gpu"\s*:\s*\d', t)) or bool(re.search(r"^(ACCESS|WEIGHT|HOPS|LINK TYPE|LINK METRIC"
+                                                                 r"|LINK STATUS) TABLE:", t, re.M))
+     or bool(re.search(r"^\s*GPU\s+(POWER|GPU_T|GFX_|VRAM_|PVIOL|XCP|MEM_)", t, re.M))
+     or "amd-smi " in t[:200], amd.read_amd_smi),
+    ("hipconfig", lambda t: bool(re.search(r"^HIP version\s*:", t, re.M)) or "== hipconfig" in t, more.read_hipconfig),
+    ("modinfo amdgpu", lambda t: bool(re.search(r"^filename:\s+\S*amdgpu\.ko", t, re.M)), more.read_modinfo),
+    ("kernel log", lambda t: len(_KERNEL_LINE.findall(t)) >= 1
+     and bool(re.search(r"amdgpu|NVRM|vfio|\[drm|kernel|^kern |segfault at", t, re.M)), more.read_kernel_log),
+    ("vLLM log", lambda t: bool(_VLLM_LINE.search(t)) or "vLLM API server version" in t, more.read_vllm_log),
+    ("error trace", lambda t: "Traceback (most recent call last)" in t
+     or bool(re.search(r"^\s*\w+(Error|Exception): ", t, re.M)), more.read_trace),
+]
+LIST_FACTS = ("gpu_models", "gfx_targets", "device_ids", "cpu_models", "compute_units")
+
+
+@dataclass
+class Report:
+    kinds: list[str]
+    facts: dict[str, Any]
+    unread: list[str]
+    matches: list[Match] = field(default_factory=list)
+
+    @property
+    def faults(self) -> list[Match]:
+        return [m for m in self.matches if m.severity == "fault"]
+
+    @property
+    def exit_code(self) -> int:
+        if not self.kinds and not self.matches:
+            return 2
+        return 1 if self.faults else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kinds": self.kinds, "facts": self.facts, "unread": self.unread,
+                "signatures": [m.as_dict() for m in self.matches], "exit_code": self.exit_code}
+
+
+def _merge(into: dict[str, Any], facts: dict[str, Any]) -> None:
+    for key, value in facts.items():
+        if key in LIST_FACTS and isinstance(value, list):
+            into.setdefault(key, [])
+            into[key] += [v for v in value if v not in into[key]]
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            for sub, subvalue in value.items():
+                into[key].setdefault(sub, subvalue)
+        else:
+            into.setdefault(key, value)
+
+
+def diagnose_text(text: str) -> Report:
+    """What `text` is, the facts it states, what could not be read, and the signatures it matches."""
+    kinds, facts, unread = [], {}, []
+    if "\ufffd" in text or "\x00" in text:
+        unread.append("The text contains bytes that are not UTF-8 text (binary noise or a damaged copy); lines "
+                      "with them may be misread or skipped.")
+    text = text.replace("\r\n", "\n").replace("\x00", "")
+    for kind, detect, read in DETECTORS:
+        try:
+            if not detect(text):
+                continue
+            reading = read(text)
+        except Exception as exc:  # noqa: BLE001 - a reader bug must become a sentence, never a traceback
+            unread.append(f"The {kind} reader could not read this text ({type(exc).__name__}: {exc}).")
+            continue
+        if reading.facts or kind in ("kernel log", "error trace", "vLLM log") or not kinds:
+            kinds.append(reading.kind)
+            _merge(facts, reading.facts)
+            unread += [s for s in reading.unread if s not in unread]
+    if "gpu_count" in facts:
+        facts.pop("gpu_count_at_least", None)
+        facts.pop("gpus_listed", None)
+    if not kinds:
+        unread.append("This text is not an output of a tool diagnose knows (rocminfo, amd-smi, rocm-smi, "
+                      "nvidia-smi, collect_env, hipconfig, modinfo, a kernel log, a vLLM log or an error trace).")
+    return Report(kinds, facts, unread, match(text))
+
+
+def _fact_text(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def render(report: Report, source: str) -> str:
+    out = [f"{source}: {', '.join(report.kinds) if report.kinds else 'not recognised'}"]
+    if report.facts:
+        out.append("Facts:")
+        width = max(len(k) for k in report.facts)
+        out += [f"  {key.ljust(width)}  {_fact_text(value)}" for key, value in report.facts.items()]
+    for sentence in report.unread:
+        out.append(f"Could not read: {sentence}")
+    if report.matches:
+        out.append(f"Known signatures ({len(report.faults)} fault(s)):")
+        for m in report.matches:
+            where = f"line {m.lineno}" + (f", {m.count}x" if m.count > 1 else "")
+            out.append(f"  [{m.severity}] {m.id} - {m.title} ({where}): {m.line[:140]}")
+            out.append(f"      cause:  {m.cause}")
+            out.append(f"      remedy: {m.remedy}")
+            if m.link:
+                out.append(f"      see:    {m.link}")
+    else:
+        out.append("Known signatures: none matched.")
+    return "\n".join(out)
+
+
+def build_parser(prog: str = "conformance diagnose") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read a pasted tool output or log and print what it is, the facts it states (GPU model, "
+                    "gfx target, GPU count, driver/firmware/ROCm/CUDA versions, partition mode, VF or bare "
+                    "metal, ECC counts) and the known fault signatures it matches, each with its cause, remedy "
+                    "and a link. Truncated or damaged input still gives what can be read, and says what could "
+                    "not.",
+        epilog="Reads: rocminfo; amd-smi (static, metric, monitor, list, topology, xgmi, partition, firmware, "
+               "bad-pages, version; text or --json); rocm-smi (text, --csv, --json); nvidia-smi (table, -q, "
+               "-q -x, --query-gpu --format=csv); python -m torch.utils.collect_env / vLLM collect_env; "
+               "hipconfig; modinfo amdgpu; dmesg / journalctl -k; a HIP/CUDA error trace; a vLLM server log.\n"
+               "Exit codes: 0 no known fault signature, 1 fault signature(s) found, 2 unreadable input or "
+               "bad usage.\nExample: rocm-smi | conformance diagnose -   or   conformance diagnose --json dmesg.txt")
+    parser.add_argument("file", help="the file to read, or - for standard input")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (kinds, facts, unread, "
+                                                            "signatures, exit_code) instead of text")
+    return parser
+
+
+def _read_input(name: str) -> str:
+    if name == "-":
+        data = sys.stdin.buffer.read(MAX_BYTES + 1)
+    else:
+        with open(name, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    return data[:MAX_BYTES].decode("utf-8", errors="replace")
+
+
+def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> int:
+    parser = build_parser(prog)
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else 2
+    try:
+        text = _read_input(ns.file)
+    except OSError as exc:
+        print(f"{prog}: cannot read {ns.file}: {exc.strerror or exc}.", file=sys.stderr)
+        return 2
+    if not text.strip():
+        report = Report([], {}, ["The input is empty."])
+    else:
+        report = diagnose_text(text)
+    if ns.json:
+        print(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(render(report, "stdin" if ns.file == "-" else Path(ns.file).name))
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

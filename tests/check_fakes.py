@@ -1,0 +1,71 @@
+"""Stand-ins for the fixtures a check receives, so a control can call the check function itself with a
+known-bad observation: a scripted engine answering `call(method, ...)` from a table, an engine factory,
+the run context and a figure recorder. They replace the stack, never the check or its verdict helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance.targets import TargetReport
+
+FAILED = (AssertionError, pytest.fail.Exception)  # how a check says no: assert, CheckFailed, pytest.fail
+
+
+class ScriptedEngine:
+    """An engine whose `call(method, *args)` answers from `answers` (a value, or a callable of the args)."""
+
+    def __init__(self, answers: dict[str, Any] | None = None, **info: Any) -> None:
+        self.answers = dict(answers or {})
+        self.info = {"engine": "vllm", "platform": "cpu", "backends": {"attention": "CPU_ATTN"}} | info
+        self.calls: list[tuple[str, tuple]] = []
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        self.calls.append((method, args))
+        if method not in self.answers:
+            raise AssertionError(f"the control's engine was asked {method!r}, which it has no answer for")
+        answer = self.answers[method]
+        return answer(*args, **kwargs) if callable(answer) else answer
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedEngines:
+    """The `engines` fixture: `get(**overrides)` hands out `by_options[frozenset(overrides)]` or the default."""
+
+    def __init__(self, default: ScriptedEngine, by_key: Callable[[dict], ScriptedEngine] | None = None,
+                 options: dict | None = None, model_path: str | Path = "-") -> None:
+        self.default, self.by_key, self._options = default, by_key, dict(options or {})
+        self.model = SimpleNamespace(path=Path(model_path))
+        self.asked: list[dict] = []
+
+    def get(self, **overrides: Any) -> ScriptedEngine:
+        self.asked.append(overrides)
+        if overrides and self.by_key is not None:
+            return self.by_key(overrides)
+        return self.default
+
+    def options(self, **overrides: Any) -> dict:
+        return self._options | overrides
+
+
+class Figures:
+    """The `record_figure` fixture: figures kept in a dict."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def __call__(self, name: str, value: Any) -> None:
+        self.values[name] = value
+
+
+def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", devices: list[str] | None = None,
+            run_dir: Path | None = None, model_arg: str | None = None) -> SimpleNamespace:
+    report = TargetReport(target, target, devices=list(devices or []))
+    return SimpleNamespace(resolved=lambda: report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
+                           model_arg=model_arg)

