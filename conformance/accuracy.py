@@ -137,7 +137,7 @@ def lm_eval_tasks_dir() -> Path:
 
     spec = importlib.util.find_spec("lm_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise AccuracyError("lm-eval is not installed here (pip install 'lm-eval[api]', pinned in the cpu extra)")
+        raise AccuracyError("lm-eval is not installed here: pip install '.[eval]' (the eval extra pins it).")
     return Path(next(iter(spec.submodule_search_locations))) / "tasks"
 
 

@@ -8,6 +8,7 @@ array-api-tests does, so stale expectations do not linger."""
 from __future__ import annotations
 
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from conformance import settings
 
-DIR = Path(__file__).parent / "expectations"
+DIR = resources.files("conformance") / "expectations"  # package data
 
 
 def load(directory: Path = DIR) -> list[dict[str, Any]]:

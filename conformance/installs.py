@@ -6,6 +6,7 @@
   python -m conformance.installs freeze OUT             write `name==version` of every distribution visible
                                                         here (the image's stack), as a pip constraints file
   python -m conformance.installs has-module NAME        exit 0 when NAME imports here (found, not imported)
+  python -m conformance.installs version DIST           print DIST's installed version; exit 1 if absent
 
 Standard library only (plus `packaging`, vendored by pip, when present), so it runs from the checkout
 before the suite is installed (`python -m` puts the working directory on the path). The sessions run it
@@ -109,6 +110,37 @@ def frozen(exclude: Sequence[str] = (SUITE,)) -> list[str]:
     return sorted(seen.values(), key=str.lower)
 
 
+def _pyproject(pyproject: Path) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib.loads(Path(pyproject).read_text())["project"]
+
+
+def _named(requirements: Iterable[str], name: str) -> list[str]:
+    return [r for r in requirements if _normal(r).startswith(name)]
+
+
+def gpu_requirements(pyproject: Path, harmony: bool, eval_extra: bool) -> list[str]:
+    """What a GPU venv adds to the image, each with its own dependencies: the suite's light dependencies,
+    the offline o200k vocabulary (quicktok-v1), the openai_harmony module (oss-harmony, as in the cpu
+    extra) when the image has none, and lm-eval for P3. Never torch or vLLM."""
+    project = _pyproject(pyproject)
+    extras = project["optional-dependencies"]
+    return [*project["dependencies"], *_named(extras["cpu"], "quicktok-v1"),
+            *(_named(extras["cpu"], "oss-harmony") if harmony else []), *(extras["eval"] if eval_extra else [])]
+
+
+def gpu_install_commands(constraints: str, requirements: Sequence[str], python: str = "python") -> list[list[str]]:
+    """Install the suite over a GPU image without touching its torch/vLLM: the suite alone without
+    dependencies, a freeze of the image as constraints, then `requirements` with all of their own."""
+    pip = [python, "-m", "pip", "install"]  # the image's pip (the venv sees its site-packages)
+    return [[*pip, "--no-deps", "-e", "."],
+            [python, "-m", "conformance.installs", "freeze", constraints],
+            [*pip, "-c", constraints, *requirements]]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
@@ -124,7 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"froze {len(lines)} distributions of this environment into {args[0]}")
         return 0
     if command == "has-module" and len(args) == 1:
-        return 0 if importlib.util.find_spec(args[0]) is not None else 1
+        found = importlib.util.find_spec(args[0]) is not None
+        print("found" if found else "absent")
+        return 0 if found else 1
+    if command == "version" and len(args) == 1:
+        try:
+            print(metadata.version(args[0]))
+        except metadata.PackageNotFoundError:
+            return 1
+        return 0
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -76,6 +76,10 @@ def _model_class(kind: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -97,8 +101,8 @@ def body_problems(kind: str, body: Any, where: str = "") -> list[str]:
     except pydantic.ValidationError as exc:
         errors = exc.errors()
         head = f"{prefix}not an openai {model.__name__}: "
-        lines = [f"{head}{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']} (got {_shown(e.get('input'))})"
-                 for e in errors[:MAX_FIELD_PROBLEMS]]
+        lines = [f"{head}{'.'.join(_short(str(p), 40) for p in e['loc']) or '(body)'}: {_short(e['msg'])} "
+                 f"(got {_shown(e.get('input'))})" for e in errors[:MAX_FIELD_PROBLEMS]]
         if len(errors) > MAX_FIELD_PROBLEMS:
             lines.append(f"{head}and {len(errors) - MAX_FIELD_PROBLEMS} more fields")
         return lines

@@ -63,6 +63,11 @@ def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[VerdictRep
     usage = data.get("usage") or {}
     if not usage.get("prompt_tokens") or usage.get("completion_tokens") is None:
         probe.problems.append(f"usage is missing or empty: {usage}")
+    elif body.get("max_tokens", 1) > 0 and not usage.get("completion_tokens"):
+        probe.problems.append("the reply has 0 completion tokens: nothing was generated")
+    message = (choices[0].get("message") or {}) if len(choices) == 1 else {}
+    if choices and not any(message.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
+        probe.problems.append("the reply is empty: no content, reasoning or tool call (content null)")
     return probe, data
 
 

@@ -15,7 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from conformance.compare import LogprobTolerance
+from conformance.compare import BlockLimits, LayerTolerance, LogprobTolerance
 
 # Package data (shipped in the wheel), read through importlib.resources: an installed suite never reads
 # the checkout. `files()` of an installed (unzipped) package is a pathlib.Path.
@@ -52,6 +52,34 @@ def tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
         raise DataError(f"tolerances.toml has no [logprobs.{dtype}] table: add limits for {dtype} first.")
     row = table[dtype]
     return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median")), int(row["top_k"])
+
+
+def _dtype_row(table: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
+    """A check judges in the dtype it ran in: no limits for that dtype is an error, never a fallback."""
+    if dtype not in table:
+        have = ", ".join(sorted(k for k in table if isinstance(table[k], dict)))
+        raise DataError(f"{where} has no limits for {dtype} (it has {have}): "
+                        f"measure them on a clean stack and add [{where.split(' ')[-1]}.{dtype}] first.")
+    return table[dtype]
+
+
+def rope_tolerance(dtype: str) -> dict[str, float]:
+    table = load_toml(DATA / "gpt_oss.toml")["tolerances"]["rope"]
+    row = _dtype_row(table, dtype, "gpt_oss.toml tolerances.rope")
+    return {k: v for k, v in row.items() if k != "source"}
+
+
+def layer_tolerance(dtype: str) -> Any:
+    table = load_toml(DATA / "tolerances.toml")["layers"]
+    row = _dtype_row(table, dtype, "tolerances.toml layers")
+    return LayerTolerance({b: BlockLimits(**row[b]) for b in ("attn", "moe")}, tuple(table["bands"]),
+                          row.get("source", ""))
+
+
+def layer_probe_settings() -> tuple[int, int]:
+    """(decode steps, length of the long probe prompt) of the per-layer check."""
+    table = load_toml(DATA / "tolerances.toml")["layers"]
+    return int(table["decode_steps"]), int(table["long_prompt"])
 
 
 def tiny_prompts(vocab_size: int, path: Path | None = None) -> tuple[list[list[int]], int]:

@@ -19,7 +19,7 @@ from env_checks import textforms as amd
 from env_checks import textforms_more as more
 from env_checks.signatures import Match, match
 
-MAX_BYTES = 32 * 1024 * 1024
+MAX_BYTES = 4 * 1024 * 1024  # a kernel ring buffer is ~1 MiB; beyond this the scan would take minutes
 
 # (kind, detector, reader): every detector that fires contributes its reader's facts, in this order.
 _KERNEL_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\w{3} +\d+ [\d:]+ \S+ kernel:"
@@ -51,7 +51,7 @@ DETECTORS: list[tuple[str, Callable[[str], bool], Callable[[str], amd.Reading]]]
      and bool(re.search(r"amdgpu|NVRM|vfio|\[drm|kernel|^kern |segfault at", t, re.M)), more.read_kernel_log),
     ("vLLM log", lambda t: bool(_VLLM_LINE.search(t)) or "vLLM API server version" in t, more.read_vllm_log),
     ("error trace", lambda t: "Traceback (most recent call last)" in t
-     or bool(re.search(r"^\s*\w+(Error|Exception): ", t, re.M)), more.read_trace),
+     or bool(re.search(r"\b[A-Z]\w*(Error|Exception): ", t)), more.read_trace),
 ]
 LIST_FACTS = ("gpu_models", "gfx_targets", "device_ids", "cpu_models", "compute_units")
 
@@ -168,13 +168,14 @@ def build_parser(prog: str = "conformance diagnose") -> argparse.ArgumentParser:
     return parser
 
 
-def _read_input(name: str) -> str:
+def _read_input(name: str) -> tuple[str, bool]:
+    """The text (decoded leniently) and whether it was cut at MAX_BYTES."""
     if name == "-":
         data = sys.stdin.buffer.read(MAX_BYTES + 1)
     else:
         with open(name, "rb") as handle:
             data = handle.read(MAX_BYTES + 1)
-    return data[:MAX_BYTES].decode("utf-8", errors="replace")
+    return data[:MAX_BYTES].decode("utf-8", errors="replace"), len(data) > MAX_BYTES
 
 
 def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> int:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> i
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     try:
-        text = _read_input(ns.file)
+        text, cut = _read_input(ns.file)
     except OSError as exc:
         print(f"{prog}: cannot read {ns.file}: {exc.strerror or exc}.", file=sys.stderr)
         return 2
@@ -192,6 +193,9 @@ def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> i
         report = Report([], {}, ["The input is empty."])
     else:
         report = diagnose_text(text)
+        if cut:
+            report.unread.append(f"The input is larger than {MAX_BYTES // 2**20} MiB; only its first "
+                                 f"{MAX_BYTES // 2**20} MiB were read.")
     if ns.json:
         print(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
     else:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ else:  # Python 3.10: the same parser, published as tomli
 
 from env_checks.versions import InvalidVersion, Version, compare, in_range
 
-PINS_DIR = Path(__file__).parent / "pins"
+PINS_DIR = resources.files("env_checks") / "pins"  # package data
 CHECKS = ("range", "min", "max", "equals", "one_of", "all_equal", "all_contain", "all_in", "contains_all",
           "same_release_as", "table")
 SEVERITIES = ("required", "recommended")

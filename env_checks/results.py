@@ -31,7 +31,7 @@ try:  # fcntl is POSIX-only; without it two writers of one run dir are not seria
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "reports" / "schema" / "results.schema.json"
+SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
 RESULTS_FILE = "results.json"
 FINGERPRINT_FILE = "fingerprint.json"
 JUNIT_FILE = "junit.xml"

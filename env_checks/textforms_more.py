@@ -250,15 +250,18 @@ def read_vllm_log(text: str) -> Reading:
     blocks = re.search(r"# (?:GPU|gpu) blocks:\s*(\d+)", text)
     if blocks:
         r.put("kv_cache_blocks", int(blocks.group(1)))
-    tp = re.search(r"tensor_parallel_size=(\d+)", text)
+    tp = re.search(r"tensor_parallel_size['\"]?\s*[=:]\s*(\d+)|--tensor-parallel-size[ =](\d+)", text)
     if tp:
-        r.put("tensor_parallel_size", int(tp.group(1)))
+        r.put("tensor_parallel_size", int(tp.group(1) or tp.group(2)))
+    max_len = re.search(r"Using max model len (\d+)", text)
+    if max_len:
+        r.put("max_model_len", int(max_len.group(1)))
     return r
 
 
 def read_trace(text: str) -> Reading:
     r = Reading("error trace")
-    errors = re.findall(r"^\s*(?:\w+\.)*(\w+(?:Error|Exception)):\s*(.*)$", text, re.MULTILINE)
+    errors = re.findall(r"\b([A-Z]\w*(?:Error|Exception)):\s*(.*)$", text, re.MULTILINE)
     if errors:
         kind, message = errors[-1]
         r.put("exception", f"{kind}: {message[:160]}")

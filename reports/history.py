@@ -82,6 +82,15 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run_id, name)
     );
     """,
+    # 4: the run's machine health verdict and its GPU telemetry series (results.json `machine_health`,
+    #    `telemetry`), for the per-run telemetry plots.
+    """
+    CREATE TABLE run_health (
+        run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+        verdict TEXT,
+        telemetry TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -243,7 +252,7 @@ class History:
                                        (record["run_id"],)).fetchone()
             newer = (int(record["complete"]), record["finished_at"], len(record["checks"]))
             if stored is not None and not stored[0] and tuple(stored) != newer:
-                for table in ("phases", "figures", "checks", "runs"):
+                for table in ("run_health", "phases", "figures", "checks", "runs"):
                     self.conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (record["run_id"],))
             cursor = self.conn.execute(
                 "INSERT OR IGNORE INTO runs (run_id, started_at, finished_at, target, engine, combo, "
@@ -272,6 +281,10 @@ class History:
                 "INSERT INTO phases (run_id, name, seconds) VALUES (?,?,?)",
                 [(record["run_id"], name, float(value))
                  for name, value in sorted((record.get("phases") or {}).items())])
+            if "machine_health" in record or "telemetry" in record:
+                self.conn.execute("INSERT INTO run_health (run_id, verdict, telemetry) VALUES (?,?,?)",
+                                  (record["run_id"], (record.get("machine_health") or {}).get("verdict"),
+                                   json.dumps(record.get("telemetry") or {}, sort_keys=True)))
             self.conn.execute("COMMIT")
         except BaseException:
             self.conn.execute("ROLLBACK")
@@ -351,6 +364,16 @@ class History:
             "WHERE p.name = ? ORDER BY r.lineage, r.started_at", (name,))
         return [(lineage, started, seconds) for lineage, started, seconds, tiers in rows
                 if tier is None or json.loads(tiers) == [tier]]
+
+    def health(self, run_ids: Iterable[str]) -> dict[str, tuple[str | None, dict]]:
+        """{run id: (machine-health verdict, telemetry series)} of the given runs that recorded them."""
+        ids, out = list(dict.fromkeys(run_ids)), {}
+        for chunk in _chunks(ids, 500):
+            marks = ",".join("?" * len(chunk))
+            for run_id, verdict, tel in self.conn.execute(
+                    f"SELECT run_id, verdict, telemetry FROM run_health WHERE run_id IN ({marks})", chunk):
+                out[run_id] = (verdict, json.loads(tel))
+        return out
 
     def figure_points(self) -> list[tuple[str, str, str, str, float]]:
         """(check id, figure name, lineage, started_at, value) for every numeric figure, oldest first."""

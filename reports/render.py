@@ -7,20 +7,22 @@ The detail sections (disagreements, combinations, failures, what changed, trends
 
 from __future__ import annotations
 
-from pathlib import Path
+from importlib import resources
 
 from reports import analysis, render_detail
 from reports.analysis import ALL, Column
 from reports.htmlbits import check_cell, e, pct, pill, score_style, section, table, target_badge
 from reports.numbers import short_number
 from reports.sitedata import SiteData
+from reports.telemetry_view import machine_section
 
-TEMPLATES = Path(__file__).with_name("templates")
+TEMPLATES = resources.files("reports") / "templates"  # package data
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
 NAV = (("overview", "Overview"), ("platforms", "Platforms"), ("parity", "Parity"), ("matrix", "Matrix"),
        ("rocm-cuda", "ROCm vs CUDA"), ("combos", "Combinations"), ("failures", "Failures"),
-       ("changes", "What changed"), ("trends", "Trends"), ("runs", "Runs"), ("diagnosis", "Diagnosis"))
+       ("changes", "What changed"), ("trends", "Trends"), ("runs", "Runs"), ("machine", "Machine"),
+       ("diagnosis", "Diagnosis"))
 
 
 def column_head(column: Column) -> str:
@@ -172,7 +174,7 @@ def render_page(data: SiteData) -> str:
         _tiles(data), _platforms(data), _parity(data), _matrix(data),
         render_detail.disagreements(data), render_detail.combinations(data), render_detail.failures(data),
         render_detail.what_changed(data), render_detail.trends(data), render_detail.runs(data),
-        render_detail.catalogue(),
+        machine_section(data), render_detail.catalogue(),
     ])
     title = "Inference stack conformance — parity dashboard"
     return (

@@ -51,6 +51,8 @@ class SiteData:
     tier_runs: dict[str, dict[str, RunInfo]] = field(default_factory=dict)
     # lineage (combo) -> (started_at, seconds) of each P0-only run's wall (results.json phases): P0 time over time
     p0_wall_trend: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    # run id -> (machine-health verdict, telemetry series) of each lineage's latest run (reports/telemetry_view.py)
+    health: dict[str, tuple[str | None, dict]] = field(default_factory=dict)
 
     @property
     def tiers(self) -> list[str]:
@@ -125,4 +127,5 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
     data.figure_trend = dict(sorted(figure_trend.items(), key=lambda kv: _figure_order(*kv[0])))
     for lineage, started_at, seconds in history.phase_points("wall", tier="p0"):
         data.p0_wall_trend.setdefault(lineage, []).append((started_at, seconds))
+    data.health = history.health(run.run_id for run in latest.values())
     return data

@@ -269,7 +269,7 @@ def test_soak_check_fails_on_growing_memory(monkeypatch):
     engine = ScriptedEngine({"generate_greedy": None, "kv_state": KVState(100, 99, 16),
                              "components:process_usage": lambda: {"rss_mib": float(next(rss)), "open_fds": 10.0}})
     with pytest.raises(FAILED, match="engine RSS grew 1500 MiB"):
-        reliability.test_soak_no_growth(engine, SimpleNamespace(config={"vocab_size": 200}), 1.0, Figures())
+        reliability.test_soak_no_growth(engine, SimpleNamespace(config={"vocab_size": 200}), 1.0, Figures(), run_ctx())
 
 
 @pytest.fixture
@@ -288,7 +288,8 @@ def no_shrinking():
 def test_random_mix_check_fails_on_out_of_vocab_samples(monkeypatch, no_shrinking):
     monkeypatch.setitem(settings.targets(), "random_mix", {"max_examples": 3})
     out = {"token_ids": [10_000], "finish_reason": "length"}
-    engine = ScriptedEngine({"components:generate": lambda ps, params: [out], "kv_state": KVState(100, 99, 16)})
+    engine = ScriptedEngine({"components:generate": lambda ps, params: [out], "kv_state": KVState(100, 99, 16),
+                             "scheduler_limits": {"max_model_len": 1024}})
     with pytest.raises(FAILED, match="a token id outside the vocabulary"):
         reliability.test_randomized_request_mixes_keep_invariants(engine, SimpleNamespace(config={"vocab_size": 200}),
                                                                   1.0, Figures())

@@ -37,7 +37,7 @@ def test_rope_check_fails_on_an_engine_with_rounded_yarn(tiny, reference):
     rounded = Reference(tiny.path, "yarn_rounded")
     engine = ScriptedEngine({"components:rope_tables": rounded.rope_tables})
     with pytest.raises(FAILED, match="inv_freq"):
-        math_checks.test_rope_tables_match_reference(engine, reference, 1.0, Figures())
+        math_checks.test_rope_tables_match_reference(engine, reference, run_ctx(), 1.0, Figures())
 
 
 def test_moe_check_fails_on_an_engine_with_gate_up_halves(tiny, reference):

@@ -90,3 +90,57 @@ def test_kv_no_allocation_while_running_fails():
 
 def test_kv_no_cache_at_all_fails():
     assert not compare.kv_blocks_released(kv(free=0, num=1), kv(free=0, num=1), 0).ok
+
+
+# --- fail closed (issue 17): NaN anywhere, a missing prefill side, disjoint top-k, a fault in one band ---
+
+
+def _with_prefill(n: int, value: float = -0.5) -> Completion:
+    steps = [StepLogprobs(7, {7: value, 8: -2.0}) for _ in range(n)]
+    return Completion(list(range(n + 1)), [7], [StepLogprobs(7, {7: -0.1, 8: -2.0})], steps)
+
+
+def test_a_nan_that_is_not_the_first_value_fails():
+    got = completion([5, 6, 7], [{5: -0.1}, {6: float("nan")}, {7: -0.2}])
+    want = completion([5, 6, 7], [{5: -0.1}, {6: -0.1}, {7: -0.2}])
+    report = compare.logprobs_close([got], [want], TOL)
+    assert not report.ok and any("NaN" in p for p in report.problems)
+    assert report.max_abs_dlogprob != report.max_abs_dlogprob  # the figure itself is NaN, not 0
+
+
+def test_a_side_without_prefill_steps_fails():
+    want = _with_prefill(10)
+    got = Completion(want.prompt_ids, want.token_ids, want.steps, [])
+    report = compare.logprobs_close([got], [want], TOL)
+    assert not report.ok and any("prefill steps" in p and "decode-only" in p for p in report.problems)
+
+
+def test_fewer_prefill_steps_on_one_side_fail():
+    want = _with_prefill(10)
+    got = Completion(want.prompt_ids, want.token_ids, want.steps, want.prompt_steps[:4])
+    assert not compare.logprobs_close([got], [want], TOL).ok
+
+
+def test_top_k_sets_that_share_no_token_fail():
+    got = completion([5], [{5: -0.1, 6: -1.0}])
+    want = completion([5], [{5: -0.1, 6: -1.0}])
+    want.steps[0] = StepLogprobs(5, {5: -0.1})
+    got.steps[0] = StepLogprobs(5, {9: -0.1, 5: -0.2})
+    assert compare.logprobs_close([got], [want], compare.LogprobTolerance(1.0)).ok  # share token 5
+    got.steps[0] = StepLogprobs(9, {9: -0.1, 10: -0.2})
+    want.steps[0] = StepLogprobs(9, {11: -0.1, 12: -0.3})
+    report = compare.logprobs_close([got], [want], compare.LogprobTolerance(1.0))
+    assert not report.ok and any("share no token" in p for p in report.problems)
+
+
+def test_a_fault_in_one_position_band_fails_though_the_global_median_passes():
+    # 300 prefill positions: the first 256 agree to 0.01, the last 44 are off by 0.5
+    n = 300
+    want = _with_prefill(n)
+    got = Completion(want.prompt_ids, want.token_ids, want.steps,
+                     [StepLogprobs(7, {7: -0.5 + (0.01 if t + 1 < 256 else 0.5), 8: -2.0}) for t in range(n)])
+    tol = compare.LogprobTolerance(max_abs=10.0, p99=2.0, median=0.15)
+    report = compare.logprobs_close([got], [want], tol)
+    assert report.figures()["median_abs_dlogprob"] < 0.15
+    assert not report.ok and any("prefill positions 256-1023" in p for p in report.problems)
+    assert report.figures()["median_abs_dlogprob_prefill_256-1023"] > 0.15 > report.figures()["median_abs_dlogprob"]

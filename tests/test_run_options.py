@@ -68,7 +68,8 @@ def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> s
     reports folder); --rocm on this CPU box keeps the forkserver and the server out of it."""
     reports = checks.parent / "reports"
     cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.plugin", "-q", "--rocm",
-           "--reports-dir", str(reports / "runs"), "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
+           "--rootdir", str(checks), "--reports-dir", str(reports / "runs"),
+           "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ | (env or {}))
 
 
@@ -247,8 +248,8 @@ def test_recorded_vllm_bodies_match_the_sdk_types_and_a_wrong_type_is_named(kind
     body["created" if kind != "response" else "created_at"] = "yesterday"
     body["model"] = 7
     problems = openai_api.body_problems(kind, body, "plain")
-    assert len(problems) == 2 and all(p.startswith("plain: not an openai ") for p in problems), problems
-    assert any(": model: Input should be a valid string (got 7)" in p for p in problems)
+    assert problems and all(p.startswith("plain: not an openai ") and len(p) < 300 for p in problems), problems
+    assert any(": model" in p and "Input should be a valid string (got 7)" in p for p in problems)
     assert any(": created" in p and "'yesterday'" in p for p in problems)
 
 

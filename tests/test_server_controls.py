@@ -47,6 +47,11 @@ class StubHandler(BaseHTTPRequestHandler):
                 f'vllm:kv_cache_usage_perc{{model_name="{MODEL}"}} 0.0\n'
                 f'vllm:num_requests_running{{model_name="{MODEL}"}} 0.0\n'
                 f'vllm:num_requests_waiting{{model_name="{MODEL}"}} 0.0\n')
+            if "timestamped_metrics" in self.server.faults:  # legal Prometheus text a regex misreads
+                text = "".join(f'{line[:-1]} 1700000000000\n' for line in text.splitlines(keepends=True))
+                text = text.replace('{model_name=', '{note="a \\"}\\" b",model_name=') + "# EOF\n"
+            if "garbled_metrics" in self.server.faults:
+                text = text.replace("} 0.0", " 0.0", 1)
             return self._send(200, text.encode(), "text/plain")
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
@@ -136,6 +141,20 @@ def test_stop_token_check_rejects_a_server_that_stops_on_end(stub: ServerClient)
 def test_metrics_check_rejects_missing_series(stub: ServerClient):
     probe = probes.metrics(stub, MODEL)
     assert len(probe.problems) == len(probes.METRIC_SERIES)
+
+
+@pytest.mark.parametrize("stub", [("timestamped_metrics",)], indirect=True)
+def test_metrics_check_reads_timestamps_and_escaped_labels(stub: ServerClient):
+    probe = probes.metrics(stub, MODEL)
+    assert probe.ok, probe.problems
+    assert probe.figures["kv_cache_usage_perc"] == 0.0 and len(probe.figures) == len(probes.METRIC_SERIES)
+
+
+@pytest.mark.parametrize("stub", [("garbled_metrics",)], indirect=True)
+def test_metrics_check_rejects_a_body_that_is_not_prometheus_text(stub: ServerClient):
+    probe = probes.metrics(stub, MODEL)
+    assert not probe.ok and len(probe.problems) == 1
+    assert probe.problems[0].startswith("the /metrics body is not valid Prometheus text (")
 
 
 @pytest.mark.parametrize("stub", [("drops_a_delta",)], indirect=True)

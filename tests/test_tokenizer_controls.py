@@ -205,3 +205,69 @@ def test_stop_token_verdict_rejects_stopping_on_end():
     problems = harmony.stop_token_verdict(bad, [200002, 200012], [200007])
     assert len(problems) == 2 and "200012" in problems[0] and "200007" in problems[1]
     assert harmony.stop_token_verdict(good[:2], [200002, 200012], [200007])  # a missing observation fails
+
+
+# --- controls that run the tokenizer checks' own bodies (conformance/checks/test_tokenizer.py) on a broken tokenizer
+# (the broken tokenizers are built once per module: tests/check_mutation.py reruns these controls)
+
+
+def _swap(data: dict) -> None:
+    v = data["model"]["vocab"]
+    v["Ġthe"], v["Ġof"] = v["Ġof"], v["Ġthe"]
+
+
+def _demote(data: dict) -> None:
+    merges = data["model"]["merges"]
+    merges.append(merges.pop(merges.index(["a", "a"])))
+
+
+@pytest.fixture(scope="module")
+def broken_tok(good_dir, tmp_path_factory):
+    edits = {"swapped": _swap, "demoted": _demote, "NFC": lambda d: d.update(normalizer={"type": "NFC"}),
+             "NFD": lambda d: d.update(normalizer={"type": "NFD"})}
+    return {name: mutated(good_dir, tmp_path_factory.mktemp(name), edit) for name, edit in edits.items()}
+
+
+def test_vocab_check_body_fails_on_two_swapped_ranks(broken_tok, enc):
+    from conformance.checks.test_tokenizer import test_tokenizer_vocab_and_specials_match_o200k_harmony as check
+
+    with pytest.raises(CheckFailed, match="id 290"):
+        check(broken_tok["swapped"], enc, vocab.facts(), lambda *a: None)
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFD"])
+def test_round_trip_smoke_body_fails_on_a_normalizing_tokenizer(form, broken_tok, enc):
+    """The smoke subset now holds the NFC/NFD case: a tokenizer that normalizes either way fails P0."""
+    from conformance.checks.test_tokenizer import test_tokenizer_round_trip_smoke as check
+
+    with pytest.raises(CheckFailed, match="nfc_vs_nfd"):
+        check(broken_tok[form], enc, lambda *a: None)
+
+
+def test_corpus_check_body_fails_on_a_merge_moved_to_the_end(broken_tok, enc):
+    from conformance.checks.test_tokenizer import test_tokenizer_matches_o200k_harmony_on_corpus as check
+
+    with pytest.raises(CheckFailed, match="long_repeat"):
+        check(broken_tok["demoted"], enc, lambda *a: None)
+
+
+def test_harmony_stop_token_check_body_fails_on_a_library_stopping_on_end():
+    from conformance.checks.test_tokenizer import test_harmony_stop_tokens_match_gpt_oss as check
+
+    class StopsOnEnd:
+        def stop_tokens_for_assistant_actions(self):
+            return {200002, 200007, 200012}
+    with pytest.raises(AssertionError, match=r"openai-harmony stops assistant actions on \[200002, 200007, 200012\]"):
+        check(StopsOnEnd(), vocab.facts())
+
+
+def test_chat_template_check_body_fails_on_lowercase_reasoning(good_tok, hrm):
+    import copy
+
+    from conformance.checks.test_tokenizer import test_chat_template_renders_harmony as check
+
+    old, new, case_name = TEMPLATE_BUGS["lowercase_reasoning"]
+    broken = copy.copy(good_tok)
+    broken.chat_template = hf_build.CHAT_TEMPLATE.read_text().replace(old, new)
+    with pytest.raises(CheckFailed, match="differs"):
+        check(CASES[case_name], broken, hrm)

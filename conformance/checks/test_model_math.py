@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import compare, gptoss_config, mathcheck
+from conformance import compare, gptoss_config, mathcheck, settings
 from conformance.crafted import crafted
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
@@ -43,19 +43,26 @@ def test_model_config_is_gpt_oss(model_under_test, record_figure):
 
 
 @pytest.mark.p0
-def test_rope_tables_match_reference(engine, reference, call_timeout_s, record_figure):
+def test_rope_tables_match_reference(engine, reference, run, call_timeout_s, record_figure):
     """The engine's RoPE cos/sin cache equals the reference's YaRN tables at positions from 0 to
-    max_position_embeddings - 1: inv_freq (recovered at position 1), concentration and table values.
+    max_position_embeddings - 1, judged at the storage resolution of the run's dtype: table values, the
+    angle of every (cos, sin) pair as it grows with position (figure: angle error at 131071), the
+    concentration, and in fp32 inv_freq recovered at position 1.
 
     Catches: rounded YaRN correction range (vllm#27722), a missing or doubled concentration, a rotary
-    buffer left uninitialised after loading (exact at position 0, wrong everywhere else), wrong base.
+    buffer left uninitialised after loading (exact at position 0, wrong everywhere else), wrong base, and
+    angles computed from a bf16-rounded inv_freq or bf16 positions (exact to 256, wrong beyond: a long-context
+    defect told apart from bf16 storage of an fp32 table, which passes).
     Reference: docs/model.md "RoPE with YaRN"; https://github.com/vllm-project/vllm/issues/27722
     Controls: tests/test_check_bodies_math.py::test_rope_check_fails_on_an_engine_with_rounded_yarn
     """
     positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
     got = _call(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
-    tol = gptoss_config.spec()["tolerances"]["rope"]["float32"]
-    report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, tol)
+    try:
+        tol = settings.rope_tolerance(run.dtype_name)
+    except settings.DataError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, tol, run.dtype_name)
     for name, value in report.figures.items():
         record_figure(name, value)
     report.raise_if_failed()

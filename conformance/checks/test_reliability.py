@@ -62,7 +62,8 @@ def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call
     """
     _vllm_only(engine)
     vocab = int(model_under_test.config["vocab_size"])
-    max_len = int(settings.targets()["cpu"]["vllm"]["max_model_len"])
+    # the engine's own limit, whatever the target (the table of one target does not describe another's engine)
+    max_len = int(engine.call("scheduler_limits", timeout_s=call_timeout_s)["max_model_len"])
     runs = {"n": 0}
     request = st.fixed_dictionaries({
         "prompt": st.lists(st.integers(0, vocab - 9), min_size=1, max_size=300),
@@ -134,6 +135,7 @@ def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_
     Catches: clients (and the suite's own probes) that block forever on a half-open stream, a stream
     that ends "cleanly" without [DONE] after a crash and is taken as a complete reply.
     Reference: https://html.spec.whatwg.org/multipage/server-sent-events.html ; docs/architecture.md "Rule 7: isolation"
+    Controls: tests/test_check_bodies_server.py::test_server_kill_check_fails_when_its_server_cannot_start
     """
     if run.engine != "vllm":
         pytest.skip(f"the engine under test is {run.engine}: there is no vLLM server to kill")

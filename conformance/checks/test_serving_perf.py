@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import perf, runrecord, settings
+from conformance import perf, perf_floors, runrecord, settings
 from conformance.engines.worker import EngineError
 
 AREA = "performance"
@@ -48,6 +48,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     requests failing or truncated under load.
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve);
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
+    Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load
     """
     target = run.resolved().resolved
     plan = perf.bench_plan(target, concurrency)
@@ -64,8 +65,9 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     limits = perf.regression_limits(target)
     db = perf.history_path()
     if not db.is_file():
-        pytest.skip(f"no baseline: there is no history store at {db} (build it with `conformance dashboard`, or "
-                    f"name it in ${perf.HISTORY_ENV}); this run's figures become the baseline once ingested")
+        perf_floors.no_baseline(run, plan, result.figures, f"no baseline: there is no history store at {db} (build "
+                                f"it with `conformance dashboard`, or name it in ${perf.HISTORY_ENV})", record_figure)
+        return
     check_id = runrecord.check_id(request.node.nodeid)
     from reports.history import History, HistoryError  # the one read of the history store (docs/architecture.md)
 
@@ -76,9 +78,10 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     except HistoryError as exc:
         pytest.fail(str(exc), pytrace=False)
     if baseline is None:
-        pytest.skip(f"no baseline: no complete run of lineage {run_lineage!r} and model {run.model_meta['name']!r} "
-                    f"in {db} has this check passed with its figures; this run's figures become the baseline "
-                    "once ingested")
+        perf_floors.no_baseline(run, plan, result.figures, f"no baseline: no complete run of lineage {run_lineage!r} "
+                                f"and model {run.model_meta['name']!r} in {db} has this check passed with its figures",
+                                record_figure)
+        return
     verdict = perf.regression_verdict(result.figures, baseline, limits)
     for name, value in verdict.figures.items():
         record_figure(name, value)
@@ -96,6 +99,7 @@ def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, recor
     broken kernels, sink or sliding-window metadata frozen at capture time — bugs that exist only in
     production mode, since correctness checks run eager.
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
+    Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens
     """
     target = run.resolved().resolved
     capability = perf.graph_capability(target, run.engine)

@@ -11,8 +11,9 @@ import torch
 
 
 def _record(store: list, x: torch.Tensor, y: torch.Tensor, positions: torch.Tensor | None) -> None:
-    store.append((x.detach().reshape(-1, x.shape[-1]).double().cpu(), y.detach().reshape(-1, y.shape[-1]).double().cpu(),
-                  None if positions is None else positions.detach().reshape(-1).long().cpu()))
+    # clone: engines reuse their input buffers (vLLM's positions), and .cpu()/.long() may return the same tensor
+    flat = [t.detach().reshape(-1, t.shape[-1]).double().cpu().clone() for t in (x, y)]
+    store.append((*flat, None if positions is None else positions.detach().reshape(-1).long().cpu().clone()))
 
 
 def _assemble(calls: dict[str, list], layers: int, prefill_len: int) -> dict[str, Any]:

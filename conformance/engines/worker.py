@@ -27,6 +27,19 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def _build(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
+    options = dict(options)
+    fault = options.pop("planted_fault", None)  # negative controls only (engines/faults.py)
+    engine = _construct(kind, model, options, env)
+    if fault:
+        from conformance.engines import faults
+
+        faults.plant(engine, fault)
+        info = engine.info
+        engine.info = lambda: info() | {"planted_fault": fault}
+    return engine
+
+
+def _construct(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
     os.environ.update(env)
     if kind == "vllm":
         from conformance.engines.vllm_offline import VllmOffline

@@ -15,13 +15,14 @@ import json
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from conformance.tokenizer import vocab
 
 # Bumped whenever what this module writes changes, so cached tokenizer dirs are regenerated.
 BUILDER_VERSION = 1
-CHAT_TEMPLATE = Path(__file__).parent / "gpt_oss_chat_template.jinja"
+CHAT_TEMPLATE = resources.files("conformance.tokenizer") / "gpt_oss_chat_template.jinja"  # package data
 # o200k_base's split pattern (tiktoken_ext/openai_public.py), kept as the text tokenizers compiles.
 O200K_PATTERN = "|".join([
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",

@@ -119,6 +119,14 @@ EXPECTED: dict[str, dict[str, object]] = {
     "issues/modinfo_amdgpu_dkms_legacy-1584.excerpt.txt": {"driver_version": "5.11.14",
                                                            "driver_source": "DKMS (amdgpu-dkms)"},
     "issues/dmesg_aca-uncorrectable_mi300x_legacy-4021.excerpt.txt": {"gpus_named_in_log": 3},
+    "issues/vllm-server_startup_cuda_tp2_vllm-24162.excerpt.txt": {
+        "vllm_version": "0.10.2.dev378+g4d7fe40fc.d20250829", "platform": "cuda", "tensor_parallel_size": 2,
+        "max_model_len": 32768},
+    "issues/vllm-server_startup_rocm_triton-gfx906-1.excerpt.txt": {"platform": "rocm", "tensor_parallel_size": 4},
+    "issues/vllm-server_kv-cache_vllm-20707.excerpt.txt": {"kv_cache_tokens": 922496},
+    "issues/collect_env_mi300x_vllm-c-missing_vllm-7951.excerpt.txt": {
+        "gpu_models": ["AMD Instinct MI300X"], "gfx_targets": ["gfx942"], "hip_version": "6.1.40093",
+        "kernel_release": "5.15.0-119-generic"},
 }
 
 
@@ -194,6 +202,10 @@ def test_fault_signatures_in_recorded_kernel_logs() -> None:
     assert ids("issues/journal_sdma-timeout_mes_legacy-2533.excerpt.txt") == [
         "amdgpu-ring-timeout", "amdgpu-mes-timeout", "amdgpu-gpu-reset"]
     assert ids("issues/dmesg_nccl-segfault_gpud.log") == ["nccl-segfault"]
+    assert ids("issues/collect_env_mi300x_vllm-c-missing_vllm-7951.excerpt.txt") == ["vllm-c-missing"]
+    assert ids("issues/vllm-log_hip-oom_gfx1151_lemonade-vllm-rocm-5.excerpt.txt") == ["device-oom"]
+    oom = diagnose_text(read(TOOLS / "issues/vllm-log_hip-oom_gfx1151_lemonade-vllm-rocm-5.excerpt.txt"))
+    assert oom.kinds == ["error trace"] and oom.facts["exception"].startswith("OutOfMemoryError: HIP out of memory.")
     # the cut copy keeps the faults before the cut and loses the MES line
     assert ids("derived/dmesg_ring-timeout_cut-midline.derived.txt") == ["amdgpu-ring-timeout", "amdgpu-gpu-reset"]
 

@@ -81,7 +81,7 @@ def test_every_signature_is_complete_and_reachable() -> None:
     signatures = default_signatures()
     assert len({s.id for s in signatures}) == len(signatures) >= 15
     covered = {sid for sid, _ in REAL_MESSAGES}
-    # Signatures added with their own `examples` are checked against them in tests/env_checks/test_diagnose_signatures.py.
+    # Signatures with their own `examples` are checked against them in tests/env_checks/test_diagnose_signatures.py
     assert covered | {s.id for s in signatures if s.examples} == {s.id for s in signatures}
     for signature in signatures:
         assert signature.cause.endswith(".") and signature.remedy.endswith(".")

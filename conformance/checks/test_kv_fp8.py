@@ -1,0 +1,93 @@
+"""fp8 KV cache (P1): the engine run with kv_cache_dtype=fp8 against the fp64 reference that rounds its K and V
+to the same fp8 format (e4m3fn, or e4m3fnuz on gfx942), and its KV accounting at one byte per element."""
+
+import pytest
+
+from conformance import compare, kv_model, profiles
+from conformance.engines.worker import EngineError
+
+AREA = "kv-cache"
+
+
+def _fp8_or_skip(run):
+    from conformance.plugin import _cpu_isa
+
+    if run.engine != "vllm":
+        pytest.skip(f"kv_cache_dtype is a vLLM option; this run's engine is {run.engine}")
+    target = run.resolved().resolved
+    isa = _cpu_isa() if target == "cpu" else "gpu"
+    reason = profiles.kv_fp8_unsupported(target, isa)
+    if reason:
+        pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "
+                    "tested in tests/test_kv_fp8.py")
+    return profiles.kv_fp8_format(target, run.resolved().gcn_arch)
+
+
+@pytest.fixture(scope="module")
+def fp8_engine(run, engines):
+    fmt = _fp8_or_skip(run)
+    try:
+        return fmt, engines.get(kv_cache_dtype="fp8")
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.mark.p1
+def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, prompts, call_timeout_s,
+                                                  record_figure):
+    """The prompt set, greedy, on an engine with kv_cache_dtype=fp8 agrees with the fp64 reference whose K
+    (after RoPE) and V are rounded to the same fp8 format with a scale of 1.0, within the fp8 tolerance
+    (profiles.toml [kv_fp8.tolerance]).
+
+    Catches: an fp8 KV cache written in one format and read in another (OCP e4m3fn vs gfx942 e4m3fnuz: a
+    factor of 2 on every value), values that overflow instead of saturating, K quantised before RoPE, a
+    kv_cache_dtype that is silently ignored (bf16 stored: the quantised reference is then ~0.8 away).
+    Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html;
+      https://onnx.ai/onnx/technical/float8.html (e4m3fn, e4m3fnuz)
+    Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache
+    """
+    from conformance.fixtures import STREAMING_ABOVE_PARAMS
+    from conformance.longref import LongReference
+
+    fmt, engine = fp8_engine
+    tol, top_k = profiles_tolerance()
+    try:
+        out = engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
+                          timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    ref = LongReference(model_under_test.path, kv_quant=fmt,
+                        streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS)
+    want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out]
+    report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} reference"))
+    for name, value in report.figures().items():
+        record_figure(name, value)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figure):
+    """The fp8 engine's KV pages are one byte per element: half the bf16 page, a quarter of the fp32 one,
+    and its block count is the budget over that page.
+
+    Catches: an fp8 cache that still allocates 2 or 4 bytes per element (no memory saved: the concurrency an
+    fp8 profile promises is not there), pages sized for fp8 but filled at bf16 width.
+    Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html
+    Controls: tests/test_kv_fp8.py::test_fp8_accounting_fails_on_bf16_pages
+    """
+    _, engine = fp8_engine
+    try:
+        layout = engine.call("kv_layout")
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    want = kv_model.expected_kv(model_under_test.config, layout.block_size, kv_model.kv_dtype_bytes(run.dtype_name,
+                                "fp8"), layout.requested_budget_bytes or layout.budget_bytes)
+    report = compare.kv_layout_matches(layout, want)
+    for name, value in report.figures.items():
+        record_figure(name, value)
+    report.raise_if_failed()
+
+
+def profiles_tolerance():
+    row = profiles.data()["kv_fp8"]["tolerance"]
+    return compare.LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])

@@ -1,0 +1,212 @@
+"""Long context at depth (P1): prompts of 8k tokens and more on the model under test, the band past the
+original 4096-token context compared with the fp64 reference (conformance/longref.py, blockwise), and a
+max_model_len that matches the serving profile."""
+
+import time
+
+import pytest
+
+from conformance import compare, longctx, profiles
+from conformance.engines.worker import EngineError
+
+AREA = "model-math"
+
+
+@pytest.fixture(scope="module")
+def long_settings():
+    return longctx.settings_()
+
+
+@pytest.fixture(scope="module")
+def long_options(run):
+    """The engine options of the profile's long-context engine (cpu: max_model_len 32768, 256 MiB of KV)."""
+    if run.engine != "vllm":
+        pytest.skip(f"the long-context checks configure vLLM's max_model_len and scheduler; engine is {run.engine}")
+    extra = dict(profiles.of(run).long_context)
+    if not extra.get("max_model_len"):
+        pytest.fail(f"profile {profiles.of(run).label} names no long_context.max_model_len (data/profiles.toml)",
+                    pytrace=False)
+    return extra
+
+
+@pytest.fixture(scope="module")
+def long_engine(engines, long_options):
+    try:
+        return engines.get(**long_options)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def deep(model_under_test, long_settings):
+    return longctx.deep_prompt(int(model_under_test.config["vocab_size"]), long_settings.prompt_tokens,
+                               long_settings.seed)
+
+
+@pytest.fixture(scope="module")
+def deep_fresh(long_engine, deep, long_settings, tolerance, call_timeout_s):
+    """The deep prompt prefilled from nothing (prefix cache reset), greedy, with prompt logprobs; seconds."""
+    _, top_k = tolerance
+    try:
+        long_engine.call("reset_prefix_cache")
+        started = time.perf_counter()
+        out = long_engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
+                               timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return out, time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def deep_reference(model_under_test, deep_fresh, long_settings, tolerance):
+    """The fp64 reference along the engine's greedy path, scored from band_from on; and its seconds."""
+    from conformance.fixtures import STREAMING_ABOVE_PARAMS
+    from conformance.longref import LongReference
+
+    if model_under_test.num_params > STREAMING_ABOVE_PARAMS:
+        pytest.skip("an 8k-token fp64 reference of a real checkpoint takes hours on the host: the long-context "
+                    "parity checks run on the tiny model (the engine-only ones still run)")
+    _, top_k = tolerance
+    ref = LongReference(model_under_test.path)
+    started = time.perf_counter()
+    want = [ref.score_from(c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in deep_fresh[0]]
+    return want, time.perf_counter() - started
+
+
+def _judge(got, want, tolerance, band_from, record_figure, names=("engine", "reference")):
+    tol, _ = tolerance
+    report = longctx.depth_parity(got, want, tol, band_from, names)
+    for name, value in report.figures().items():
+        record_figure(name, value)
+    if got and got[0].prompt_steps:
+        for name, value in longctx.band_figures(got[0], want[0], band_from).items():
+            record_figure(name, value)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, tolerance, long_settings,
+                                                record_figure):
+    """An 8192-token prompt, prefilled in the engine's default chunks and decoded greedily: the prompt
+    logprobs from position 4096 on and every decode step agree with the fp64 reference — past the original
+    4096-token YaRN context and 32x past the 128-token sliding window, where the sinks carry the mass the
+    window drops.
+
+    Catches: sliding-window masks or block tables that go wrong deep into a sequence (a window lost or
+    shifted past some position), sinks dropped in the long-sequence kernel path, RoPE/YaRN tables built for
+    the original 4096-token context and clamped or wrapped beyond it, position ids overflowing, fp32
+    accumulation that drifts over thousands of keys.
+    Reference: https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json (YaRN factor 32 from 4096,
+      window 128); https://arxiv.org/abs/2309.00071 (YaRN)
+    Controls: tests/test_long_context_controls.py::test_depth_parity_fails_on_a_window_lost_past_4k;
+      tests/test_long_context_controls.py::test_depth_parity_fails_on_rope_clamped_past_4k
+    """
+    out, engine_s = deep_fresh
+    want, ref_s = deep_reference
+    record_figure("engine_seconds", engine_s)
+    record_figure("reference_seconds", ref_s)
+    record_figure("prompt_tokens", float(len(out[0].prompt_ids)))
+    _judge(out, want, tolerance, long_settings.band_from, record_figure)
+
+
+@pytest.mark.p1
+def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options, deep, deep_reference, tolerance,
+                                                          long_settings, call_timeout_s, record_figure):
+    """The same 8192-token prompt prefilled in 1024-token chunks (max_num_batched_tokens 1024: eight
+    steps, each attending to the KV the earlier chunks left in the cache) gives the reference's logprobs
+    at depth.
+
+    Catches: chunked prefill that loses or misplaces the earlier chunks' KV, sliding-window or sink
+    metadata computed per chunk instead of per sequence, RoPE positions restarting at each chunk.
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
+    Controls: tests/test_long_context_controls.py::test_depth_parity_fails_on_a_window_lost_past_4k
+    """
+    _, top_k = tolerance
+    chunked = long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
+    try:
+        engine = engines.get(**chunked)
+        limits = engine.call("scheduler_limits")
+        out = engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
+                          timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    assert limits["max_num_batched_tokens"] == long_settings.chunk_tokens and limits["enable_chunked_prefill"], (
+        f"the chunked engine reports {limits}: the prompt was not prefilled in {long_settings.chunk_tokens}-token "
+        "chunks, so chunked prefill was not tested")
+    want, _ = deep_reference
+    if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
+        from conformance.longref import LongReference
+
+        want = [LongReference(engines.model.path).score_from(
+            c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in out]
+    record_figure("chunks", float(-(-len(deep) // long_settings.chunk_tokens)))
+    _judge(out, want, tolerance, long_settings.band_from, record_figure)
+
+
+@pytest.mark.p1
+def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fresh, deep_reference, tolerance,
+                                                     long_settings, call_timeout_s, record_figure):
+    """The 8192-token prompt sent again is served from the prefix cache (the hit counter rises by all but
+    the last block of it) and decodes the same greedy tokens with the reference's logprobs.
+
+    Catches: prefix-cache hits deep into a sequence that return another request's blocks, sliding-window
+    blocks freed by the first request but still marked cached, hashes that collide on long prompts.
+    Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
+    Controls: tests/test_long_context_controls.py::test_prefix_hit_check_fails_on_a_cache_that_never_hits
+    """
+    _, top_k = tolerance
+    tol, _ = tolerance
+    try:
+        # warm the cache without prompt logprobs (requests that ask for them skip reading the cache)
+        long_engine.call("generate_greedy", [deep], 1, 1, timeout_s=call_timeout_s)
+        before = long_engine.call("metrics")
+        started = time.perf_counter()
+        hit = long_engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, timeout_s=call_timeout_s)
+        seconds = time.perf_counter() - started
+        after = long_engine.call("metrics")
+        block = int(long_engine.call("kv_state").block_size)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    counted = compare.counter_delta("vllm:prefix_cache_hits", before, after, minimum=len(deep) - 2 * block)
+    for name, value in counted.figures.items():
+        record_figure(name, value)
+    record_figure("cached_request_seconds", seconds)
+    record_figure("fresh_request_seconds", deep_fresh[1])
+    counted.raise_if_failed()
+    want, _ = deep_reference
+    report = compare.logprobs_close(hit, [longctx.Completion(w.prompt_ids, w.token_ids, w.steps) for w in want], tol,
+                                    ("cache hit", "reference"))
+    for name, value in report.figures().items():
+        record_figure(name, value)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model_under_test, long_settings,
+                                           call_timeout_s, record_figure):
+    """The long-context engine runs the profile's max_model_len (cpu: 32768), serves a prompt that fills
+    it (max_model_len - 4 prompt tokens, 4 decoded) with finite logprobs and a full KV accounting, and
+    refuses one token more in one clear error.
+
+    Catches: a max_model_len silently lowered by the engine (KV budget, model config), requests at the
+    limit that crash or hang the prefill, position or block tables sized one short of the limit, limits
+    enforced only after minutes of queuing.
+    Reference: https://docs.vllm.ai/en/latest/configuration/engine_args.html (--max-model-len)
+    Controls: tests/test_long_context_controls.py::test_max_model_len_check_fails_on_a_lowered_limit
+    """
+    want_len = int(long_options["max_model_len"])
+    try:
+        limits = long_engine.call("scheduler_limits")
+        prompt = longctx.deep_prompt(int(model_under_test.config["vocab_size"]), want_len - 4, long_settings.seed + 1)
+        started = time.perf_counter()
+        out = long_engine.call("generate_greedy", [prompt], 4, 1, timeout_s=call_timeout_s)
+        seconds = time.perf_counter() - started
+        refused = long_engine.call("submit", "over_max_model_len", prompt + [1, 2, 3, 4, 5], 4)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    record_figure("max_model_len", float(limits["max_model_len"]))
+    record_figure("prompt_tokens", float(len(prompt)))
+    record_figure("seconds", seconds)
+    problems = longctx.max_len_problems(limits, want_len, out, 4)
+    assert not problems, "; ".join(problems)
+    compare.rejected_clearly(refused, 5.0, ("maximum context length", "max_model_len", "longer than")).raise_if_failed()

@@ -1,0 +1,82 @@
+"""Faults planted inside an engine under test, for the suite's own negative controls only: each one edits
+the engine's real code path after loading (transformers' gpt_oss modules, vLLM's model in the worker), so a
+control proves that a check rejects an engine that computes this mistake. A run never plants one unless a
+control asks (engine option `planted_fault`); the engine's info then names it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+def _rebuild_vllm_cache(rot: Any, positions: torch.Tensor | None = None, round_inv_freq: bool = False) -> None:
+    """Recompute vLLM's cos/sin cache from its own table: recover inv_freq (position 1) and the
+    concentration (position 0) in fp64, then apply the fault to positions or inv_freq."""
+    cache = rot.cos_sin_cache
+    table = cache.double()
+    half = table.shape[-1] // 2
+    conc = table[0, :half]
+    inv = torch.atan2(table[1, half:], table[1, :half])
+    if round_inv_freq:
+        inv = inv.float().to(torch.bfloat16).double()
+    pos = torch.arange(table.shape[0], dtype=torch.float64) if positions is None else positions
+    angles = pos[:, None] * inv[None, :]
+    rot.cos_sin_cache = torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype).to(cache.device)
+
+
+def _vllm(engine: Any, name: str) -> None:
+    def edit(model: Any) -> None:
+        for layer in model.model.layers:
+            rot = layer.attn.rotary_emb
+            if name == "rope_bf16_positions":
+                n = rot.cos_sin_cache.shape[0]
+                _rebuild_vllm_cache(rot, positions=_bf16(torch.arange(n, dtype=torch.float32)).double())
+            elif name == "rope_bf16_inv_freq":
+                _rebuild_vllm_cache(rot, round_inv_freq=True)
+            elif name == "sinks_dropped":
+                layer.attn.sinks.data.fill_(float("-inf"))
+            else:
+                raise ValueError(f"unknown planted fault {name!r} for vLLM")
+
+    engine.llm.apply_model(edit)
+
+
+def _transformers(engine: Any, name: str) -> None:
+    model = engine.model
+    rot = model.model.rotary_emb
+    if name == "rope_bf16_positions":
+        forward = rot.forward
+
+        def rounded(x: torch.Tensor, position_ids: torch.Tensor) -> Any:
+            return forward(x, position_ids.to(torch.bfloat16).to(position_ids.dtype))
+        rot.forward = rounded
+    elif name == "rope_bf16_inv_freq":
+        rot.inv_freq = rot.inv_freq.to(torch.bfloat16).float()
+    elif name == "sinks_dropped":
+        for layer in model.model.layers:
+            layer.self_attn.sinks.data.fill_(float("-inf"))
+    elif name == "routing_not_renormalised":
+        for layer in model.model.layers:
+            router = layer.mlp.router
+
+            def route(hidden: torch.Tensor, router: Any = router) -> Any:
+                logits = torch.nn.functional.linear(hidden, router.weight, router.bias)
+                probs = torch.softmax(logits.float(), dim=-1)
+                scores, idx = torch.topk(probs, router.top_k, dim=-1)
+                return logits, scores.to(logits.dtype), idx
+            router.forward = route
+    else:
+        raise ValueError(f"unknown planted fault {name!r} for transformers")
+
+
+FAULTS = ("rope_bf16_positions", "rope_bf16_inv_freq", "sinks_dropped", "routing_not_renormalised")
+
+
+def plant(engine: Any, name: str) -> None:
+    """Edit the loaded engine so it computes the named mistake."""
+    (_vllm if hasattr(engine, "llm") else _transformers)(engine, name)

