@@ -62,16 +62,20 @@ def test_quantised_reference_moves_logits_beyond_fp32_and_within_its_own_toleran
 
 
 def test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache(tiny, reference, short_prompts):
-    """An engine that stores bf16/fp32 despite kv_cache_dtype=fp8 computes the unquantised logits: the fp8
-    check's tolerance rejects them against the quantised reference (on the median, ~0.8 vs 0.1)."""
-    tol, top_k = profiles_tolerance()
-    ignored = [reference.score(p, [], top_k + 5) for p in short_prompts]
-    want = [LongReference(tiny.path, kv_quant="e4m3fn").score(p, [], top_k + 5) for p in short_prompts]
-    report = compare.logprobs_close(ignored, want, tol)
-    assert not report.ok and any("median_abs_dlogprob" in p for p in report.problems), report.problems
-    # and fn vs fnuz differ only in range and subnormals here: both formats' quantisation is what is judged
-    fnuz = [LongReference(tiny.path, kv_quant="e4m3fnuz").score(p, [], top_k + 5) for p in short_prompts]
-    assert compare.logprobs_close(fnuz, want, tol).ok
+    """An engine that stores fp32 despite kv_cache_dtype=fp8 computes the unquantised logits: the check body
+    rejects them against the quantised reference (on the median, ~0.8 vs 0.1)."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_kv_fp8 as checks
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine
+
+    _, top_k = profiles_tolerance()
+    ignored = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [reference.score(p, [], k + 5) for p in ps]})
+    model = SimpleNamespace(path=tiny.path, num_params=1)
+    with pytest.raises(FAILED, match="median_abs_dlogprob = .* exceeds the tolerance"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", ignored), model,
+                                                             SimpleNamespace(prompts=short_prompts, max_tokens=0),
+                                                             300.0, Figures())
 
 
 def test_fp8_block_bytes_halve(tiny):

@@ -21,6 +21,7 @@ def test_serving_profile_fits_device(run, model_under_test, record_figure):
     left — failures that otherwise surface as an out-of-memory error minutes into engine start-up.
     Reference: https://docs.vllm.ai/en/latest/configuration/conserving_memory.html;
       https://github.com/huggingface/safetensors (header format)
+    Controls: tests/test_check_bodies_fit.py::test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint
     """
     if run.engine != "vllm":
         pytest.skip(f"the preflight sizes vLLM's memory budget; this run's engine is {run.engine}")

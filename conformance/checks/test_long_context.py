@@ -119,7 +119,7 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
     Catches: chunked prefill that loses or misplaces the earlier chunks' KV, sliding-window or sink
     metadata computed per chunk instead of per sequence, RoPE positions restarting at each chunk.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
-    Controls: tests/test_long_context_controls.py::test_depth_parity_fails_on_a_window_lost_past_4k
+    Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
     """
     _, top_k = tolerance
     chunked = long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
@@ -192,7 +192,7 @@ def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model
     limit that crash or hang the prefill, position or block tables sized one short of the limit, limits
     enforced only after minutes of queuing.
     Reference: https://docs.vllm.ai/en/latest/configuration/engine_args.html (--max-model-len)
-    Controls: tests/test_long_context_controls.py::test_max_model_len_check_fails_on_a_lowered_limit
+    Controls: tests/test_long_context_controls.py::test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body
     """
     want_len = int(long_options["max_model_len"])
     try:

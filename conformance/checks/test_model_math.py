@@ -13,7 +13,7 @@ from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
 
 AREA = "model-math"
-ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
+ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 255, 256, 257, 511, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
 MOE_BATCH_SIZES = [1, 7, 128, 129, 512]
 
 
