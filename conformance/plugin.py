@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conformance import expectations, machine_health, openai_api, run_options, runrecord, settings, targets
+from conformance.cpu_features import amx as _cpu_amx
 from conformance.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.runrecord import CheckRecord
 
@@ -99,7 +100,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("checks without required metadata (docs/contributing.md):\n  " + "\n  ".join(bad))
     t = ctx.resolved()
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
-                "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa()}
+                "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
+                "cpu_amx": _cpu_amx()}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
     check_s = float(settings.targets()["timeouts"]["check_s"])
     for item in items:

@@ -127,7 +127,7 @@ def read_config(model_arg: str | None) -> dict[str, Any] | None:
         return None  # the model fixture reports a bad model dir in its own sentence
 
 
-def select(requested: str | None, target: str, devices: list[str], model: str, dtype: str,
+def select(requested: str | None, target: str, devices: list[str], model: str, dtype: str | None,
            table: dict[str, Any] | None = None) -> Profile:
     """The profile of this run: `--profile NAME[:BACKEND]`, else the production profile of the SKU and model."""
     table = table or data()
@@ -146,7 +146,7 @@ def select(requested: str | None, target: str, devices: list[str], model: str, d
         if not matches:
             return default_profile(target)
         chosen = profile(matches[0], None, table)
-    if chosen.backend.dtypes and dtype not in chosen.backend.dtypes:
+    if dtype is not None and chosen.backend.dtypes and dtype not in chosen.backend.dtypes:
         raise ProfileError(f"backend {chosen.backend.name!r} ({chosen.backend.label}) of profile {chosen.name!r} "
                            f"serves {', '.join(chosen.backend.dtypes)}, not {dtype}: pick another --dtype or row")
     return chosen
@@ -168,6 +168,11 @@ def kv_fp8_unsupported(target: str, cpu_isa: str, table: dict[str, Any] | None =
     return row.get("unsupported_isa", {}).get(cpu_isa)
 
 
+def _backend_dtype(run: Any) -> str | None:
+    """The dtype a profile's vLLM attention backend must serve; other engines do not use that backend."""
+    return run.dtype_name if getattr(run, "engine", "vllm") == "vllm" else None
+
+
 def configure(ctx: Any, requested: str | None) -> Profile:
     """Pick the run's profile and put it on the RunContext (`profile`, `serving_profile`); a bad choice is a
     pytest usage error in one sentence."""
@@ -176,7 +181,7 @@ def configure(ctx: Any, requested: str | None) -> Profile:
     t = ctx.resolved()
     try:
         chosen = select(requested, t.resolved, list(t.devices), model_key(read_config(ctx.model_arg)),
-                        ctx.dtype_name)
+                        _backend_dtype(ctx))
     except (ProfileError, settings.DataError) as exc:
         raise pytest.UsageError(str(exc)) from None
     ctx.profile, ctx.serving_profile = chosen.label, chosen
@@ -188,5 +193,5 @@ def of(run: Any) -> Profile:
     chosen = getattr(run, "serving_profile", None)
     if chosen is None:
         t = run.resolved()
-        chosen = select(None, t.resolved, list(t.devices), model_key(read_config(run.model_arg)), run.dtype_name)
+        chosen = select(None, t.resolved, list(t.devices), model_key(read_config(run.model_arg)), _backend_dtype(run))
     return chosen

@@ -60,7 +60,7 @@ def test_sinks_check_fails_on_nan_from_extreme_sinks(variant, short_prompts):
     ref = Reference(crafted(variant))
     engine = ScriptedEngine({"generate_greedy": lambda ps, n, k, prompt_logprobs=False:
                              _nan_logprobs([ref.score(p, [], k) for p in ps])})
-    with pytest.raises(FAILED, match="max_abs_dlogprob = nan exceeds the tolerance"):
+    with pytest.raises(FAILED, match=r"max_abs_dlogprob = nan|logprob nan"):
         math_checks.test_attention_sinks_at_extremes(variant, ScriptedEngines(engine, lambda o: engine),
                                                      short_prompts, TOL, 1.0, Figures())
 

@@ -162,3 +162,16 @@ def test_a_tokenizer_crash_on_bad_unicode_is_not_a_refusal():
     crashed = fidelity.compare_corpus(tokenizer(RuntimeError("index out of range in the merges")), enc, [case])
     assert crashed.problems == ["lone_high_surrogate: HF tokenizer raised RuntimeError: index out of range in the "
                                 "merges"]
+
+
+def test_amx_is_detected_from_cpuinfo_and_keys_the_mxfp4_skip():
+    """Fail-open closed: the MXFP4 skip said "without AMX" but applied to every CPU host."""
+    from conformance import cpu_features, expectations
+
+    assert cpu_features.amx("processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n") is True
+    assert cpu_features.amx("processor : 0\nflags : fpu avx2\n") is False
+    assert cpu_features.amx("processor : 0\n") is None
+    entry = next(e for e in expectations.load() if "mxfp4_checkpoint_matches_reference[under-test]" in e["check"])
+    base = {"target": "cpu", "engine": "vllm"}
+    assert expectations.matches(entry["when"], base | {"cpu_amx": False})
+    assert not expectations.matches(entry["when"], base | {"cpu_amx": True})

@@ -75,8 +75,11 @@ def test_gpu_installs_keep_the_image_stack_and_bring_their_own_dependencies():
 
 
 def data_files() -> set[str]:
-    return {p.relative_to(ROOT).as_posix() for pkg in PACKAGES for p in (ROOT / pkg).rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
+    """The packages' non-Python files that belong to the source (tracked or not ignored by git: run
+    outputs such as reports/runs are ignored)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", *PACKAGES],
+                            cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    return {f for f in listed if not f.endswith((".py", ".pyc")) and (ROOT / f).is_file()}
 
 
 @pytest.fixture(scope="module")

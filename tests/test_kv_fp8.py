@@ -90,16 +90,23 @@ def test_fp8_block_bytes_halve(tiny):
 
 
 def test_fp8_accounting_fails_on_bf16_pages(cpu_engine, tiny):
-    """A real vLLM-CPU layout (fp32 pages) judged as an fp8 one: 4x the page, a quarter of the blocks."""
+    """The check body on a real vLLM-CPU layout (fp32 pages) presented as the fp8 engine's: 4x the page, a
+    quarter of the blocks; the same layout with pages and blocks scaled as fp8 would have them passes."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_kv_fp8 as checks
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
+
     layout = cpu_engine.call("kv_layout")
-    want = kv_model.expected_kv(hf_config(tiny.spec), layout.block_size, kv_model.kv_dtype_bytes("float32", "fp8"),
-                                layout.requested_budget_bytes)
-    report = compare.kv_layout_matches(layout, want)
-    assert not report.ok and any("B pages of" in p for p in report.problems), report.problems
+    model = SimpleNamespace(config=hf_config(tiny.spec))
+    with pytest.raises(FAILED, match="B pages of"):
+        checks.test_fp8_kv_cache_accounting(("e4m3fn", ScriptedEngine({"kv_layout": layout})), model, run_ctx(),
+                                            Figures())
     halved = copy.deepcopy(layout)
     halved.groups = [dataclasses.replace(g, page_size_bytes=g.page_size_bytes // 4) for g in halved.groups]
     halved.num_blocks *= 4
-    compare.kv_layout_matches(halved, want).raise_if_failed()  # what a working fp8 cache reports
+    checks.test_fp8_kv_cache_accounting(("e4m3fn", ScriptedEngine({"kv_layout": halved})), model, run_ctx(),
+                                        Figures())  # what a working fp8 cache reports
 
 
 def test_cpu_avx2_skip_says_why():

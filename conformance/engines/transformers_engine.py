@@ -31,6 +31,10 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(
             model, dtype=self.dtype, attn_implementation="eager", experts_implementation=self.moe
         ).to(self.device).eval()
+        # transformers dequantizes MXFP4 experts to bf16 whatever dtype was asked for; an fp32 run would then
+        # multiply fp32 activations by bf16 experts ("expected mat1 and mat2 to have the same dtype")
+        if any(p.dtype != self.dtype for p in self.model.parameters() if p.is_floating_point()):
+            self.model = self.model.to(self.dtype)
         self._decoder: Any = None
 
     def info(self) -> dict[str, Any]:
