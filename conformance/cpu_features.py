@@ -24,3 +24,13 @@ def amx(cpuinfo: str | None = None) -> bool | None:
     """Whether the host has AMX tiles (Sapphire Rapids and later); None when unknown."""
     found = flags(cpuinfo)
     return None if found is None else "amx_tile" in found
+
+
+def vector_isa(cpuinfo: str | None = None) -> str:
+    """The widest x86 vector ISA of the host, as vLLM-CPU chooses its kernel library by it."""
+    found = flags(cpuinfo)
+    if found is None:
+        return "unknown"
+    if {"avx512f", "avx512_bf16"} <= found:
+        return "avx512_bf16"
+    return "avx512" if "avx512f" in found else "avx2" if "avx2" in found else "other"

