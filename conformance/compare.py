@@ -46,6 +46,9 @@ class LayerTolerance:
     blocks: dict[str, BlockLimits]
     bands: tuple[int, ...]
     source: str = ""
+    # limits grow with the band's first position, x (1 + start / position_scale): fp32 RoPE angles drift by
+    # ~pos x 6e-8 rad, which a healthy engine shows smoothly past 4096 positions (docs/verdicts.md "Long context")
+    position_scale: float = math.inf
 
 
 @dataclass

@@ -152,7 +152,9 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
     worst = 0.0
     for (block, kind, band, phase), values in sorted(strata.items()):
         med, p90, top = statistics.median(values), _quantile(values, 0.9), max(values)
-        lim = tol.blocks[block]
+        grow = 1.0 + int(band.split("-")[0].rstrip("+")) / tol.position_scale
+        base = tol.blocks[block]
+        lim = type(base)(base.median * grow, base.p90 * grow, base.max * grow)
         name = f"layer_{block}_{kind}_{band}_{phase}"
         report.figures[name + "_p90"] = p90
         ratio = max(med / lim.median, p90 / lim.p90, top / lim.max)

@@ -55,6 +55,13 @@ def tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
             int(row["top_k"]))
 
 
+def depth_tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
+    """Logprob parity limits for positions past 4096 (long-context checks), per dtype."""
+    row = _dtype_row(load_toml(DATA / "tolerances.toml")["depth"], dtype, "tolerances.toml depth")
+    return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median")), \
+        int(row["top_k"])
+
+
 def _dtype_row(table: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
     """A check judges in the dtype it ran in: no limits for that dtype is an error, never a fallback."""
     if dtype not in table:
@@ -74,7 +81,7 @@ def layer_tolerance(dtype: str) -> Any:
     table = load_toml(DATA / "tolerances.toml")["layers"]
     row = _dtype_row(table, dtype, "tolerances.toml layers")
     return LayerTolerance({b: BlockLimits(**row[b]) for b in ("attn", "moe")}, tuple(table["bands"]),
-                          row.get("source", ""))
+                          row.get("source", ""), float(table.get("position_scale", "inf")))
 
 
 def layer_probe_settings() -> tuple[int, int]:
