@@ -103,13 +103,13 @@ def _run_depth_check(tiny, short_deep, short_good, depth):
 
 def test_depth_parity_fails_on_a_window_lost_past_4k(tiny, short_deep, short_good):
     _, figures = _run_depth_check(tiny, short_deep, short_good, "window_lost_past_4k")
-    assert figures.values["max_abs_dlogprob"] > 100 * FP32.max_abs
-    assert figures.values["max_abs_dlogprob_4k_8k"] > 100 * FP32.max_abs
+    assert figures.values["max_abs_dlogprob"] > 3 * FP32.max_abs  # the 3x margin over the depth limit
+    assert figures.values["max_abs_dlogprob_4k_8k"] > 3 * FP32.max_abs  # the 3x margin over the depth limit
 
 
 def test_depth_parity_fails_on_rope_clamped_past_4k(tiny, short_deep, short_good):
     _, figures = _run_depth_check(tiny, short_deep, short_good, "rope_clamped_past_4k")
-    assert figures.values["max_abs_dlogprob"] > 100 * FP32.max_abs
+    assert figures.values["max_abs_dlogprob"] > 3 * FP32.max_abs  # the 3x margin over the depth limit
 
 
 def test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked(short_deep, short_good):
