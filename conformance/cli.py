@@ -92,11 +92,18 @@ def main(argv: list[str] | None = None) -> int:
 
         return dashboard_main(argv[1:])
     ns = parser.parse_args(argv)
+    before = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     if ns.target in AUTOLOAD_OFF_TARGETS:
         os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # before build_pytest_args, which reads it
     import pytest
 
-    code = int(pytest.main(build_pytest_args(ns)))
+    try:
+        code = int(pytest.main(build_pytest_args(ns)))
+    finally:  # the process goes on (tests call main in-process): leave its environment as it was
+        if before is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = before
     return {0: 0, 1: 1, 2: 2, 3: 3, 4: 2, 5: 1}.get(code, 3)
 
 

@@ -164,7 +164,7 @@ def test_graph_eager_token_mismatch_fails():
     eager = [_completion([10, 11, 12])]
     assert perf.graph_eager_parity([_completion([10, 11, 12])], eager, tol, 0).ok
     far = perf.graph_eager_parity([_completion([10, 99, 12], runner_up=98)], eager, tol, 4)
-    assert not far.ok and "chose 99" in far.problems[0]
+    assert not far.ok and any("chose 99" in p for p in far.problems)
     # a flip to the eager runner-up (within top-k both ways): tolerated for bf16, not for fp32
     near = [Completion([1, 2, 3], [10, 12, 12], [StepLogprobs(10, {10: -0.5, 11: -0.6}),
                                                   StepLogprobs(12, {12: -0.5, 11: -0.5004}),

@@ -37,6 +37,16 @@ def _completion(prompt: list[int], out: Any, prompt_logprobs: bool) -> Completio
     return Completion(list(prompt), list(gen.token_ids), steps, prompt_steps)
 
 
+def _validation_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a request it refuses (VLLMValidationError is no ValueError in 0.32; older releases
+    raise ValueError)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return (ValueError, TypeError)
+    return (ValueError, TypeError, VLLMValidationError)
+
+
 def _attr(obj: Any, *path: str) -> Any:
     """obj.a.b.c, or an AttributeError that says which vLLM internal is missing in this version."""
     for name in path:
@@ -213,7 +223,7 @@ class VllmOffline:
         started = time.perf_counter()
         try:
             rid = self.add_request(prompt, max_tokens)
-        except (ValueError, TypeError) as exc:  # vLLM's input validation: the rejection itself is the observation
+        except _validation_errors() as exc:  # vLLM's input validation: the rejection itself is the observation
             return SubmitOutcome(label, False, time.perf_counter() - started, type(exc).__name__, str(exc))
         # anything else (IndexError, RuntimeError, a dead engine core) is a crash, not a clean rejection: it
         # propagates, and the check fails with it, whatever words its text holds
