@@ -23,7 +23,11 @@ def _all_fp8_values(dtype: torch.dtype) -> torch.Tensor:
 def test_fp8_round_matches_torch_and_the_format(fmt, dtype):
     values = _all_fp8_values(dtype)
     assert torch.equal(fp8_round(values, fmt), values + 0.0)  # representable values are fixed points
-    x = torch.cat([torch.randn(20000, dtype=torch.float64) * s for s in (1e-3, 0.1, 1.0, 30.0, 1e3)])
+    # seeded: torch converts fp64 to fp8 through an fp32 step, and a rare value that double rounding moves
+    # (found once in CI from an unseeded draw) is torch's quirk, not the format's definition
+    gen = torch.Generator().manual_seed(8)
+    x = torch.cat([torch.randn(20000, generator=gen, dtype=torch.float64) * s for s in (1e-3, 0.1, 1.0, 30.0, 1e3)])
+    x = x.float().double()  # values exactly representable in fp32: one rounding on both paths
     top = torch.finfo(dtype).max
     assert top == FP8_FORMATS[fmt][2]
     assert torch.equal(fp8_round(x, fmt), x.clamp(-top, top).to(dtype).to(torch.float64) + 0.0)
