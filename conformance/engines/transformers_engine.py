@@ -31,14 +31,15 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(
             model, dtype=self.dtype, attn_implementation="eager", experts_implementation=self.moe
         ).to(self.device).eval()
-        # transformers dequantizes MXFP4 experts to bf16 whatever dtype was asked for; an fp32 run would then
-        # multiply fp32 activations by bf16 experts ("expected mat1 and mat2 to have the same dtype"). Only those
-        # parameters are cast: casting the whole model would round buffers such as RoPE's inv_freq too (the RoPE
-        # check caught exactly that in fp16 on the H200, run 20261201T115151).
-        if self.dtype == torch.float32:
+        # transformers dequantizes MXFP4 experts to bf16 whatever dtype was asked for; an fp32 or fp16 run would
+        # then multiply its activations by bf16 experts ("expected mat1 and mat2 to have the same dtype", fp16 at
+        # gpt-oss-120b's dims, run 20261201T132918). Only those parameters are cast: casting the whole model would
+        # round buffers such as RoPE's inv_freq too (the RoPE check caught exactly that in fp16, run
+        # 20261201T115151).
+        if self.dtype != torch.bfloat16:
             for param in self.model.parameters():
                 if param.dtype == torch.bfloat16:
-                    param.data = param.data.to(torch.float32)
+                    param.data = param.data.to(self.dtype)
         self._decoder: Any = None
 
     def info(self) -> dict[str, Any]:
