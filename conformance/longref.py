@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from conformance.engines.base import Completion, StepLogprobs
-from conformance.reference.gpt_oss import Math, Reference, rms_norm, rope
+from conformance.reference.gpt_oss import Math, Reference, rms_norm
 
 QUERY_BLOCK = 512
 
@@ -94,18 +94,10 @@ class LongReference(Reference):
             pos = pos.clamp(max=self.depth.rope_clamped_at - 1)
         return super().rope_tables(pos)
 
-    def _qkv(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
-        n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
-        t = x.shape[0]
-        q = (x @ w[p + "q_proj.weight"].T + w[p + "q_proj.bias"]).view(t, n_h, d)
-        k = (x @ w[p + "k_proj.weight"].T + w[p + "k_proj.bias"]).view(t, n_kv, d)
-        v = (x @ w[p + "v_proj.weight"].T + w[p + "v_proj.bias"]).view(t, n_kv, d)
-        q, k = rope(q, cos, sin, m.rope_style), rope(k, cos, sin, m.rope_style)
+    def _kv_stored(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_quant is not None:
-            k, v = fp8_round(k, self.kv_quant), fp8_round(v, self.kv_quant)
-        return q, k, v
+            return fp8_round(k, self.kv_quant), fp8_round(v, self.kv_quant)
+        return k, v
 
     def _attention_rows(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         rows: torch.Tensor) -> torch.Tensor:

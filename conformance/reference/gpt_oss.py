@@ -166,7 +166,9 @@ class Reference:
     def vocab_size(self) -> int:
         return int(self.cfg["vocab_size"])
 
-    def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _qkv(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i's q, k, v [T, heads, head_dim], RoPE applied; k and v as the KV cache stores them."""
         c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
         n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
         t = x.shape[0]
@@ -174,6 +176,17 @@ class Reference:
         k = (x @ w[p + "k_proj.weight"].T + w[p + "k_proj.bias"]).view(t, n_kv, d)
         v = (x @ w[p + "v_proj.weight"].T + w[p + "v_proj.bias"]).view(t, n_kv, d)
         q, k = rope(q, cos, sin, m.rope_style), rope(k, cos, sin, m.rope_style)
+        return (q, *self._kv_stored(k, v))
+
+    def _kv_stored(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v as the cache holds them: exact here; a quantized-KV reference rounds them."""
+        return k, v
+
+    def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
+        n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
+        t = x.shape[0]
+        q, k, v = self._qkv(i, x, cos, sin)
         rep = n_h // n_kv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
