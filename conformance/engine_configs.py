@@ -19,3 +19,7 @@ LIMITED_SCHEDULER: dict[str, Any] = {"max_num_seqs": 2, "max_num_batched_tokens"
 # Block sizes the accounting is verified at (the default one is covered in P0).
 BLOCK_SIZES = (16, 32, 64, 128)
 
+
+# The tokenizer loaded, as users run vLLM: vLLM checks prompt token ids against the vocabulary only then
+# (renderers/base.py validate_token_ids returns at once without a tokenizer). Needs a model dir with a tokenizer.
+WITH_TOKENIZER: dict[str, Any] = {"skip_tokenizer_init": False}

@@ -185,7 +185,7 @@ def gate(run: Any, model_dir: Path, config: dict[str, Any], options: dict[str, A
     from conformance import profiles
 
     profile = profiles.of(run)
-    if run.resolved().resolved == "cpu":
+    if run.spec.name == "cpu":
         return cpu_kv_fits(config, options, [(int(t), int(n)) for t, n in profile.fit.get("requests", [])]
                            or [(int(options.get("max_model_len", 1024)), 1)])
     tensors = checkpoint_tensors(model_dir)

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from conformance import phases, profiles, settings
+from conformance import capabilities, phases, profiles, settings
 from conformance.engines.base import Completion
 from conformance.engines.worker import EngineError, EngineProcess
 from conformance.modeldir import ModelDirError, inspect_model_dir
+from conformance.run_target import RunTarget
 from conformance.runcontext import RunContext, ctx_of
 
 # Above this many parameters the fp64 reference streams: one layer's weights at a time.
@@ -67,10 +68,9 @@ class EngineFactory:
         self.start_seconds: dict[str, float] = {}
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
-        table = settings.targets()[self.run.resolved().resolved]
         kind = kind or self.run.engine
         profile = profiles.of(self.run).engine_options() if kind == "vllm" else {}  # data/profiles.toml
-        return dict(table.get(kind, {})) | profile | {"dtype": self.run.dtype_name} | overrides
+        return self.run.spec.options_for(kind) | profile | {"dtype": self.run.dtype_name} | overrides
 
     def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
         """The engine of this kind (default: the one under test) for these options and model dir
@@ -89,14 +89,12 @@ class EngineFactory:
             if victim is None:
                 break
             self.live.pop(victim).close()
-        table = settings.targets()
+        target = self.run.spec
         started = time.perf_counter()
         proc = EngineProcess(
-            kind, model_dir, options, dict(table[self.run.resolved().resolved].get("env", {}))
-            | (profiles.of(self.run).engine_env() if kind == "vllm" else {}),
+            kind, model_dir, options, dict(target.env) | (profiles.of(self.run).engine_env() if kind == "vllm" else {}),
             self.run.run_dir / f"engine-{kind}-{len(self.start_seconds)}.log",
-            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
-            start_method=table[self.run.resolved().resolved]["engine_start"])
+            start_timeout_s=target.timeouts.engine_start_s, start_method=target.engine_start)
         self.start_seconds[key] = time.perf_counter() - started
         self.run.startups.append((f"{kind} engine", self.start_seconds[key]))
         self.live[key] = proc
@@ -116,7 +114,8 @@ def engines(run: RunContext, model_under_test: ModelUnderTest) -> Any:
     if target.problems:
         pytest.fail(f"cannot test the engine: {target.sentence()}", pytrace=False)
     factory = EngineFactory(run, model_under_test)
-    if factory.run.engine == "vllm":  # the fit preflight: fail closed, in one sentence, before any engine starts
+    if capabilities.declared().has(run.engine, "memory_budget"):  # the fit preflight: fail closed, in one
+        # sentence, before any engine starts
         from conformance import fit
 
         try:
@@ -149,8 +148,14 @@ def fingerprint(run: RunContext, engine: EngineProcess) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def call_timeout_s() -> float:
-    return float(settings.targets()["timeouts"]["engine_call_s"])
+def target(run: RunContext) -> RunTarget:
+    """The run's target, resolved once (conformance/run_target.py): name, dtype, engine options, timeouts."""
+    return run.spec
+
+
+@pytest.fixture(scope="session")
+def call_timeout_s(target: RunTarget) -> float:
+    return target.timeouts.engine_call_s
 
 
 @dataclass(frozen=True)

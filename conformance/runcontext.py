@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conformance import settings, targets
+from conformance import run_target, targets
 from conformance.runrecord import CheckRecord
 
 RUN_KEY = pytest.StashKey["RunContext"]()
@@ -46,12 +46,17 @@ class RunContext:
         return self.target
 
     @property
+    def spec(self) -> run_target.RunTarget:
+        """The run's target, resolved once into one frozen object (conformance/run_target.py)."""
+        return run_target.of(self)
+
+    @property
     def engine(self) -> str:
-        return self.engine_kind or settings.targets()[self.resolved().resolved]["default_engine"]
+        return self.spec.engine
 
     @property
     def dtype_name(self) -> str:
-        return self.dtype or settings.targets()[self.resolved().resolved]["dtype"]
+        return self.spec.dtype
 
 
 def ctx_of(config: pytest.Config) -> RunContext:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conformance import heartbeat, openai_api, phases, settings
+from conformance import capabilities, heartbeat, openai_api, phases
 from conformance.engines import server_fork
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
 from conformance.runcontext import RunContext
@@ -114,7 +114,8 @@ _PRESTART: dict[str, Any] = {}
 
 
 def prestart_server(run: RunContext) -> None:
-    if os.environ.get(SERVER_URL_ENV) or run.engine != "vllm" or run.resolved().problems:
+    has_server = capabilities.declared().has(run.engine, "server")  # data/engines.toml
+    if os.environ.get(SERVER_URL_ENV) or not has_server or run.resolved().problems:
         return
 
     def start() -> None:
@@ -123,7 +124,7 @@ def prestart_server(run: RunContext) -> None:
                 phases.wait_built(built)
             ready = phases.forkserver_ready()  # a forked server would wait for its imports anyway: so
             if ready is not None:              # its start_seconds is its own start, not theirs
-                ready.wait(float(settings.targets()["timeouts"]["engine_start_s"]))
+                ready.wait(run.spec.timeouts.engine_start_s)
             vocab_path = vocab.ensure_o200k()
             proc = new_server(run, _served_model(run, vocab_path), vocab_path.parent,
                               run.run_dir / "vllm-server.log")
@@ -185,14 +186,13 @@ def external_server(url: str, api_key: str | None = None) -> ServerUnderTest:
 
 def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: Path) -> VllmServer:
     """A vLLM server for the model under the target's engine settings (not started yet), with a fresh key."""
-    target = run.resolved()
-    table = settings.targets()
-    options = dict(table[target.resolved].get("vllm", {})) | {"dtype": run.dtype_name}
-    env = {k: v for k, v in table[target.resolved].get("env", {}).items() if k not in NOT_FOR_SERVER}
+    target = run.spec
+    options = target.options_for("vllm") | {"dtype": target.dtype}
+    env = {k: v for k, v in target.env.items() if k not in NOT_FOR_SERVER}
     env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
-    fork_ctx, fork_env = server_fork.context_for(table[target.resolved])  # forked from the forkserver
+    fork_ctx, fork_env = server_fork.context_for(target.table)  # forked from the forkserver
     return VllmServer(str(model.path), model.name, options, env | fork_env, log_path,
-                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=secrets.token_hex(16),
+                      start_timeout_s=target.timeouts.engine_start_s, api_key=secrets.token_hex(16),
                       fork_ctx=fork_ctx)
 
 
@@ -207,8 +207,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
             pytest.fail(str(exc), pytrace=False)
         yield user_server
         return
-    if run.engine != "vllm":
-        pytest.skip(f"the engine under test is {run.engine}: there is no vLLM server to start")
+    capabilities.require(run, "server")  # data/engines.toml
     target = run.resolved()
     if target.problems:
         pytest.fail(f"cannot start the server: {target.sentence()}", pytrace=False)
@@ -233,5 +232,5 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
 
 
 @pytest.fixture(scope="session")
-def server_call_timeout_s() -> float:
-    return float(settings.targets()["timeouts"]["engine_call_s"])
+def server_call_timeout_s(run: RunContext) -> float:
+    return run.spec.timeouts.engine_call_s

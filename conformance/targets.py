@@ -10,7 +10,11 @@ from typing import Any
 
 from conformance import settings
 
-FLAVOUR_NAMES = {"cpu": "CPU", "cuda": "CUDA", "rocm": "ROCm (HIP)"}
+
+def flavour_name(table: dict[str, Any], flavour: str) -> str:
+    """How a sentence names a torch build of this flavour (targets.toml `flavour_name`)."""
+    row = table.get(flavour)
+    return str(row.get("flavour_name", flavour)) if isinstance(row, dict) else flavour
 
 
 @dataclass
@@ -68,8 +72,8 @@ def resolve(requested: str, facts: dict[str, Any] | None = None) -> TargetReport
     if flavour not in need["torch_flavours"]:
         report.problems.append(
             f"--{resolved} was requested but the installed torch {facts['torch_version']} is a "
-            f"{FLAVOUR_NAMES[flavour]} build, not a {FLAVOUR_NAMES[resolved]} build: run inside the stack you "
-            f"mean to test (such as the rocm/vllm container for ROCm) or drop --{resolved}.")
+            f"{flavour_name(table, flavour)} build, not a {flavour_name(table, resolved)} build: run inside the "
+            f"stack you mean to test (such as the rocm/vllm container for ROCm) or drop --{resolved}.")
     elif need["needs_device"] and not facts["devices"]:
         report.problems.append(
             f"--{resolved} was requested and torch {facts['torch_version']} is a {resolved} build, but it sees "

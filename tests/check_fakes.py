@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from conformance import run_target
 from conformance.targets import TargetReport
 
 FAILED = (AssertionError, pytest.fail.Exception)  # how a check says no: assert, CheckFailed, pytest.fail
@@ -68,4 +69,4 @@ def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", d
             run_dir: Path | None = None, model_arg: str | None = None) -> SimpleNamespace:
     report = TargetReport(target, target, devices=list(devices or []))
     return SimpleNamespace(resolved=lambda: report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
-                           model_arg=model_arg)
+                           model_arg=model_arg, spec=run_target.build(target, engine, dtype, report))

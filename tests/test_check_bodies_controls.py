@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conformance import run_target
 from conformance.checks.test_engine import test_engine_starts_and_generates as engine_check
 from conformance.checks.test_stack_identity import test_stack_versions_recorded as versions_check
 from conformance.checks.test_stack_identity import test_vllm_platform_matches_target as platform_check
@@ -16,7 +17,8 @@ from conformance.targets import TargetReport
 
 
 def run_on(target: str) -> SimpleNamespace:
-    return SimpleNamespace(resolved=lambda: TargetReport(target, target))
+    report = TargetReport(target, target)
+    return SimpleNamespace(resolved=lambda: report, spec=run_target.build(target, report=report))
 
 
 def engine_with(**info) -> SimpleNamespace:

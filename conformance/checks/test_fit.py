@@ -9,6 +9,7 @@ AREA = "engine"
 
 
 @pytest.mark.p0
+@pytest.mark.needs("memory_budget")
 def test_serving_profile_fits_device(run, model_under_test, record_figure):
     """The serving profile's configuration fits the device before any engine starts: the checkpoint's
     weights (sized from its safetensors headers) per GPU at the profile's tensor-parallel size, plus the KV
@@ -23,8 +24,6 @@ def test_serving_profile_fits_device(run, model_under_test, record_figure):
       https://github.com/huggingface/safetensors (header format)
     Controls: tests/test_check_bodies_fit.py::test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint
     """
-    if run.engine != "vllm":
-        pytest.skip(f"the preflight sizes vLLM's memory budget; this run's engine is {run.engine}")
     options = EngineFactory(run, model_under_test).options()  # what the engines fixture will start with
     try:
         verdict = fit.gate(run, model_under_test.path, model_under_test.config, options, model_under_test.name)

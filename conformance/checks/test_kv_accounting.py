@@ -126,6 +126,7 @@ def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figu
 
 
 @pytest.mark.p1
+@pytest.mark.needs("paged_kv")
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test, call_timeout_s,
                                      record_figure):
@@ -139,8 +140,6 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
       conformance/kv_model.py
     Controls: tests/test_check_bodies_engine.py::test_kv_block_size_check_fails_on_wrong_counts
     """
-    if run.engine != "vllm":  # asked before an engine with a vLLM-only option is started
-        pytest.skip(f"the {run.engine} engine has no paged KV cache to inspect")
     default = engines.get()
     same = default.info.get("block_size") == block_size
     proc = default if same else engines.get(block_size=block_size)

@@ -12,15 +12,13 @@ AREA = "kv-cache"
 def _fp8_or_skip(run):
     from conformance.cpu_features import vector_isa
 
-    if run.engine != "vllm":
-        pytest.skip(f"kv_cache_dtype is a vLLM option; this run's engine is {run.engine}")
-    target = run.resolved().resolved
+    target = run.spec.name
     isa = vector_isa() if target == "cpu" else "gpu"
     reason = profiles.kv_fp8_unsupported(target, isa)
     if reason:
         pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "
                     "tested in tests/test_kv_fp8.py")
-    return profiles.kv_fp8_format(target, run.resolved().gcn_arch)
+    return profiles.kv_fp8_format(target, run.spec.gcn_arch)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +31,7 @@ def fp8_engine(run, engines):
 
 
 @pytest.mark.p1
+@pytest.mark.needs("fp8_kv")
 def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, prompts, call_timeout_s,
                                                   record_figure):
     """The prompt set, greedy, on an engine with kv_cache_dtype=fp8 agrees with the fp64 reference whose K
@@ -66,6 +65,7 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
 
 
 @pytest.mark.p1
+@pytest.mark.needs("fp8_kv")
 def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figure):
     """The fp8 engine's KV pages are one byte per element: half the bf16 page, a quarter of the fp32 one,
     and its block count is the budget over that page.

@@ -91,9 +91,9 @@ def test_exact_float32_logprobs_match_reference(run, engines, reference, prompts
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
     Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks
     """
-    exact = settings.targets()[run.resolved().resolved].get("exact_dtype")
+    exact = run.spec.exact_dtype
     if not exact:
-        pytest.skip(f"targets.toml names no exact_dtype for {run.resolved().resolved}")
+        pytest.skip(f"targets.toml names no exact_dtype for {run.spec.name}")
     if exact == run.dtype_name:
         pytest.skip(f"the run's dtype is {run.dtype_name}: test_greedy_logprobs_match_reference is the exact verdict")
     need, have = model_under_test.num_params * 4, _device_memory_bytes()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conformance import compare, longctx, profiles
+from conformance import capabilities, compare, longctx, profiles
 from conformance.engines.worker import EngineError
 
 AREA = "model-math"
@@ -32,8 +32,7 @@ def long_settings():
 @pytest.fixture(scope="module")
 def long_options(run):
     """The engine options of the profile's long-context engine (cpu: max_model_len 32768, 256 MiB of KV)."""
-    if run.engine != "vllm":
-        pytest.skip(f"the long-context checks configure vLLM's max_model_len and scheduler; engine is {run.engine}")
+    capabilities.require(run, "long_context")
     extra = dict(profiles.of(run).long_context)
     if not extra.get("max_model_len"):
         pytest.fail(f"profile {profiles.of(run).label} names no long_context.max_model_len (data/profiles.toml)",
@@ -222,3 +221,65 @@ def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model
     problems = longctx.max_len_problems(limits, want_len, out, 4)
     assert not problems, "; ".join(problems)
     compare.rejected_clearly(refused, 5.0, ("maximum context length", "max_model_len", "longer than")).raise_if_failed()
+
+
+@pytest.mark.p1
+def test_preempted_long_requests_match_alone_and_reference(engines, long_options, model_under_test, deep, deep_fresh,
+                                                           deep_reference, tolerance, long_settings, call_timeout_s,
+                                                           record_figure):
+    """Three requests of 4352-8192 prompt tokens sent at once to an engine whose KV pool holds one of them
+    (admitted on their first 1024-token chunk): vLLM preempts and recomputes (the preemption counter proves
+    it), and every request still gives the greedy tokens and logprobs of the same request run alone; the
+    8192-token one also the fp64 reference's from position 4096 on.
+
+    Catches: recompute-after-preemption bugs that only long sequences reach (a resumed prefill that skips or
+    repeats a chunk, stale KV blocks reused past the sliding window, positions restarting on resume, block
+    tables rebuilt short), outputs mixed up between preempted requests, a scheduler that deadlocks instead of
+    preempting, a preemption counter that does not count.
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; vLLM SchedulerConfig
+      scheduler_reserve_full_isl (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
+    Controls: tests/test_long_context_controls.py::test_long_preemption_check_fails_when_no_preemption_happened;
+      tests/test_long_context_controls.py::test_long_preemption_check_fails_when_a_resumed_request_changes
+    """
+    tol, top_k = tolerance
+    ps = longctx.preemption_settings()
+    try:
+        reqs = longctx.preemption_requests(deep, ps)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    window = int(model_under_test.config.get("sliding_window") or 0)
+    options = longctx.preemption_options(long_options, len(deep), long_settings.decode_tokens, window, ps)
+    try:
+        engine = engines.get(**options)
+        before = engine.call("metrics")
+        started = time.perf_counter()
+        got = engine.call("generate_greedy", reqs, long_settings.decode_tokens, top_k, timeout_s=call_timeout_s)
+        seconds = time.perf_counter() - started
+        after = engine.call("metrics")
+        alone = [engine.call("generate_greedy", [r], long_settings.decode_tokens, top_k,
+                             timeout_s=call_timeout_s)[0] for r in reqs[1:]]
+        after_alone = engine.call("metrics")
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    record_figure("batched_seconds", seconds)
+    record_figure("prompt_tokens_total", float(sum(len(r) for r in reqs)))
+    record_figure("kv_blocks", float(options["num_gpu_blocks_override"]))
+    preempted = compare.counter_delta("vllm:num_preemptions", before, after, minimum=1)
+    unpreempted = compare.counter_delta("vllm:num_preemptions", after, after_alone, maximum=0)
+    want_alone = [longctx.without_prompt_steps(deep_fresh[0][0])] + alone
+    same = compare.completions_equivalent(got, want_alone, tol, ("preempted", "alone"))
+    want_ref, _ = deep_reference
+    ref = compare.logprobs_close(got[:1], [longctx.without_prompt_steps(w) for w in want_ref[:1]], tol,
+                                 ("preempted", "reference"))
+    for name, value in preempted.figures.items():
+        record_figure(name, value)
+    record_figure("identical_requests", float(sum(g.token_ids == w.token_ids for g, w in zip(got, want_alone))))
+    for name, value in same.figures().items():
+        record_figure(name, value)
+    if not preempted.ok:
+        pytest.fail(f"no preemption: {'; '.join(preempted.problems)} while {len(reqs)} long requests shared a "
+                    f"{options['num_gpu_blocks_override']}-block KV pool, so recompute after preemption was not "
+                    "tested", pytrace=False)
+    unpreempted.raise_if_failed()
+    same.raise_if_failed()
+    ref.raise_if_failed()

@@ -117,7 +117,8 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
 
 
 @pytest.mark.p1
-@pytest.mark.parametrize("chunked", [False, True], ids=["whole-prefill", "chunked-prefill"])
+@pytest.mark.parametrize("chunked", [False, pytest.param(True, marks=pytest.mark.needs("chunked_prefill"))],
+                         ids=["whole-prefill", "chunked-prefill"])
 def test_sliding_window_boundary(chunked, run, engines, reference, model_under_test, tolerance, call_timeout_s,
                                  record_figure):
     """Around the window edge — key at distance 127 visible, at 128 masked — prefill, decode (prompts
@@ -128,8 +129,6 @@ def test_sliding_window_boundary(chunked, run, engines, reference, model_under_t
     Reference: docs/model.md "Sliding window"; docs/failure-modes.md, mode 3
     Controls: tests/test_check_bodies_math.py::test_window_check_fails_on_a_window_off_by_one
     """
-    if chunked and run.engine != "vllm":
-        pytest.skip(f"the {run.engine} engine has no chunked prefill")
     vocab = int(model_under_test.config["vocab_size"])
     gen = torch.Generator().manual_seed(128)
     prompts = [torch.randint(0, vocab - 8, (n,), generator=gen).tolist() for n in (126, 127, 128, 129, 130)]

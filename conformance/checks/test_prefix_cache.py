@@ -12,8 +12,6 @@ HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (docs
 
 
 def _caching_engine(run, engines, timeout_s: float):
-    if run.engine != "vllm":
-        pytest.skip(f"the {run.engine} engine has no prefix cache")
     proc = engines.get()
     if not proc.call("scheduler_limits", timeout_s=timeout_s)["enable_prefix_caching"]:
         proc = engines.get(enable_prefix_caching=True)
@@ -36,6 +34,7 @@ def _generate(proc, prompt, top_k, timeout_s):
 
 
 @pytest.mark.p1
+@pytest.mark.needs("prefix_cache")
 def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_under_test, tolerance,
                                                            call_timeout_s, record_figure):
     """A prompt seen before, and another prompt with the same prefix, are served with at least one
@@ -69,6 +68,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_u
 
 
 @pytest.mark.p1
+@pytest.mark.needs("prefix_cache")
 def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, tolerance, call_timeout_s,
                                            record_figure):
     """reset_prefix_cache() succeeds on an idle engine, after it a cached prompt hits nothing, and

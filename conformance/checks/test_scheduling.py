@@ -10,11 +10,6 @@ from conformance.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
 AREA = "scheduling"
 
 
-def _vllm_only(run) -> None:
-    if run.engine != "vllm":  # asked before any engine of a vLLM-only configuration is started
-        pytest.skip(f"the {run.engine} engine has no scheduler to exercise")
-
-
 def _record(record_figure, report) -> None:
     figures = report.figures() if callable(report.figures) else report.figures
     for name, value in figures.items():
@@ -37,6 +32,7 @@ def _alone(proc, reqs, budgets, top_k, timeout_s, prompt_logprobs=False):
 
 
 @pytest.mark.p1
+@pytest.mark.needs("scheduler")
 def test_concurrent_requests_match_each_alone(run, engine, prompts, tolerance, call_timeout_s, record_figure):
     """Twelve requests of mixed prompt and output lengths, arriving while others decode, give the
     same greedy tokens and logprobs as each request run alone.
@@ -47,7 +43,6 @@ def test_concurrent_requests_match_each_alone(run, engine, prompts, tolerance, c
       vLLM tests/models/utils.py check_logprobs_close
     Controls: tests/test_check_bodies_engine.py::test_concurrent_check_fails_when_batching_changes_tokens
     """
-    _vllm_only(run)
     tol, top_k = tolerance
     reqs, budgets, arrivals = _mixed_requests(prompts)
     batched = engine.call("run_stepwise", reqs, budgets, top_k, arrivals, timeout_s=call_timeout_s)
@@ -59,6 +54,7 @@ def test_concurrent_requests_match_each_alone(run, engine, prompts, tolerance, c
 
 
 @pytest.mark.p1
+@pytest.mark.needs("scheduler")
 def test_max_num_seqs_is_respected(run, engines, prompts, call_timeout_s, record_figure):
     """With max_num_seqs=2, never more than two requests run in a step, the rest wait, and all finish.
 
@@ -67,7 +63,6 @@ def test_max_num_seqs_is_respected(run, engines, prompts, call_timeout_s, record
     Reference: vLLM SchedulerConfig.max_num_seqs (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
     Controls: tests/test_check_bodies_engine.py::test_max_num_seqs_check_fails_when_the_limit_is_exceeded
     """
-    _vllm_only(run)
     proc = engines.get(**LIMITED_SCHEDULER)
     # six short requests: the limit is about admission, long prompts would only add chunked-prefill steps
     reqs = [p[:24] for p in prompts.prompts]
@@ -78,6 +73,7 @@ def test_max_num_seqs_is_respected(run, engines, prompts, call_timeout_s, record
 
 
 @pytest.mark.p1
+@pytest.mark.needs("scheduler")
 def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, call_timeout_s, record_figure):
     """Prompts prefilled in 32-token chunks give the same prompt logprobs, greedy tokens and logprobs
     as prompts prefilled in one step (the default engine's budget covers every prompt).
@@ -87,7 +83,6 @@ def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, cal
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#chunked-prefill
     Controls: tests/test_check_bodies_engine.py::test_chunked_prefill_check_fails_when_chunking_changes_tokens
     """
-    _vllm_only(run)
     default = engines.get()
     tol, top_k = tolerance
     reqs, lens = prompts.prompts, [len(p) for p in prompts.prompts]
@@ -121,6 +116,7 @@ def _preemptible_requests(prompts, max_model_len: int) -> tuple[list[list[int]],
 
 
 @pytest.mark.p1
+@pytest.mark.needs("scheduler")
 def test_preemption_keeps_outputs(run, engines, prompts, tolerance, call_timeout_s, record_figure):
     """With a KV cache of 12 blocks, six long-running requests force preemptions (the counter proves
     it) and every output still equals the same request on a cache big enough never to preempt.
@@ -132,7 +128,6 @@ def test_preemption_keeps_outputs(run, engines, prompts, tolerance, call_timeout
       "Capability map" (the preemption row: vllm:num_preemptions)
     Controls: tests/test_check_bodies_engine.py::test_preemption_check_fails_when_no_preemption_happened
     """
-    _vllm_only(run)
     default = engines.get()
     tol, top_k = tolerance
     reqs, max_tokens = _preemptible_requests(prompts, SMALL_KV_CACHE["max_model_len"])

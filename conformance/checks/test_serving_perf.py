@@ -1,5 +1,5 @@
 """P2 serving performance: vLLM's own benchmark client against the server under test at concurrency
-1/8/32, its figures compared with the baseline of the same lineage from the history store; and graph
+1/8/32/64 and the standard shapes 1k/1k, 1k/8k, 8k/1k (conformance/bench_shapes.py), its figures compared with the pinned baseline of the same lineage (env_checks.baselines); and graph
 mode (CUDA/HIP graphs) against eager on the same prompts."""
 
 import importlib.util
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import perf, perf_floors, runrecord, settings
+from conformance import bench_shapes, perf, perf_floors, runrecord
 from conformance.engines.worker import EngineError
+from env_checks import baselines
 
 AREA = "performance"
 CONCURRENCY = perf.sweep()
@@ -31,7 +32,7 @@ def bench_tokenizer(run, server, request) -> Path:
 def run_lineage(run) -> str:
     from conformance.recorder import fingerprint
 
-    return perf.lineage_of(run.resolved().resolved, run.fingerprint or fingerprint(run), run.combo)
+    return perf.lineage_of(run.spec.name, run.fingerprint or fingerprint(run), run.combo)
 
 
 @pytest.mark.p2
@@ -40,19 +41,23 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
                                        record_figure, request):
     """`vllm bench serve` (random prompts of fixed length, greedy, ignore_eos) at this concurrency:
     every request completes, and TTFT, TPOT, inter-token latency P50/P99 and output tokens/s are
-    within the tolerance (data/perf.toml) of the latest passing run of the same lineage and model in
-    the history store. Without a baseline the figures are recorded and the check skips.
+    within the tolerance (data/perf.toml) of the pinned baseline of this check, lineage and model (the
+    median of accepted runs, promoted with `conformance baseline promote`; a run never becomes the
+    baseline by itself), with the drift over the runs since the pin. Without a pin the real model is
+    judged against its absolute floor (data/perf_floors.toml); only a combination without one skips.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
     requests failing or truncated under load.
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve);
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
-    Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load
+    Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load,
+      tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
+      tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence
     """
-    target = run.resolved().resolved
-    plan = perf.bench_plan(target, concurrency)
-    env = {k: str(v) for k, v in settings.targets()[target].get("env", {}).items()}
+    target = run.spec.name
+    plan = bench_shapes.plan(target, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
+    env = {k: str(v) for k, v in run.spec.env.items()}
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
                                 run.run_dir / "bench", env)
@@ -63,29 +68,64 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     result.raise_if_failed()
 
     limits = perf.regression_limits(target)
-    db = perf.history_path()
-    if not db.is_file():
-        perf_floors.no_baseline(run, plan, result.figures, f"no baseline: there is no history store at {db} (build "
-                                f"it with `conformance dashboard`, or name it in ${perf.HISTORY_ENV})", record_figure)
-        return
-    check_id = runrecord.check_id(request.node.nodeid)
-    from reports.history import History, HistoryError  # the one read of the history store (docs/architecture.md)
-
+    check_id, model = runrecord.check_id(request.node.nodeid), run.model_meta["name"]
+    pins, db = perf.pins_path(), perf.history_path()
     try:
-        with History.open(db) as history:
-            baseline = perf.find_baseline(history, run_lineage, run.model_meta["name"], check_id,
-                                          [lim.name for lim in limits])
-    except HistoryError as exc:
+        baseline = perf.pinned_baseline(pins, check_id, run_lineage, model, limits)
+    except baselines.PinError as exc:
         pytest.fail(str(exc), pytrace=False)
     if baseline is None:
-        perf_floors.no_baseline(run, plan, result.figures, f"no baseline: no complete run of lineage {run_lineage!r} "
-                                f"and model {run.model_meta['name']!r} in {db} has this check passed with its figures",
-                                record_figure)
+        perf_floors.no_baseline(run, plan, result.figures, f"no pinned baseline for lineage {run_lineage!r} and model "
+                                f"{model!r} in {pins} (promote one from accepted runs with `conformance baseline "
+                                f"promote`, docs/results.md)", record_figure)
         return
     verdict = perf.regression_verdict(result.figures, baseline, limits)
+    since: list[baselines.AcceptedRun] = []
+    if db.is_file():  # the drift since the pin; the verdict is the pin's alone
+        from reports.history import History, HistoryError  # the one read of the history store (docs/architecture.md)
+
+        try:
+            with History.open(db) as history:
+                since = baselines.runs_of(history, run_lineage, model, check_id, since=baseline.started_at)
+        except HistoryError as exc:
+            pytest.fail(str(exc), pytrace=False)
+    perf.drift_since_pin(verdict, result.figures, baseline, since, limits)
     for name, value in verdict.figures.items():
         record_figure(name, value)
     verdict.raise_if_failed()
+
+
+SHAPES = bench_shapes.shape_sweep()
+
+
+@pytest.mark.p2
+@pytest.mark.parametrize(("shape", "concurrency"), SHAPES, ids=[f"{s}-c{c}" for s, c in SHAPES])
+def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
+                               record_figure, request):
+    """The long-output and long-input standard shapes (1k in / 8k out, 8k in / 1k out; data/perf.toml
+    [bench.shapes], scaled down on the CPU default) at each concurrency, judged as the 1k/1k sweep is: every
+    request completes, figures within the tolerance of this check's pinned baseline, else the real model
+    against its absolute floor at this shape (data/perf_floors.toml).
+
+    Catches: decode that slows down deep into a long output (KV growth, attention over thousands of keys),
+    prefill-bound stalls on long prompts that starve decoding requests under concurrency, a server that
+    truncates or rejects long requests under load.
+    Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve, random dataset);
+      https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
+    Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
+    """
+    from conformance import profiles
+
+    input_len, output_len = bench_shapes.lengths(run.spec.name, shape)
+    from conformance import settings
+
+    limit = profiles.of(run).engine_options().get(
+        "max_model_len", settings.targets().get(run.spec.name, {}).get("vllm", {}).get("max_model_len"))
+    if limit is not None and int(limit) < input_len + output_len:
+        pytest.skip(f"shape {shape} needs {input_len + output_len} tokens per request; the served profile "
+                    f"{profiles.of(run).label} has max_model_len {limit}")
+    test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
+                                       record_figure, request)
 
 
 @pytest.mark.p2
@@ -101,7 +141,7 @@ def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, recor
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
     Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens
     """
-    target = run.resolved().resolved
+    target = run.spec.name
     capability = perf.graph_capability(target, run.engine)
     if not capability.supported:
         pytest.skip(f"target {target}: {capability.reason} (perf.toml [graph_mode.{target}])")

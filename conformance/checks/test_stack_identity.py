@@ -2,8 +2,6 @@
 
 import pytest
 
-from conformance import settings
-
 AREA = "platform"
 
 
@@ -32,9 +30,9 @@ def test_vllm_platform_matches_target(run, engine):
     """
     if engine.info.get("engine") != "vllm":
         pytest.skip(f"the engine under test is {engine.info.get('engine')}: no vLLM platform to check")
-    want = settings.targets()[run.resolved().resolved]["vllm_platform"]
+    want = run.spec.vllm_platform
     assert engine.info.get("platform") == want, (
-        f"vLLM detected platform {engine.info.get('platform')!r} but target {run.resolved().resolved} needs {want!r}")
+        f"vLLM detected platform {engine.info.get('platform')!r} but target {run.spec.name} needs {want!r}")
 
 
 @pytest.mark.p0

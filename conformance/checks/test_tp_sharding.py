@@ -1,13 +1,14 @@
 """Tensor parallelism: the fp64 reference's attention and MoE layers sharded as vLLM shards gpt-oss
 (heads, replicated kv heads, interleaved gate/up rows, the uneven 90-block MXFP4 split of 2880 at
 TP 4 and 8), run as real ranks with all-reduces, recombine to the unsharded layer; and vLLM itself
-at TP > 1 generates what TP = 1 generates."""
+at TP > 1 holds, on each rank, the shard of the reference's weights vLLM's sharding rule gives that
+rank, and generates what TP = 1 and the fp64 reference generate."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance import compare, distributed, settings, tp_checkpoints
+from conformance import compare, distributed, tp_checkpoints, tp_shards
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
 from conformance.reference import tp as tpref
@@ -55,50 +56,100 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
     ranges = tpref.intermediate_ranges(inter, tp, layout == "mxfp4")
     record_figure("intermediate_first_rank", ranges[0][1] - ranges[0][0])
     record_figure("intermediate_last_rank", ranges[-1][1] - ranges[-1][0])
-    if layout == "mxfp4":
-        report.problems += tpref.partition_problems(inter, tp, TP["mxfp4_pad_alignment"])
     for name, value in report.figures.items():
         record_figure(name, value)
     report.raise_if_failed()
 
 
-@pytest.mark.p1
-def test_vllm_tp_greedy_matches_tp1(run, engines, engine_greedy, prompts, tolerance, call_timeout_s, record_figure):
-    """vLLM with tensor_parallel_size > 1 (2 on the CPU default through the mp executor, all visible
-    GPUs on a GPU box) generates the same greedy tokens as the engine under test at TP = 1, and its
-    prompt and decode logprobs agree within the run dtype's tolerance (top-k rule).
-
-    Catches: accuracy collapsing at TP>1 (MoE padding, sharded sinks, a missing all-reduce), a
-    custom all-reduce kernel corrupting activations, TP setups that fail to start or hang.
-    Reference: https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html ; docs/failure-modes.md, mode 8
-    Controls: tests/test_check_bodies_engine.py::test_vllm_tp_check_fails_when_tp2_generates_other_tokens
-    """
-    if run.engine != "vllm":
-        pytest.skip(f"the engine under test is {run.engine}: tensor parallelism is a vLLM feature")
-    target = run.resolved()
-    overrides, env, reason = tp_settings(target.resolved, len(target.devices))
+@pytest.fixture(scope="module")
+def vllm_tp(run, engines):
+    """(vLLM at tensor_parallel_size > 1 on the model under test, its TP size), started once for this
+    module's checks; a start that fails is the checks' failure."""
+    target = run.spec
+    overrides, env, reason = tp_settings(target.name, len(target.devices))
     if reason:
         pytest.skip(reason)
-    tol, top_k = tolerance
-    table = settings.targets()
     options = engines.options(**overrides)
-    env = dict(table[target.resolved].get("env", {})) | env
+    env = dict(target.env) | env
     tp = int(overrides["tensor_parallel_size"])
     try:
         proc = TPEngineProcess(str(engines.model.path), options, env, run.run_dir / f"engine-vllm-tp{tp}.log",
-                               start_timeout_s=float(table["timeouts"]["engine_start_s"]))
+                               start_timeout_s=target.timeouts.engine_start_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
+    yield proc, tp
+    proc.close()
+
+
+@pytest.mark.p1
+@pytest.mark.needs("tensor_parallel")
+def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, reference, call_timeout_s,
+                                    record_figure):
+    """vLLM with tensor_parallel_size > 1 (2 on the CPU default through the mp executor, all visible
+    GPUs on a GPU box) generates the same greedy tokens as the engine under test at TP = 1, and its
+    prompt and decode logprobs agree, within the run dtype's tolerance (top-k rule), with TP = 1 and
+    with the fp64 reference.
+
+    Catches: accuracy collapsing at TP>1 (MoE padding, sharded sinks, a missing all-reduce), a
+    custom all-reduce kernel corrupting activations, TP setups that fail to start or hang, a TP > 1
+    that agrees with a TP = 1 that is itself off the reference.
+    Reference: https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html ; docs/failure-modes.md, mode 8
+    Controls: tests/test_check_bodies_engine.py::test_vllm_tp_check_fails_when_tp2_generates_other_tokens,
+      tests/test_tp_shards.py::test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference
+    """
+    proc, tp = vllm_tp
+    tol, top_k = tolerance
     try:
         got = proc.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
                         timeout_s=call_timeout_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
-    finally:
-        proc.close()
     want, _ = engine_greedy
     report = compare.completions_equivalent(got, want, tol, (f"vLLM TP={tp}", "vLLM TP=1"))
+    scored = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
+    vs_ref = compare.logprobs_close(got, scored, tol, (f"vLLM TP={tp}", "fp64 reference"))
     record_figure("tensor_parallel_size", tp)
     for name, value in report.figures().items():
         record_figure(name, value)
-    report.raise_if_failed()
+    for name, value in vs_ref.figures().items():
+        record_figure(f"reference_{name}", value)
+    failures = []
+    for verdict in (report, vs_ref):  # both verdicts are reported, each under its own header
+        try:
+            verdict.raise_if_failed()
+        except compare.CheckFailed as exc:
+            failures.append(str(exc))
+    if failures:
+        raise compare.CheckFailed("\n".join(failures))
+
+
+@pytest.mark.p1
+@pytest.mark.needs("tensor_parallel")
+def test_vllm_tp_shards_match_reference(vllm_tp, reference, call_timeout_s, record_figure):
+    """Each rank of vLLM at TP > 1 holds, as its loader placed them, the shard of the checkpoint that
+    vLLM's sharding rule gives that rank, element for element against the fp64 reference's weights cut
+    by the same rule: qkv_proj rows (the rank's q heads, its kv heads' k and v, replicated when TP >=
+    kv heads), o_proj columns with the whole bias, sinks by head, the vocab-parallel embedding and
+    lm_head rows (zero padding), and expert weights with room for the rank's intermediate slice. Read
+    from every worker through LLM.apply_model; tensors the CPU kernels keep only packed are counted.
+
+    Catches: a loader or checkpoint option that permutes heads, two ranks holding each other's shards,
+    kv heads replicated onto the wrong ranks, a vocab split off by the padding, an expert partition
+    smaller than the loader's slice, a rank missing a tensor.
+    Reference: https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/layers/linear.py ;
+      https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/models/gpt_oss.py
+    Controls: tests/test_tp_shards.py::test_shard_check_fails_when_two_ranks_shards_are_swapped,
+      tests/test_tp_shards.py::test_shard_check_fails_on_heads_permuted_within_a_rank
+    """
+    proc, tp = vllm_tp
+    try:
+        per_rank = proc.call("components:tp_shards", timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cfg = dict(reference.cfg) | {"head_dim": reference.head_dim}
+    problems, figures = tp_shards.shard_problems(per_rank, reference.w, cfg, tpref.is_mxfp4(reference))
+    for name, value in figures.items():
+        record_figure(name, value)
+    if problems:
+        pytest.fail(f"vLLM TP={tp} shards differ from the reference's split: " + "; ".join(problems[:8])
+                    + (f"; and {len(problems) - 8} more" if len(problems) > 8 else ""), pytrace=False)

@@ -132,3 +132,10 @@ def layer_io(engine: Any, prompts: list[list[int]], decode_steps: int) -> list[d
     from conformance.engines.layer_probe import layer_io as probe
 
     return probe(engine, prompts, decode_steps)
+
+
+def tp_shards(engine: Any) -> list[dict[str, Any]]:
+    """Every rank's sharded tensors as its loader placed them (conformance/tp_shards.py read_shards)."""
+    from conformance.tp_shards import read_shards
+
+    return engine.llm.apply_model(read_shards)

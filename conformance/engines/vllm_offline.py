@@ -64,7 +64,9 @@ class VllmOffline:
         from vllm import LLM
 
         self.options = dict(options)
-        self.llm = LLM(model=model, skip_tokenizer_init=True, disable_log_stats=False, **self.options)
+        # the suite feeds token ids, so no tokenizer by default; engine_configs.WITH_TOKENIZER loads it (vLLM then
+        # validates prompt ids against the vocabulary, as it does for users)
+        self.llm = LLM(model=model, **({"skip_tokenizer_init": True, "disable_log_stats": False} | self.options))
         self._ids = itertools.count()
         self._internal_ids: dict[str, str] = {}  # vLLM appends a random suffix inside the engine core
 

@@ -57,14 +57,6 @@ def intermediate_ranges(inter: int, tp: int, mxfp4: bool, mutation: str | None =
     return [(min(r * per, inter), min((r + 1) * per, inter)) for r in range(tp)]
 
 
-def partition_problems(inter: int, tp: int, alignments: dict[str, int]) -> list[str]:
-    """The loader's block-rounded slice must fit the per-rank parameter every MXFP4 backend allocates
-    (round_up(I / TP, alignment)); otherwise the copy overflows or truncates the shard."""
-    per = max(e - s for s, e in intermediate_ranges(inter, tp, mxfp4=True))
-    return [f"backend '{name}' allocates {round_up(inter // tp, a)} intermediate rows per rank at TP {tp} but the "
-            f"loader copies {per}" for name, a in alignments.items() if round_up(inter // tp, a) < per]
-
-
 @dataclass(frozen=True)
 class RankPlan:
     """What one rank holds."""

@@ -1,0 +1,182 @@
+"""Pinned serving baselines: the figures a P2 serving check is judged against, per check, lineage (target,
+hardware and combination) and model. A pin is the per-figure median of accepted runs (complete, the check
+passed or was measured without a baseline), promoted deliberately with `conformance baseline promote`; a run
+never becomes the baseline by itself. The pins live in one JSON file (default `baselines.json` beside the
+history store), kept apart from the history store, which is a cache rebuilt from the runs.
+
+Standard library only: the suite (which judges against a pin) and the reports (which promote one) share it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+PINS_ENV = "CONFORMANCE_BASELINES"
+PINS_FILE = "baselines.json"
+SERVING_CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline"
+# The checks judged against pins, each at every parameter (concurrency, bench shape): `baseline promote`'s default.
+SERVING_CHECKS = (SERVING_CHECK, "conformance/checks/test_serving_perf.py::test_serving_perf_at_shape")
+# A stored check outcome whose figures may be promoted: passed, or skipped for want of a baseline (the first
+# measurement of a lineage). A failed check, a regression, never becomes the new normal.
+ACCEPTED_OUTCOMES = ("passed", "skipped")
+# Figures the check derives from a baseline; never part of a baseline themselves.
+DERIVED_SUFFIXES = ("_vs_baseline", "_vs_pinned", "_vs_floor", "_drift_since_pin")
+DERIVED_NAMES = ("runs_since_pin",)
+
+
+class PinError(ValueError):
+    """The pin file cannot be used; the message is one sentence naming the file and what to do."""
+
+
+@dataclass(frozen=True)
+class AcceptedRun:
+    run_id: str
+    started_at: str
+    figures: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Pin:
+    check_id: str
+    lineage: str
+    model: str
+    figures: dict[str, float]
+    runs: tuple[AcceptedRun, ...]  # the runs the median came from, their own figures dropped
+    promoted_at: str
+    note: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.check_id, self.lineage, self.model)
+
+    def describe(self) -> str:
+        ids = ", ".join(r.run_id for r in self.runs)
+        return f"pinned baseline promoted {self.promoted_at}, median of {len(self.runs)} run(s): {ids}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check_id": self.check_id, "lineage": self.lineage, "model": self.model, "figures": self.figures,
+                "runs": [{"run_id": r.run_id, "started_at": r.started_at} for r in self.runs],
+                "promoted_at": self.promoted_at, "note": self.note}
+
+
+@dataclass
+class Pins:
+    path: Path
+    pins: dict[tuple[str, str, str], Pin] = field(default_factory=dict)
+
+    def get(self, check_id: str, lineage: str, model: str) -> Pin | None:
+        return self.pins.get((check_id, lineage, model))
+
+    def put(self, pin: Pin) -> None:
+        self.pins[pin.key] = pin
+
+    def save(self) -> None:
+        """Write the file whole (a temporary file renamed over it), pins sorted so diffs stay small."""
+        body = {"schema": SCHEMA, "baselines": [self.pins[k].to_json() for k in sorted(self.pins)]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.path)
+
+
+def pins_path(history_db: Path) -> Path:
+    """$CONFORMANCE_BASELINES, else `baselines.json` beside the history store."""
+    return Path(os.environ.get(PINS_ENV) or history_db.parent / PINS_FILE)
+
+
+def _bad(path: Path, why: str) -> PinError:
+    return PinError(f"the pinned-baseline file {path} is unusable ({why}); fix it or move it aside and promote "
+                    f"again with `conformance baseline promote`.")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load(path: Path) -> Pins:
+    """The pins in `path` (none when the file does not exist); PinError, one sentence, when it is damaged."""
+    if not path.exists():
+        return Pins(path)
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _bad(path, f"not readable JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
+            from None
+    if not isinstance(body, dict) or body.get("schema") != SCHEMA or not isinstance(body.get("baselines"), list):
+        raise _bad(path, f"not a schema-{SCHEMA} object with a `baselines` list")
+    pins = Pins(path)
+    for n, row in enumerate(body["baselines"]):
+        where = f"entry {n}"
+        if not isinstance(row, dict):
+            raise _bad(path, f"{where} is not an object")
+        for name in ("check_id", "lineage", "model", "promoted_at"):
+            if not isinstance(row.get(name), str) or not row[name]:
+                raise _bad(path, f"{where} has no `{name}` string")
+        figures, runs = row.get("figures"), row.get("runs")
+        if not isinstance(figures, dict) or not figures:
+            raise _bad(path, f"{where} ({row['check_id']}) has no figures")
+        bad = sorted(k for k, v in figures.items() if not _finite(v))
+        if bad:
+            raise _bad(path, f"{where} ({row['check_id']}) has non-finite or non-numeric figures {', '.join(bad)}")
+        if not isinstance(runs, list) or not runs or not all(
+                isinstance(r, dict) and isinstance(r.get("run_id"), str) for r in runs):
+            raise _bad(path, f"{where} ({row['check_id']}) does not name the runs it came from")
+        pin = Pin(row["check_id"], row["lineage"], row["model"], {k: float(v) for k, v in figures.items()},
+                  tuple(AcceptedRun(r["run_id"], str(r.get("started_at", "")), {}) for r in runs),
+                  row["promoted_at"], str(row.get("note") or ""))
+        if pin.key in pins.pins:
+            raise _bad(path, f"{where} pins {row['check_id']} for {row['lineage']!r} {row['model']!r} a second time")
+        pins.put(pin)
+    return pins
+
+
+def _measured(figures: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in figures.items() if _finite(v) and not k.endswith(DERIVED_SUFFIXES)
+            and k not in DERIVED_NAMES}
+
+
+def runs_of(history: Any, lineage: str, model: str, check_id: str, outcomes: Iterable[str] | None = None,
+            since: str | None = None) -> list[AcceptedRun]:
+    """The complete runs of this lineage and model that stored `check_id` (with one of `outcomes`, when
+    given; started after `since`, when given), oldest first, with the figures they measured. `history` is
+    a `reports.history.History` (read through its `runs()` and `checks()`)."""
+    wanted = tuple(outcomes) if outcomes is not None else None
+    candidates = [r for r in history.runs() if r.lineage == lineage and r.model == model and r.complete
+                  and (since is None or r.started_at > since)]
+    checks = history.checks(r.run_id for r in candidates) if candidates else {}
+    out = []
+    for run in candidates:  # runs() is oldest first
+        for row in checks.get(run.run_id, []):
+            if row.id == check_id and (wanted is None or row.outcome in wanted):
+                out.append(AcceptedRun(run.run_id, run.started_at, _measured(row.figures)))
+    return out
+
+
+def accepted_runs(history: Any, lineage: str, model: str, check_id: str,
+                  names: Iterable[str] = ()) -> list[AcceptedRun]:
+    """The runs whose figures may be promoted, oldest first: the check passed or skipped, and it recorded
+    every figure in `names`."""
+    names = list(names)
+    return [r for r in runs_of(history, lineage, model, check_id, ACCEPTED_OUTCOMES)
+            if all(n in r.figures for n in names)]
+
+
+def median_pin(check_id: str, lineage: str, model: str, runs: list[AcceptedRun], note: str = "",
+               now: datetime | None = None) -> Pin:
+    """The per-figure median of `runs`, over the figures every one of them measured."""
+    if not runs:
+        raise ValueError("a pin needs at least one accepted run")
+    common = set(runs[0].figures).intersection(*(r.figures for r in runs[1:]))
+    figures = {name: float(statistics.median(r.figures[name] for r in runs)) for name in sorted(common)}
+    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Pin(check_id, lineage, model, figures, tuple(AcceptedRun(r.run_id, r.started_at, {}) for r in runs),
+               stamp, note)

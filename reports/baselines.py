@@ -1,0 +1,134 @@
+"""`conformance baseline`: list the serving lineages of the history store and their pins, and promote a pinned
+baseline deliberately (the median of the last N accepted runs). docs/results.md "Pinned serving baselines".
+
+  conformance baseline list [--db FILE] [--pins FILE]
+  conformance baseline promote --lineage LINEAGE --model MODEL [--runs N] [--check ID] [--note TEXT]
+                               [--db FILE] [--pins FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from env_checks import baselines
+
+DEFAULT_DB = Path("reports") / "history.sqlite"
+DEFAULT_RUNS = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="conformance baseline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="action", required=True)
+    for name, text in (("list", "the lineages, models and serving checks with accepted runs, and their pins"),
+                       ("promote", "pin the median of the last N accepted runs as the baseline")):
+        s = sub.add_parser(name, help=text, description=text)
+        s.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"history store (default {DEFAULT_DB})")
+        s.add_argument("--pins", type=Path, help=f"pin file (default ${baselines.PINS_ENV}, else "
+                                                 f"{baselines.PINS_FILE} beside the history store)")
+        s.add_argument("--check", action="append",
+                       help="check id, or the id without its [parameter] for every level (repeatable; default: "
+                            "the P2 serving checks at every concurrency and shape)")
+        if name == "promote":
+            s.add_argument("--lineage", required=True, help="lineage as `baseline list` prints it "
+                                                            "(target, hardware and combination)")
+            s.add_argument("--model", required=True, help="model name as `baseline list` prints it")
+            s.add_argument("--runs", type=int, default=DEFAULT_RUNS,
+                           help=f"how many of the latest accepted runs the median takes (default {DEFAULT_RUNS})")
+            s.add_argument("--note", default="", help="why this baseline was promoted (kept in the pin)")
+    return p
+
+
+def _matches(check_id: str, wanted: tuple[str, ...]) -> bool:
+    return any(check_id == w or check_id.startswith(w + "[") for w in wanted)
+
+
+def _check_ids(history, wanted: tuple[str, ...]) -> list[str]:  # noqa: ANN001 - reports.history.History
+    ids = {row[0] for row in history.conn.execute("SELECT DISTINCT id FROM checks")}
+    return sorted(i for i in ids if _matches(i, wanted))
+
+
+def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[str, ...], runs: int,
+            note: str = "") -> list[str]:
+    """Pin the median of the last `runs` accepted runs of every check matching `check`; the lines to print.
+    Raises SystemExit with one sentence when there is nothing (or too little) to promote."""
+    from reports.history import History, HistoryError
+
+    if runs < 1:
+        raise SystemExit("--runs must be at least 1.")
+    if not db.is_file():
+        raise SystemExit(f"there is no history store at {db}: build it with `conformance dashboard` first.")
+    try:
+        pins = baselines.load(pins_file)
+        with History.open(db) as history:
+            chosen = {}
+            for check_id in _check_ids(history, check):
+                accepted = baselines.accepted_runs(history, lineage, model, check_id)
+                accepted = [r for r in accepted if r.figures]
+                if accepted:
+                    chosen[check_id] = accepted
+    except (baselines.PinError, HistoryError) as exc:
+        raise SystemExit(str(exc)) from None
+    if not chosen:
+        raise SystemExit(f"no complete run of lineage {lineage!r} and model {model!r} in {db} has "
+                         f"{' or '.join(check)} passed or skipped with figures: nothing to promote (see "
+                         f"`conformance baseline list`).")
+    short = {c: len(r) for c, r in chosen.items() if len(r) < runs}
+    if len(short) == len(chosen):
+        c = min(short, key=short.get)
+        raise SystemExit(f"only {short[c]} accepted run(s) of {c} for {lineage!r} {model!r}, fewer than --runs "
+                         f"{runs}: run again or promote with fewer runs.")
+    lines = [f"not pinned {c}: only {n} accepted run(s), fewer than --runs {runs}" for c, n in sorted(short.items())]
+    for check_id, accepted in sorted(chosen.items()):
+        if check_id in short:
+            continue
+        pin = baselines.median_pin(check_id, lineage, model, accepted[-runs:], note)
+        old = pins.get(*pin.key)
+        pins.put(pin)
+        lines.append(f"pinned {check_id} for {lineage!r} {model!r}: median of {', '.join(r.run_id for r in pin.runs)}"
+                     f" ({len(pin.figures)} figures" + (f"; output_tok_s {pin.figures['output_tok_s']:.4g}" if
+                                                          "output_tok_s" in pin.figures else "")
+                     + (f", replacing the pin of {old.promoted_at})" if old else ")"))
+    pins.save()
+    lines.append(f"wrote {pins_file}")
+    return lines
+
+
+def listing(db: Path, pins_file: Path, check: tuple[str, ...]) -> list[str]:
+    from reports.history import History, HistoryError
+
+    if not db.is_file():
+        raise SystemExit(f"there is no history store at {db}: build it with `conformance dashboard` first.")
+    try:
+        pins = baselines.load(pins_file)
+        with History.open(db) as history:
+            combos = sorted({(r.lineage, r.model) for r in history.runs() if r.complete})
+            lines = []
+            for check_id in _check_ids(history, check):
+                for lineage, model in combos:
+                    n = len([r for r in baselines.accepted_runs(history, lineage, model, check_id) if r.figures])
+                    pin = pins.get(check_id, lineage, model)
+                    if n or pin:
+                        lines.append(f"{check_id}  --lineage {lineage!r} --model {model!r}: {n} accepted run(s); "
+                                     + (pin.describe() if pin else "no pinned baseline"))
+    except (baselines.PinError, HistoryError) as exc:
+        raise SystemExit(str(exc)) from None
+    return lines or [f"no run in {db} has {' or '.join(check)} passed or skipped with figures"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    pins_file = ns.pins or baselines.pins_path(ns.db)
+    check = tuple(ns.check or baselines.SERVING_CHECKS)
+    if ns.action == "promote":
+        lines = promote(ns.db, pins_file, ns.lineage, ns.model, check, ns.runs, ns.note)
+    else:
+        lines = listing(ns.db, pins_file, check)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

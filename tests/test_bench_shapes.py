@@ -1,0 +1,68 @@
+"""The standard serving shapes as data (conformance/bench_shapes.py, data/perf.toml [bench.shapes]) and the
+control of the shape check: its own body fails when requests fail at a long shape, and runs that shape."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import bench_shapes, compare, perf
+from conformance.checks import test_serving_perf as perf_checks
+from tests.check_fakes import FAILED, Figures, run_ctx
+
+STANDARD = {"1k1k": (1024, 1024), "1k8k": (1024, 8192), "8k1k": (8192, 1024)}
+
+
+def test_the_standard_shapes_and_concurrencies_are_data():
+    assert bench_shapes.shapes() == STANDARD
+    assert perf.sweep() == [1, 8, 32, 64]
+    assert bench_shapes.shape_sweep() == [(s, c) for s in ("1k8k", "8k1k") for c in (1, 8, 32, 64)]
+
+
+@pytest.mark.parametrize("target", ["cuda", "rocm"])
+def test_gpu_targets_run_the_real_shapes(target):
+    for shape, (inp, out) in STANDARD.items():
+        plan = bench_shapes.plan(target, 64, shape)
+        assert (plan.input_len, plan.output_len) == (inp, out), shape
+    base = perf.bench_plan(target, 8)
+    assert (base.input_len, base.output_len) == STANDARD["1k1k"]  # the cN ids are the 1k/1k shape there
+
+
+def test_the_cpu_default_scales_the_shapes_down_and_keeps_their_ratios():
+    cpu = {s: bench_shapes.lengths("cpu", s) for s in STANDARD}
+    assert cpu["1k1k"] == (perf.bench_plan("cpu", 1).input_len, perf.bench_plan("cpu", 1).output_len)
+    assert cpu["1k8k"][1] == 8 * cpu["1k1k"][1] and cpu["8k1k"][0] == 8 * cpu["1k1k"][0]
+    assert all(i + o <= 1024 for i, o in cpu.values())  # targets.toml [cpu.vllm] max_model_len
+
+
+def test_an_unknown_shape_fails_in_one_sentence():
+    from conformance import settings
+
+    with pytest.raises(settings.DataError, match="has no shape '2k2k'"):
+        bench_shapes.lengths("cuda", "2k2k")
+
+
+def _request(shape: str, concurrency: int) -> SimpleNamespace:
+    nodeid = f"conformance/checks/test_serving_perf.py::test_serving_perf_at_shape[{shape}-c{concurrency}]"
+    return SimpleNamespace(node=SimpleNamespace(nodeid=nodeid, callspec=SimpleNamespace(
+        params={"shape": shape, "concurrency": concurrency})))
+
+
+def test_shape_check_fails_when_requests_fail_at_a_long_shape(monkeypatch, tmp_path):
+    """The 8k/1k shape at c8 (the CPU's scaled 256/16): bench serve reports failed requests; the check's own
+    body fails with them, and the plan it ran had the shape's lengths, not the 1k/1k mix."""
+    ran = []
+
+    def bench(plan, *args, **kwargs):
+        ran.append(plan)
+        return compare.VerdictReport("vllm bench serve c8", figures={"completed": 5.0},
+                                     problems=["3 of 8 requests failed under load"])
+
+    monkeypatch.setattr(perf, "run_bench", bench)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="tiny", api_key=None)
+    with pytest.raises(FAILED, match="3 of 8 requests failed under load"):
+        perf_checks.test_serving_perf_at_shape("8k1k", 8, run_ctx(run_dir=tmp_path), server, tmp_path,
+                                               SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(),
+                                               _request("8k1k", 8))
+    assert [(p.input_len, p.output_len, p.concurrency) for p in ran] == [(*bench_shapes.lengths("cpu", "8k1k"), 8)]

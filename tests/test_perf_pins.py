@@ -1,0 +1,204 @@
+"""Controls of the pinned serving baselines (env_checks/baselines.py, `conformance baseline promote`), run on
+the P2 serving check's own body over a real SQLite history store: a drop that compounds over runs, each run
+within tolerance of the one before (which the old latest-run baseline let through), fails against the pin;
+a run never changes the pin nor becomes the baseline by itself; promotion takes the median of the last N
+accepted runs; a damaged pin file fails in one sentence. `vllm bench serve` is replaced by its figures (the
+benchmark itself is covered by tests/test_perf_controls.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import compare, perf
+from conformance.checks import test_serving_perf as perf_checks
+from conformance.cli import main as cli_main
+from env_checks import baselines
+from reports.history import History
+from tests.check_fakes import FAILED, Figures, run_ctx
+
+FP = {"platform": {"accelerator": "none", "cpu_flags": ["avx2"]}, "packages": {"torch": "2.13.0+cpu"}}
+CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]"
+SHAPE = "conformance/checks/test_serving_perf.py::test_serving_perf_at_shape[1k-8k-c8]"
+MODEL = "gpt-oss-120b"
+COMBO = "h200-tp1"
+# A healthy c8 sweep: throughput (higher is better) and latencies (lower is better).
+HEALTHY = {"output_tok_s": 1000.0, "request_per_s": 1.0, "total_tok_s": 2000.0, "ttft_p50_ms": 100.0,
+           "ttft_p99_ms": 150.0, "tpot_p50_ms": 10.0, "tpot_p99_ms": 12.0, "itl_p50_ms": 10.0, "itl_p99_ms": 14.0,
+           "e2el_p50_ms": 10000.0, "e2el_p99_ms": 11000.0, "completed": 32.0, "failed": 0.0, "concurrency": 8.0}
+NOW = datetime.now(timezone.utc)
+
+
+def _stamp(hours: float) -> str:
+    return (NOW + timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _scaled(factor: float) -> dict[str, float]:
+    """HEALTHY with throughput times `factor` and latencies over it (a stack `factor` as fast)."""
+    return {k: v * factor if k.endswith("_s") and "tok" in k or k == "request_per_s" else
+            v / factor if k.endswith("_ms") else v for k, v in HEALTHY.items()}
+
+
+def _record(run_id: str, started: str, outcome: str, figures: dict, target: str, complete: bool = True,
+            check: str = CHECK) -> dict:
+    summary = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0)
+    summary[outcome] = 1
+    return {"run_id": run_id, "started_at": started, "finished_at": started, "target": target, "engine": "vllm",
+            "combo": COMBO, "tiers": ["p2"], "complete": complete, "model": {"name": MODEL, "content_hash": None},
+            "fingerprint": FP, "summary": summary,
+            "checks": [{"id": check, "tier": "p2", "area": "performance", "outcome": outcome, "duration_s": 1.0,
+                        "message": "", "reference": "", "figures": figures}]}
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A real history store on disk, named to the check the way `--history-db` names it; pins beside it."""
+    db = tmp_path / "reports" / "history.sqlite"
+    monkeypatch.setenv(perf.HISTORY_ENV, str(db))
+    monkeypatch.delenv(baselines.PINS_ENV, raising=False)
+    with History.open(db):
+        pass
+    return db
+
+
+def _ingest(db: Path, *records: dict) -> None:
+    with History.open(db) as history:
+        for record in records:
+            history.ingest_record(record)
+
+
+def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float]
+               ) -> tuple[str, str, Figures]:
+    """The check's own body at c8 on a run whose benchmark measured `figures`: (outcome, message, figures)."""
+    measured = compare.VerdictReport("vllm bench serve at concurrency 8", figures=dict(figures))
+    monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: measured)
+    run = run_ctx(target, run_dir=tmp_path)
+    run.model_meta, run.combo = {"name": MODEL}, COMBO
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
+    request = SimpleNamespace(node=SimpleNamespace(nodeid=CHECK))
+    recorded = Figures()
+    try:
+        perf_checks.test_serving_perf_against_baseline(8, run, server, tmp_path, SimpleNamespace(name=MODEL),
+                                                       perf.lineage_of(target, FP, COMBO), recorded, request)
+    except FAILED as exc:
+        return "failed", str(exc), recorded
+    except pytest.skip.Exception as exc:
+        return "skipped", str(exc), recorded
+    return "passed", "", recorded
+
+
+def _promote(db: Path, target: str, *extra: str) -> int:
+    return cli_main(["baseline", "promote", "--db", str(db), "--lineage", perf.lineage_of(target, FP, COMBO),
+                     "--model", MODEL, *extra])
+
+
+@pytest.mark.parametrize(("target", "step", "steps", "first_failing"), [
+    ("cuda", 0.91, 15, 2),  # 9 % slower per run, 4x over 15 runs: the pin's 10 % catches the second
+    ("cpu", 0.5, 3, 3),     # the CPU's wide noise band (data/perf.toml): half as fast per run, 8x over 3
+], ids=["cuda-4x-over-15-runs", "cpu-8x-over-3-runs"])
+def test_a_drop_that_compounds_over_runs_fails_against_the_pin(store, tmp_path, monkeypatch, target, step, steps,
+                                                               first_failing):
+    _ingest(store, *(_record(f"accepted-{i}", _stamp(-10 + i), "passed", _scaled(f), target)
+                     for i, f in enumerate((0.98, 1.0, 1.02))))
+    assert _promote(store, target) == 0
+    pins = baselines.pins_path(store)
+    pinned = pins.read_bytes()
+    limits = perf.regression_limits(target)
+    previous = _scaled(1.0)
+    outcomes = []
+    for n in range(1, steps + 1):
+        figures = _scaled(step ** n)
+        # the old baseline, the latest run, lets every step through: the ratchet this pin replaces
+        assert perf.regression_verdict(figures, perf.Baseline("prev", "", previous), limits).ok
+        outcome, message, recorded = _run_check(monkeypatch, tmp_path, target, figures)
+        outcomes.append(outcome)
+        _ingest(store, _record(f"run-{n}", _stamp(n), outcome, recorded.values, target))
+        previous = figures
+        assert pins.read_bytes() == pinned, "a run changed the pinned baseline"
+    assert outcomes == ["passed"] * (first_failing - 1) + ["failed"] * (steps - first_failing + 1), outcomes
+    assert "output_tok_s regressed" in message and "pinned baseline promoted" in message
+    assert "accepted-0, accepted-1, accepted-2" in message
+    assert f"output_tok_s: {1000 * step ** steps:.4g} vs pinned 1000 (must be >= " in message
+    assert f"; since the pin: {1000 * step:.4g} -> " in message and f"over {steps} run(s)" in message
+    assert f"itl_p99_ms: {14 / step ** steps:.4g} vs pinned 14" in message or target == "cpu"  # every figure shown
+    assert recorded.values["output_tok_s_vs_pinned"] == pytest.approx(step ** steps)
+    assert recorded.values["output_tok_s_drift_since_pin"] == pytest.approx(step ** (steps - 1))
+    assert recorded.values["runs_since_pin"] == steps
+    assert step ** steps <= 0.25
+
+
+def test_a_run_never_becomes_the_baseline_by_itself(store, tmp_path, monkeypatch):
+    """Accepted runs in the history store but nothing pinned: the check goes to the floors (none for this
+    combination: it skips saying so), not to the latest run; after a pin, passing runs leave it alone."""
+    _ingest(store, _record("good", _stamp(-5), "passed", _scaled(1.0), "cpu"))
+    outcome, message, _ = _run_check(monkeypatch, tmp_path, "cpu", _scaled(0.01))
+    assert outcome == "skipped" and "no pinned baseline for lineage" in message and "no absolute floor" in message
+    assert "conformance baseline promote" in message
+    assert _promote(store, "cpu", "--runs", "1") == 0
+    before = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO), MODEL)
+    for n, factor in enumerate((0.9, 0.8, 0.7), start=1):
+        outcome, _, recorded = _run_check(monkeypatch, tmp_path, "cpu", _scaled(factor))
+        assert outcome == "passed"
+        _ingest(store, _record(f"later-{n}", _stamp(n), outcome, recorded.values, "cpu"))
+    after = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO), MODEL)
+    assert after == before and after.figures["output_tok_s"] == 1000.0
+    assert recorded.values["output_tok_s_vs_pinned"] == pytest.approx(0.7)
+
+
+def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
+    lineage = perf.lineage_of("cuda", FP, COMBO)
+    tok = (900.0, 1000.0, 1100.0, 5000.0, 1050.0)
+    _ingest(store, *(_record(f"ok-{i}", _stamp(-20 + i), "passed" if i else "skipped",
+                             HEALTHY | {"output_tok_s": t, "output_tok_s_vs_pinned": 9.0}, "cuda")
+                     for i, t in enumerate(tok)),
+            _record("regressed", _stamp(-10), "failed", HEALTHY | {"output_tok_s": 10.0}, "cuda"),
+            _record("cut-short", _stamp(-9), "passed", HEALTHY | {"output_tok_s": 20.0}, "cuda", complete=False),
+            _record("long-output", _stamp(-8), "passed", HEALTHY | {"output_tok_s": 400.0}, "cuda", check=SHAPE))
+    assert _promote(store, "cuda", "--runs", "3", "--note", "after the driver update") == 0
+    assert f"not pinned {SHAPE}: only 1 accepted run(s), fewer than --runs 3" in capsys.readouterr().out
+    assert baselines.load(baselines.pins_path(store)).get(SHAPE, lineage, MODEL) is None
+    pin = baselines.load(baselines.pins_path(store)).get(CHECK, lineage, MODEL)
+    assert pin.figures["output_tok_s"] == 1100.0  # median of 1100, 5000, 1050: the outlier does not move it
+    assert [r.run_id for r in pin.runs] == ["ok-2", "ok-3", "ok-4"] and pin.note == "after the driver update"
+    assert "output_tok_s_vs_pinned" not in pin.figures  # a derived figure is never pinned
+    assert _stamp(-1) <= pin.promoted_at <= _stamp(1)
+    assert _promote(store, "cuda", "--runs", "1", "--check", SHAPE) == 0
+    assert _promote(store, "cuda", "--runs", "5", "--check", CHECK) == 0
+    pin = baselines.load(baselines.pins_path(store)).get(CHECK, lineage, MODEL)
+    assert pin.figures["output_tok_s"] == 1050.0 and len(pin.runs) == 5
+    assert "replacing the pin of" in capsys.readouterr().out
+    assert baselines.load(baselines.pins_path(store)).get(SHAPE, lineage, MODEL).figures["output_tok_s"] == 400.0
+    with pytest.raises(SystemExit, match=r"only 5 accepted run\(s\) .* fewer than --runs 6"):
+        _promote(store, "cuda", "--runs", "6", "--check", CHECK)
+    with pytest.raises(SystemExit, match="nothing to promote"):
+        cli_main(["baseline", "promote", "--db", str(store), "--lineage", "rocm gfx942 · other", "--model", MODEL])
+    assert cli_main(["baseline", "list", "--db", str(store)]) == 0
+    assert f"--lineage {lineage!r} --model {MODEL!r}: 5 accepted run(s); pinned baseline promoted" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("{not json", "not readable JSON"),
+    (json.dumps({"schema": 1, "baselines": [{"check_id": CHECK, "lineage": "x", "model": MODEL,
+                                             "promoted_at": "2026-11-01T00:00:00Z", "figures": {"output_tok_s": "NaN"},
+                                             "runs": [{"run_id": "a"}]}]}), "non-finite or non-numeric figures"),
+    (json.dumps({"baselines": {}}), "not a schema-1 object"),
+    (None, "has no ttft_p50_ms, tpot_p50_ms, which perf.toml judges"),
+], ids=["garbage", "nan-figure", "wrong-shape", "pin-lacks-a-judged-figure"])
+def test_a_damaged_pin_file_fails_the_check_in_one_sentence(store, tmp_path, monkeypatch, body, why):
+    pins = baselines.pins_path(store)
+    if body is None:  # a pin whose runs measured only throughput
+        _ingest(store, _record("thin", _stamp(-1), "passed", {"output_tok_s": 1000.0}, "cpu"))
+        assert _promote(store, "cpu", "--runs", "1") == 0
+    else:
+        pins.write_text(body)
+    outcome, message, _ = _run_check(monkeypatch, tmp_path, "cpu", _scaled(1.0))
+    assert outcome == "failed" and why in message and str(pins) in message, message
+    assert "\n" not in message and "Traceback" not in message and message.count(". ") == 0, message
+    if body is not None:
+        with pytest.raises(SystemExit, match="is unusable"):  # promotion refuses to write over it
+            _promote(store, "cpu")

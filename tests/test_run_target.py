@@ -1,0 +1,89 @@
+"""The run's target resolved once (conformance/run_target.py): one frozen RunTarget from targets.toml, the
+choices of --target / --engine / the GPU flags from data, and the `needs` marker end to end through the
+plugin (strict markers) with the skip sentence in the run record."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import cli, matrix, run_target
+from conformance.targets import TargetReport
+from tests.test_run_options import DOC, run_plugin
+
+
+def test_the_cpu_target_is_read_once_into_a_frozen_object():
+    t = run_target.build("cpu")
+    assert (t.name, t.engine, t.dtype, t.exact_dtype, t.engine_start, t.needs_device) == \
+        ("cpu", "vllm", "float32", "float32", "forkserver", False)
+    assert t.options_for("vllm")["max_model_len"] == 1024 and t.env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert t.timeouts.engine_call_s == 300.0 and t.suite["soak"]["rounds"] > 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.dtype = "bfloat16"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        t.env["X"] = "1"  # type: ignore[index]
+    t.options_for("vllm")["seed"] = 99  # a fresh dict each time: the target's own table stays as read
+    assert t.options_for("vllm")["seed"] == 0
+
+
+def test_engine_and_dtype_of_the_run_override_the_targets_defaults():
+    t = run_target.build("rocm", "transformers", "float16")
+    assert (t.engine, t.dtype, t.vllm_platform, t.needs_device) == ("transformers", "float16", "rocm", True)
+
+
+def test_an_unknown_target_is_one_sentence():
+    with pytest.raises(run_target.TargetDataError, match=r"targets.toml has no \[tpu\] target \(it has cpu, cuda"):
+        run_target.build("tpu")
+
+
+def test_the_run_builds_its_target_once_and_again_only_when_it_changes():
+    report = TargetReport("auto", "cpu", devices=[])
+    run = SimpleNamespace(resolved=lambda: report, engine_kind=None, dtype=None, requested_target="auto")
+    first = run_target.of(run)
+    assert run_target.of(run) is first and (first.name, first.requested, first.engine) == ("cpu", "auto", "vllm")
+    run.engine_kind = "transformers"
+    assert run_target.of(run).engine == "transformers"
+
+
+def test_choices_come_from_the_data_files():
+    assert run_target.names() == ("cpu", "cuda", "rocm")
+    assert run_target.choices() == ["auto", "cpu", "cuda", "rocm"]
+    assert run_target.device_names() == ("cuda", "rocm") == cli.AUTOLOAD_OFF_TARGETS
+    assert run_target.engine_names() == ("vllm", "transformers") == matrix.ENGINES
+    assert set(matrix.TARGETS) == set(run_target.names())
+    parser = argparse.ArgumentParser()
+    cli.run_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["run", "--rocm", "--engine", "transformers"]).target == "rocm"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--engine", "sglang"])
+
+
+def test_the_needs_marker_skips_through_the_plugin_with_the_capability_sentence(tmp_path: Path):
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_needs.py").write_text(f'''import pytest
+
+
+@pytest.mark.p0
+@pytest.mark.needs("paged_kv")
+def test_needs_paged_kv():
+    {DOC}
+
+
+@pytest.mark.p0
+def test_needs_nothing():
+    {DOC}
+''')
+    proc = run_plugin(checks, "--engine", "transformers")
+    assert "needs' not found in `markers`" not in proc.stdout + proc.stderr  # registered: strict markers pass
+    newest = max((tmp_path / "reports" / "runs").glob("*/results.json"), key=lambda p: p.stat().st_mtime_ns)
+    record = json.loads(newest.read_text())["checks"]
+    got = {c["id"].rsplit("::", 1)[1]: (c["outcome"], c.get("message")) for c in record}
+    assert got["test_needs_paged_kv"] == ("skipped", "Skipped: the transformers engine has no paged KV cache to "
+                                                     "inspect")
+    assert got["test_needs_nothing"][0] == "passed"
