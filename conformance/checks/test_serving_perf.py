@@ -1,5 +1,6 @@
 """P2 serving performance: vLLM's own benchmark client against the server under test at concurrency
-1/8/32/64 and the standard shapes 1k/1k, 1k/8k, 8k/1k (conformance/bench_shapes.py), its figures compared with the pinned baseline of the same lineage (env_checks.baselines); and graph
+1/8/32/64 and the standard shapes 1k/1k, 1k/8k, 8k/1k (conformance/bench_shapes.py), its figures
+compared with the pinned baseline of the same lineage (env_checks.baselines); and graph
 mode (CUDA/HIP graphs) against eager on the same prompts."""
 
 import importlib.util
@@ -117,10 +118,7 @@ def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer,
     from conformance import profiles
 
     input_len, output_len = bench_shapes.lengths(run.spec.name, shape)
-    from conformance import settings
-
-    limit = profiles.of(run).engine_options().get(
-        "max_model_len", settings.targets().get(run.spec.name, {}).get("vllm", {}).get("max_model_len"))
+    limit = profiles.of(run).engine_options().get("max_model_len", run.spec.options_for("vllm").get("max_model_len"))
     if limit is not None and int(limit) < input_len + output_len:
         pytest.skip(f"shape {shape} needs {input_len + output_len} tokens per request; the served profile "
                     f"{profiles.of(run).label} has max_model_len {limit}")
