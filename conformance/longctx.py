@@ -107,11 +107,12 @@ def preemption_requests(deep: list[int], ps: PreemptionSettings) -> list[list[in
 
 
 def preemption_options(long_options: dict, deep_tokens: int, decode_tokens: int, window: int,
-                       ps: PreemptionSettings) -> dict:
+                       ps: PreemptionSettings, profile_block_size: int | None = None) -> dict:
     """The long-context engine cut down to a KV pool that holds one request of the deep prompt and little
     more: max_model_len = the deep prompt + its decode, rounded up to a block; blocks = that request's
-    full-attention blocks + one chunk's sliding-window blocks (what vLLM requires to start) + spare."""
-    bs = ps.block_size
+    full-attention blocks + one chunk's sliding-window blocks (what vLLM requires to start) + spare. The
+    profile's block size where it sets one (a backend may support only some), else the data's."""
+    bs = int(profile_block_size or ps.block_size)
     max_len = -(-(deep_tokens + decode_tokens) // bs) * bs
     blocks = max_len // bs + -(-(ps.chunk_tokens + window) // bs) + ps.spare_blocks
     return dict(long_options) | ps.engine | {"max_model_len": max_len, "block_size": bs,

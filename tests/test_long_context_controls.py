@@ -231,6 +231,8 @@ def test_preemption_options_hold_one_request_and_not_all():
     assert opts["max_model_len"] == 8224 and opts["num_gpu_blocks_override"] == 257 + 36 + PREEMPT.spare_blocks
     need = sum(-(-(b - a) // PREEMPT.block_size) for a, b in PREEMPT.requests)
     assert need > opts["num_gpu_blocks_override"], "the requests fit the pool together: nothing would be preempted"
+    on_64 = longctx.preemption_options({"max_model_len": 131072}, 8192, 8, 128, PREEMPT, 64)  # MI300X profiles
+    assert (on_64["block_size"], on_64["max_model_len"], on_64["num_gpu_blocks_override"]) == (64, 8256, 151)
     with pytest.raises(ValueError, match="must start with the whole deep prompt"):
         longctx.preemption_requests(list(range(100)), longctx.PreemptionSettings(((1, 50),), 1024, 32, 4, {}))
 
@@ -256,6 +258,9 @@ def test_long_preemption_passes_on_real_vllm_cpu(tiny, engine_out, good, tmp_pat
 class _RealEngines:
     def __init__(self, tiny, tmp_path) -> None:
         self.tiny, self.tmp_path, self.procs = tiny, tmp_path, []
+
+    def options(self, **overrides):
+        return dict(settings.targets()["cpu"]["vllm"]) | overrides  # the cpu profile adds nothing
 
     def get(self, **overrides):
         self.procs.append(start_cpu_engine(str(self.tiny.path), self.tmp_path / "preempt.log", **overrides))

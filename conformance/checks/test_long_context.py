@@ -248,7 +248,8 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
     window = int(model_under_test.config.get("sliding_window") or 0)
-    options = longctx.preemption_options(long_options, len(deep), long_settings.decode_tokens, window, ps)
+    options = longctx.preemption_options(long_options, len(deep), long_settings.decode_tokens, window, ps,
+                                         engines.options().get("block_size"))
     try:
         engine = engines.get(**options)
         before = engine.call("metrics")
