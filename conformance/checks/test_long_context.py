@@ -40,8 +40,10 @@ def long_options(run):
     return extra
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def long_engine(engines, long_options):
+    """Asked of the pool for each check: the pool closes its least recently used engine when another check
+    starts one (the preemption and chunked checks do), so a module-held handle could be a stopped engine."""
     try:
         return engines.get(**long_options)
     except EngineError as exc:
@@ -55,10 +57,11 @@ def deep(model_under_test, long_settings):
 
 
 @pytest.fixture(scope="module")
-def deep_fresh(long_engine, deep, long_settings, tolerance, call_timeout_s):
+def deep_fresh(engines, long_options, deep, long_settings, tolerance, call_timeout_s):
     """The deep prompt prefilled from nothing (prefix cache reset), greedy, with prompt logprobs; seconds."""
     _, top_k = tolerance
     try:
+        long_engine = engines.get(**long_options)
         long_engine.call("reset_prefix_cache")
         started = time.perf_counter()
         out = long_engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
