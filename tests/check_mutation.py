@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import controls
+from conformance.run import controls
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "conformance" / "checks"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import forkserver, settings
+from conformance.checkpoints.models import TinyModel, tiny_gpt_oss
+from conformance.engines import forkserver
 from conformance.engines.worker import EngineProcess
-from conformance.models import TinyModel, tiny_gpt_oss
+from conformance.verdicts import settings
 
 pytest_plugins = ["tests.check_mutation"]  # each check's controls rerun against the check with its body gone
 

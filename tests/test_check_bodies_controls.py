@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import run_target
 from conformance.checks.test_engine import test_engine_starts_and_generates as engine_check
 from conformance.checks.test_stack_identity import test_stack_versions_recorded as versions_check
 from conformance.checks.test_stack_identity import test_vllm_platform_matches_target as platform_check
 from conformance.engines.base import Completion, StepLogprobs
-from conformance.targets import TargetReport
+from conformance.run import run_target
+from conformance.run.targets import TargetReport
 
 
 def run_on(target: str) -> SimpleNamespace:

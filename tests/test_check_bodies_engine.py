@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import settings
 from conformance.checks import test_bad_requests as bad_requests
 from conformance.checks import test_kv_accounting as kv_accounting
 from conformance.checks import test_kv_cache as kv_cache
@@ -19,8 +18,8 @@ from conformance.checks import test_prefix_cache as prefix_cache
 from conformance.checks import test_reliability as reliability
 from conformance.checks import test_scheduling as scheduling
 from conformance.checks import test_tp_sharding as tp_sharding
-from conformance.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
 from conformance.engines.base import Completion, KVState, StepLogprobs
+from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
 from conformance.engines.observations import (
     KVGroupLayout,
     KVLayout,
@@ -30,6 +29,7 @@ from conformance.engines.observations import (
     SubmitOutcome,
 )
 from conformance.engines.worker import EngineError
+from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
 
 TOL = settings.tolerance("float32")

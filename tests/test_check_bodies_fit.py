@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import fit
 from conformance.checks import test_fit as fit_checks
+from conformance.run import fit
 from tests.check_fakes import FAILED, Figures, run_ctx
 
 

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import settings
+from conformance.checkpoints.crafted import crafted
 from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
-from conformance.crafted import crafted
 from conformance.engines.base import StepLogprobs
 from conformance.reference import Reference
+from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
 
 TOL = settings.tolerance("float32")

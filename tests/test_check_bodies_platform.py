@@ -11,17 +11,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance import collectives, device, distributed
+from conformance import distributed
+from conformance.checkpoints.quant.checkpoint import dequantized_copy, quantized
 from conformance.checks import test_collectives as collective_checks
 from conformance.checks import test_device as device_checks
 from conformance.checks import test_quantized as quantized_checks
 from conformance.checks import test_stack_identity as identity
 from conformance.checks import test_tp_sharding as tp_checks
+from conformance.distributed import collectives
+from conformance.distributed import tp_reference as tpref
 from conformance.engines.worker import EngineError
-from conformance.quant.checkpoint import dequantized_copy, quantized
 from conformance.reference import Reference
-from conformance.reference import tp as tpref
-from conformance.targets import TargetReport
+from conformance.run.targets import TargetReport
+from conformance.verdicts import device
 from env_checks import isa
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
 
@@ -202,7 +204,7 @@ def test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror(ti
 def test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles(tmp_path, tiny_prompts, monkeypatch):
     from safetensors.torch import load_file, save_file
 
-    from conformance.crafted import mxfp4
+    from conformance.checkpoints.crafted import mxfp4
 
     src = mxfp4()
     bad = tmp_path / "nibbles_swapped"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from conformance.checkpoints.tokenizer import vocab
 from conformance.checks import test_server as server_checks
 from conformance.engines.vllm_server import ServerClient
-from conformance.serving_fixtures import ServerUnderTest
-from conformance.tokenizer import harmony, vocab
+from conformance.run.serving_fixtures import ServerUnderTest
+from conformance.verdicts import harmony
 from tests.check_fakes import FAILED, Figures
 from tests.test_server_controls import MODEL, StubHandler
 
@@ -219,8 +220,8 @@ def test_stop_token_check_fails_on_a_server_that_stops_on_end(served):
 def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from conformance import compare, perf
     from conformance.checks import test_serving_perf as perf_checks
+    from conformance.verdicts import compare, perf
     from tests.check_fakes import run_ctx
 
     failed = compare.VerdictReport("vllm bench serve c8", figures={"completed": 29.0},
@@ -238,7 +239,7 @@ def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
 
     from conformance.checks import test_serving_perf as perf_checks
     from conformance.engines.base import Completion, StepLogprobs
-    from conformance.settings import tolerance
+    from conformance.verdicts.settings import tolerance
     from tests.check_fakes import ScriptedEngine, ScriptedEngines, run_ctx
 
     def answer(tokens):
@@ -266,9 +267,9 @@ def test_accuracy_check_fails_on_a_model_dir_without_a_readable_config(tmp_path)
 
 
 def test_server_kill_check_fails_when_its_server_cannot_start(monkeypatch, tmp_path):
-    from conformance import serving_fixtures
     from conformance.checks import test_reliability as reliability
     from conformance.engines.vllm_server import ServerError
+    from conformance.run import serving_fixtures
     from tests.check_fakes import run_ctx
 
     class NoStart:

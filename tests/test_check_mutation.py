@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import controls, run_minimum
 from conformance.checks import test_engine
+from conformance.run import controls, run_minimum
 from tests import check_mutation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_controls_lint_names_what_is_wrong():
 
 
 def test_the_plugin_lints_controls_like_catches_and_reference():
-    from conformance.runrecord import check_metadata_problems
+    from conformance.run.runrecord import check_metadata_problems
 
     def check():
         """Catches: x.
@@ -110,7 +110,7 @@ def conformance_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedPro
 def test_p0_with_a_vocab_one_byte_off_fails_naming_the_vocab(tmp_path):
     """Fail-open closed: a sha256 mismatch of the user's vocabulary was a skip (and P0 passed without its
     tokenizer checks); now the checks needing it fail with one sentence naming the file."""
-    from conformance.tokenizer import vocab
+    from conformance.checkpoints.tokenizer import vocab
 
     good = vocab.ensure_o200k().read_bytes()
     bad = tmp_path / "o200k_base.tiktoken"
@@ -149,7 +149,7 @@ def test_a_crash_at_submission_is_not_a_clean_rejection():
 
 def test_a_tokenizer_crash_on_bad_unicode_is_not_a_refusal():
     """Fail-open closed: for replace_or_refuse cases any exception counted as a refusal."""
-    from conformance.tokenizer import fidelity
+    from conformance.checkpoints.tokenizer import fidelity
 
     case = fidelity.CorpusCase("lone_high_surrogate", "a\ud800b", False, "replace_or_refuse")
     enc = SimpleNamespace(encode=lambda text, allowed_special=None: [1, 2])
@@ -166,7 +166,7 @@ def test_a_tokenizer_crash_on_bad_unicode_is_not_a_refusal():
 
 def test_amx_is_detected_from_cpuinfo_and_keys_the_mxfp4_skip():
     """Fail-open closed: the MXFP4 skip said "without AMX" but applied to every CPU host."""
-    from conformance import cpu_features, expectations
+    from conformance.run import cpu_features, expectations
 
     assert cpu_features.amx("processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n") is True
     assert cpu_features.amx("processor : 0\nflags : fpu avx2\n") is False

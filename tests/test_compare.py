@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import compare
 from conformance.engines.base import Completion, KVState, StepLogprobs
+from conformance.verdicts import compare
 
 TOL = compare.LogprobTolerance(max_abs=1e-3)
 

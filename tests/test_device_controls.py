@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from conformance import device
 from conformance.engines.device_probe import DeviceProbe
-from conformance.pins_check import pin_report
+from conformance.verdicts import device
+from conformance.verdicts.pins_check import pin_report
 from env_checks import isa
 from env_checks.pins import PINS_DIR
 

@@ -10,12 +10,14 @@ import time
 import pytest
 import torch
 
-from conformance import collectives, distributed, runrecord
-from conformance.compare import VerdictReport
+from conformance import distributed
+from conformance.distributed import collectives
+from conformance.distributed import tp_reference as tpref
+from conformance.distributed.tp_checkpoints import tp_checkpoint
+from conformance.distributed.tp_engine import cpu_bind
 from conformance.reference import Reference
-from conformance.reference import tp as tpref
-from conformance.tp_checkpoints import tp_checkpoint
-from conformance.tp_engine import cpu_bind
+from conformance.run import runrecord
+from conformance.verdicts.compare import VerdictReport
 
 TOL = distributed.data()["collectives"]["tolerance"]
 TP = distributed.data()["tp"]
@@ -181,9 +183,9 @@ def test_cpu_bind_gives_each_rank_its_own_cores():
 
 
 def test_chunked_mxfp4_writer_equals_the_one_shot_quantizer():
-    from conformance.models import _weights
-    from conformance.quant.mxfp4 import quantize
-    from conformance.tp_checkpoints import _quantize_expert_stack, spec_of
+    from conformance.checkpoints.models import _weights
+    from conformance.checkpoints.quant.mxfp4 import quantize
+    from conformance.distributed.tp_checkpoints import _quantize_expert_stack, spec_of
 
     t = _weights(spec_of("tiny"))["model.layers.0.mlp.experts.gate_up_proj"]
     chunked, whole = _quantize_expert_stack(t), quantize(t.transpose(1, 2))

@@ -11,7 +11,9 @@ import time
 import pytest
 import torch
 
-from conformance import collectives, distributed, runrecord
+from conformance import distributed
+from conformance.distributed import collectives
+from conformance.run import runrecord
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs 2 or more GPUs (NCCL/RCCL)")

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import settings
 from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
 from conformance.engines.worker import EngineProcess
 from conformance.reference import Reference
+from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures, run_ctx
 from tests.conftest import start_cpu_engine
 

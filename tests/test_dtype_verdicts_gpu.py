@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance import mathcheck, settings
 from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
 from conformance.engines import components, faults
 from conformance.reference import MUTATIONS, Reference
+from conformance.verdicts import mathcheck, settings
 from tests.check_fakes import FAILED, Figures, run_ctx
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA or ROCm)")

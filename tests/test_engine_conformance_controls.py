@@ -10,14 +10,15 @@ import dataclasses
 
 import pytest
 
-from conformance import compare, kv_model, settings
+from conformance.checkpoints.models import hf_config
 from conformance.checks.test_kv_accounting import _held_while_decoding
 from conformance.checks.test_scheduling import _preemptible_requests
-from conformance.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
 from conformance.engines.base import Completion
+from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
 from conformance.engines.observations import StepwiseRun, SubmitOutcome
 from conformance.engines.worker import EngineProcess
-from conformance.models import hf_config
+from conformance.reference import kv_model
+from conformance.verdicts import compare, settings
 
 pytestmark = pytest.mark.slow
 FP32, TOP_K = settings.tolerance("float32")

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from conformance import compare, settings
+from conformance.checkpoints.models import write_checkpoint
 from conformance.engines.worker import EngineError
-from conformance.models import write_checkpoint
+from conformance.verdicts import compare, settings
 from tests.conftest import start_cpu_engine
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from conformance import forkserver, settings
-from conformance.engines import worker
+from conformance.engines import forkserver, worker
+from conformance.verdicts import settings
 
 
 def _report(queue) -> None:

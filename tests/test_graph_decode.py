@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import perf, settings
+from conformance.checkpoints.models import TinyModel
 from conformance.engines import graph_decode
 from conformance.engines.transformers_engine import TransformersEngine
-from conformance.models import TinyModel
+from conformance.verdicts import perf, settings
 
 torch = pytest.importorskip("torch")
 GPU = torch.cuda.is_available()

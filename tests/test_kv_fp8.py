@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 import torch
 
-from conformance import compare, kv_model, profiles, settings
+from conformance.checkpoints.models import hf_config
 from conformance.checks.test_kv_fp8 import profiles_tolerance
-from conformance.longref import FP8_FORMATS, LongReference, LongReferenceError, fp8_round
-from conformance.models import hf_config
+from conformance.reference import kv_model
+from conformance.reference.longref import FP8_FORMATS, LongReference, LongReferenceError, fp8_round
+from conformance.verdicts import compare, profiles, settings
 
 
 def _all_fp8_values(dtype: torch.dtype) -> torch.Tensor:

@@ -1,12 +1,12 @@
-"""The closed-form KV expectation (conformance/kv_model.py) on hand-computed cases: the tiny model,
+"""The closed-form KV expectation (conformance/reference/kv_model.py) on hand-computed cases: the tiny model,
 a gpt-oss-20b-shaped config, an uneven layer pattern, and the blocks a request needs per group."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance import kv_model
-from conformance.models import TinySpec, hf_config
+from conformance.checkpoints.models import TinySpec, hf_config
+from conformance.reference import kv_model
 
 
 def test_tiny_model_layout_by_hand():

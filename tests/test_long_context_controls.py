@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance import longctx, profiles, settings
 from conformance.checks import test_long_context as checks
 from conformance.engines.base import Completion, StepLogprobs
-from conformance.longref import LongReference
+from conformance.reference.longref import LongReference
+from conformance.verdicts import longctx, profiles, settings
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines
 from tests.conftest import start_cpu_engine
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import machine_health, settings
+from conformance.run import machine_health
+from conformance.verdicts import settings
 from env_checks.signatures import match
 from reports.results import validate
 

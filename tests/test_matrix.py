@@ -1,4 +1,4 @@
-"""ci/matrix.toml and conformance.matrix: the shipped matrix is valid and self-consistent, each validation
+"""ci/matrix.toml and conformance.run.matrix: the shipped matrix is valid and self-consistent, each validation
 rule rejects its bad combo, and the commands a combo builds are the ones the suite's CLI and pip accept."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli
-from conformance import matrix as mx
+from conformance.run import cli
+from conformance.run import matrix as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = mx.load_matrix(ROOT / "ci" / "matrix.toml")
@@ -142,7 +142,7 @@ def test_duplicate_ids_and_missing_fields_are_rejected(tmp_path):
 def test_image_combo_installs_only_the_suite_without_dependencies():
     suite, freeze, deps = mx.install_commands(by_id("rocm7.14-torch2.11-vllm0.23"), ["pytest>=8"], "c.txt")
     assert suite == ["python", "-m", "pip", "install", "--no-deps", "-e", "."]  # the suite alone, no deps
-    assert freeze == ["python", "-m", "conformance.installs", "freeze", "c.txt"]
+    assert freeze == ["python", "-m", "conformance.run.installs", "freeze", "c.txt"]
     assert deps == ["python", "-m", "pip", "install", "-c", "c.txt", "pytest>=8"]  # with deps, under the freeze
 
 

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from conformance import compare, gptoss_config, mathcheck, settings
+from conformance.checkpoints import gptoss_config
+from conformance.checkpoints.crafted import crafted
+from conformance.checkpoints.models import write_checkpoint
 from conformance.checks.test_model_math import MOE_BATCH_SIZES, ROPE_POSITIONS
-from conformance.crafted import crafted
-from conformance.models import write_checkpoint
 from conformance.reference import MUTATIONS, Reference
+from conformance.verdicts import compare, mathcheck, settings
 from tests.conftest import start_cpu_engine
 
 ROPE_TOL = gptoss_config.spec()["tolerances"]["rope"]["float32"]

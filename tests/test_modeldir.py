@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from conformance.modeldir import ModelDirError, inspect_model_dir
+from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def write_shard(path, tensors, metadata=None):
 
 def test_newer_dtypes_are_read_not_called_damaged(model_copy):
     """MXFP4-era dtypes (the E8M0 scales, packed F4) that the old hand-written dtype table refused."""
-    from conformance.modeldir import read_safetensors
+    from conformance.checkpoints.modeldir import read_safetensors
 
     shard = model_copy / "extra.safetensors"
     write_shard(shard, {"s.scales": ("F8_E8M0", [2, 4], 8), "w.packed": ("F4", [2, 4], 4)}, {"format": "pt"})

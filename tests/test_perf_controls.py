@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import compare, perf
 from conformance.engines.base import Completion, StepLogprobs
+from conformance.verdicts import compare, perf
 from reports.history import History
 
 CPU_FP = {"platform": {"accelerator": "none", "cpu_flags": ["avx2"]}, "packages": {"torch": "2.13.0+cpu"}}
@@ -212,8 +212,8 @@ def half_tokens_server() -> Iterator[str]:
 def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, tmp_path: Path):
     """vllm bench serve itself (through the launcher) measures the stub; its saved JSON is parsed, and
     the replies of half the asked length fail the check."""
-    from conformance import settings
-    from conformance.tokenizer import hf_build, vocab
+    from conformance.checkpoints.tokenizer import hf_build, vocab
+    from conformance.verdicts import settings
 
     tokenizer = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
     plan = perf.bench_plan("cpu", 1)

@@ -1,4 +1,4 @@
-"""Absolute performance floors (conformance/perf_floors.py, data/perf_floors.toml)."""
+"""Absolute performance floors (conformance/verdicts/perf_floors.py, data/perf_floors.toml)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import perf_floors, settings
+from conformance.verdicts import perf_floors, settings
 from tests.check_fakes import Figures, run_ctx
 
 

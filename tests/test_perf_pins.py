@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import compare, perf
 from conformance.checks import test_serving_perf as perf_checks
-from conformance.cli import main as cli_main
+from conformance.run.cli import main as cli_main
+from conformance.verdicts import compare, perf
 from env_checks import baselines
 from reports.history import History
 from tests.check_fakes import FAILED, Figures, run_ctx

@@ -1,4 +1,4 @@
-"""`--profile NAME:all` (conformance/profile_rows.py): a profile's backend matrix expanded to one run per row,
+"""`--profile NAME:all` (conformance/run/profile_rows.py): a profile's backend matrix expanded to one run per row,
 on the data (MI300X's production profile) and in one real CPU run through the CLI."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli, profile_rows, profiles
+from conformance.run import cli, profile_rows
+from conformance.verdicts import profiles
 
 
 def test_mi300x_production_profile_expands_to_its_backend_rows():

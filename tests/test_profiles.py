@@ -1,10 +1,10 @@
-"""Serving profiles (conformance/profiles.py, data/profiles.toml): selection, merge, and bad choices."""
+"""Serving profiles (conformance/verdicts/profiles.py, data/profiles.toml): selection, merge, and bad choices."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance import profiles, settings
+from conformance.verdicts import profiles, settings
 
 SKUS = ("MI300X", "MI325X", "MI355X", "H100", "H200", "cpu")
 
@@ -83,7 +83,7 @@ def test_fp8_kv_format_and_cpu_isa_skip_are_data():
 
 
 def test_run_help_lists_profile(capsys):
-    from conformance import cli
+    from conformance.run import cli
 
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])

@@ -13,17 +13,17 @@ import textwrap
 import pytest
 import torch
 
-from conformance.models import TinySpec, _weights
-from conformance.quant import awq, fp8, gptq, int4
-from conformance.quant.checkpoint import (
+from conformance.checkpoints.models import TinySpec, _weights
+from conformance.checkpoints.quant import awq, fp8, gptq, int4
+from conformance.checkpoints.quant.checkpoint import (
     dequantized_copy,
     dequantized_weights,
     known_weights_match,
     quantized,
     write_quantized_checkpoint,
 )
-from conformance.quant.formats import FORMATS, WRITER_BUGS
-from conformance.quant.validate import validate
+from conformance.checkpoints.quant.formats import FORMATS, WRITER_BUGS
+from conformance.checkpoints.quant.validate import validate
 
 
 def _weight(out: int = 64, k: int = 128, seed: int = 0) -> torch.Tensor:
@@ -188,9 +188,10 @@ def test_known_weights_step_catches_a_planted_writer_bug(fmt, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["gptq", "awq", "fp8-tensor"])
 def test_weightstore_hook_reads_the_quantized_file_as_the_dequantized_copy(fmt, monkeypatch, tiny_prompts):
-    """The 3-line hook proposed for reference.gpt_oss.WeightStore (conformance/quant/hook.py) gives the reference
+    """The 3-line hook proposed for reference.gpt_oss.WeightStore (conformance/checkpoints/quant/hook.py) gives the
+    reference
     the numbers of the dequantized plain copy the checks use today (to fp64 rounding)."""
-    from conformance.quant.hook import linear_weight
+    from conformance.checkpoints.quant.hook import linear_weight
     from conformance.reference import Reference
     from conformance.reference.gpt_oss import WeightStore
 

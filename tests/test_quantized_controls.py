@@ -15,14 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conformance import compare, settings
-from conformance.crafted import mxfp4
-from conformance.quant import limits as quant_limits
-from conformance.quant.checkpoint import dequantized_copy, quantized
-from conformance.quant.mxfp4 import quantize
-from conformance.quant.validate import QuantCheckpointError, validate
+from conformance.checkpoints.crafted import mxfp4
+from conformance.checkpoints.quant import limits as quant_limits
+from conformance.checkpoints.quant.checkpoint import dequantized_copy, quantized
+from conformance.checkpoints.quant.mxfp4 import quantize
+from conformance.checkpoints.quant.validate import QuantCheckpointError, validate
 from conformance.reference import Reference
 from conformance.reference.gpt_oss import FP4_VALUES, dequant_mxfp4
+from conformance.verdicts import compare, settings
 
 
 def test_representable_values_round_trip_exactly():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import settings
+from conformance.verdicts import settings
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "device_runs"
 CLEAN = {  # run id -> what ran (all --cuda --engine transformers, P0)

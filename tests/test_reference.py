@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from conformance import compare, settings
 from conformance.reference import MUTATIONS, Reference
 from conformance.reference.gpt_oss import dequant_mxfp4, yarn_inv_freq
+from conformance.verdicts import compare, settings
 
 REAL_ROPE = {"rope_theta": 150000, "rope_scaling": {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                                      "original_max_position_embeddings": 4096}}
@@ -64,7 +64,7 @@ def test_tiny_model_exercises_the_swiglu_clamp(reference, tiny_prompts):
 
 
 def test_tiny_checkpoint_is_deterministic(tmp_path, tiny):
-    from conformance.models import content_hash, tiny_gpt_oss
+    from conformance.checkpoints.models import content_hash, tiny_gpt_oss
 
     again = tiny_gpt_oss(root=tmp_path)
     assert again.content_hash == tiny.content_hash == content_hash(again.path)
@@ -75,7 +75,7 @@ def test_tiny_checkpoint_is_deterministic(tmp_path, tiny):
 
 
 def test_damaged_cache_is_regenerated(tmp_path):
-    from conformance.models import tiny_gpt_oss
+    from conformance.checkpoints.models import tiny_gpt_oss
 
     first = tiny_gpt_oss(root=tmp_path)
     with (first.path / "model.safetensors").open("r+b") as fh:

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import reliability, settings
 from conformance.checks import test_reliability as soak_check
 from conformance.engines.base import KVState
+from conformance.verdicts import reliability, settings
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
 
 

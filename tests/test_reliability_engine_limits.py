@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import settings
 from conformance.checks import test_reliability as reliability
 from conformance.engines.base import KVState
+from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures, ScriptedEngine
 
 

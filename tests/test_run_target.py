@@ -1,4 +1,4 @@
-"""The run's target resolved once (conformance/run_target.py): one frozen RunTarget from targets.toml, the
+"""The run's target resolved once (conformance/run/run_target.py): one frozen RunTarget from targets.toml, the
 choices of --target / --engine / the GPU flags from data, and the `needs` marker end to end through the
 plugin (strict markers) with the skip sentence in the run record."""
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import cli, matrix, run_target
-from conformance.targets import TargetReport
+from conformance.run import cli, matrix, run_target
+from conformance.run.targets import TargetReport
 from tests.test_run_options import DOC, run_plugin
 
 

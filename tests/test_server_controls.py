@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance import server_probes as probes
-from conformance import settings
+from conformance.checkpoints.tokenizer import vocab
 from conformance.engines.vllm_server import ServerClient, ServerError, VllmServer, free_port
-from conformance.serving_fixtures import SERVER_DATE, external_server
-from conformance.tokenizer import vocab
+from conformance.run.serving_fixtures import SERVER_DATE, external_server
+from conformance.verdicts import server_probes as probes
+from conformance.verdicts import settings
 
 MODEL = "stub"
 
@@ -214,7 +214,7 @@ def test_unreachable_server_url_gives_one_sentence():
 def test_stop_token_check_rejects_real_vllm_told_to_stop_on_end(tmp_path: Path):
     """The real server, with a generation_config that lists <|end|> 200007 where <|call|> 200012 belongs
     (docs/failure-modes.md, mode 12), must fail the stop-token probe on both; its 401s still hold."""
-    from conformance.models import tiny_gpt_oss_with_tokenizer
+    from conformance.checkpoints.models import tiny_gpt_oss_with_tokenizer
 
     good = tiny_gpt_oss_with_tokenizer().path
     model = tmp_path / "stops-on-end"

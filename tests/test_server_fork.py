@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import forkserver, settings
-from conformance.engines import server_fork
+from conformance.engines import forkserver, server_fork
 from conformance.engines.vllm_server import ServerError, VllmServer
+from conformance.verdicts import settings
 
 
 class FakePlatform:
@@ -48,7 +48,7 @@ def test_context_for_follows_the_target_data(monkeypatch):
 
 
 def _forked_server(model: str, log: Path) -> VllmServer:
-    from conformance.tokenizer import vocab
+    from conformance.checkpoints.tokenizer import vocab
 
     table = settings.targets()
     ctx, fork_env = server_fork.context_for(table["cpu"])
@@ -69,7 +69,7 @@ def test_forked_server_on_a_bad_model_dies_with_its_log(tmp_path: Path):
 
 @pytest.mark.slow
 def test_forked_server_serves_with_no_worker_process_and_stops_as_a_group(tmp_path: Path):
-    from conformance.models import tiny_gpt_oss_with_tokenizer
+    from conformance.checkpoints.models import tiny_gpt_oss_with_tokenizer
 
     server = _forked_server(str(tiny_gpt_oss_with_tokenizer().path), tmp_path / "server.log")
     with server:

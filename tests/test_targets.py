@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conformance import targets
+from conformance.run import targets
 
 CPU_TORCH = {"torch_version": "2.13.0+cpu", "hip_version": None, "cuda_version": None,
              "torch_flavour": "cpu", "devices": [], "gcn_arch": []}

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.compare import CheckFailed
-from conformance.tokenizer import fidelity, harmony, hf_build, vocab
+from conformance.checkpoints.tokenizer import fidelity, hf_build, vocab
+from conformance.verdicts import harmony
+from conformance.verdicts.compare import CheckFailed
 
 
 @pytest.fixture(scope="session")

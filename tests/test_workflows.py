@@ -138,7 +138,8 @@ def test_gpu_jobs_upload_their_runs_where_the_dashboard_collects_them():
 
 
 def test_plan_job_command_prints_the_job_matrix_from_ci_matrix_toml():
-    out = subprocess.run([sys.executable, "-m", "conformance.matrix", "gha", "--target", "cuda", "--tag", "nightly"],
+    out = subprocess.run([sys.executable, "-m", "conformance.run.matrix", "gha", "--target", "cuda", "--tag",
+                          "nightly"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     include = json.loads(out)["include"]
     assert include and all(e["runs_on"] == ["self-hosted", "h200"] and e["gpus"] >= 1 for e in include)

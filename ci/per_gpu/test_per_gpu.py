@@ -8,7 +8,7 @@ and its run record (results.json, with the fingerprint, the model and the engine
 one pytest session that owns the run. Under xdist every worker would start its own engines on whatever GPUs it
 sees, and what the workers' fixtures learn never reaches the controller that writes the record. So each GPU
 gets a run of its own instead: a child process started with HIP_VISIBLE_DEVICES (ROCm) or CUDA_VISIBLE_DEVICES
-(CUDA) set to that GPU's index before torch or vLLM enumerate devices (conformance.matrix.device_env), writing
+(CUDA) set to that GPU's index before torch or vLLM enumerate devices (conformance.run.matrix.device_env), writing
 its own reports/runs/<run-id>/ (the fingerprint records the variable). There is one test per GPU index, so
 whichever worker takes a test, no two children share a GPU; with -n equal to the GPU count they all run at once.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import device_env
+from conformance.run.matrix import device_env
 
 GPUS = int(os.environ.get("CONFORMANCE_GPUS") or 0)
 LOGS = Path(os.environ.get("CONFORMANCE_FANOUT_LOGS") or "reports/per-gpu")

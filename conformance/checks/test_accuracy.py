@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import accuracy
 from conformance.engines.vllm_server import SERVER_URL_ENV
+from conformance.verdicts import accuracy
 
 AREA = "accuracy"
 CASES = accuracy.cases()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import compare
-from conformance.engine_configs import WITH_TOKENIZER
+from conformance.engines.engine_configs import WITH_TOKENIZER
+from conformance.verdicts import compare
 
 AREA = "bad-requests"
 REJECT_WITHIN_S = 1.0   # validation is arithmetic on the request; anything slower is waiting on the engine
@@ -39,9 +39,9 @@ def _model_with_tokenizer(run, model_under_test) -> tuple[Path, int]:
             pytest.skip(f"{path} has no tokenizer ({', '.join(TOKENIZER_FILES)}): vLLM validates prompt token ids "
                         f"only with its tokenizer loaded")
         return path, int(model_under_test.config["vocab_size"])
-    from conformance import phases
-    from conformance.models import TOKENIZER_SPEC, tiny_gpt_oss_with_tokenizer
-    from conformance.tokenizer import vocab
+    from conformance.checkpoints.models import TOKENIZER_SPEC, tiny_gpt_oss_with_tokenizer
+    from conformance.checkpoints.tokenizer import vocab
+    from conformance.run import phases
 
     phases.wait_built("tiny-tok")
     try:

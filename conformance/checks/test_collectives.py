@@ -1,13 +1,14 @@
 """Collectives: all_reduce, all_gather and reduce_scatter through torch.distributed (NCCL on CUDA, RCCL
 on ROCm, gloo on the CPU default) give exact integer sums and fp32/bf16 results within the bound of
 a W-term sum on random data, from a few bytes to hundreds of MB (P1); their bus bandwidth is at or
-above a floor (P2). Ranks run in child processes with a deadline (conformance/distributed.py)."""
+above a floor (P2). Ranks run in child processes with a deadline (conformance/distributed/__init__.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance import collectives, distributed
+from conformance import distributed
+from conformance.distributed import collectives
 
 AREA = "distributed"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import device
 from conformance.engines.worker import EngineError
+from conformance.verdicts import device
 
 AREA = "device"
 DTYPES = ["float32", "bfloat16", "float16", "float8"]

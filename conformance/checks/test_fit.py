@@ -2,8 +2,9 @@
 
 import pytest
 
-from conformance import fit, profiles
-from conformance.fixtures import EngineFactory
+from conformance.run import fit
+from conformance.run.fixtures import EngineFactory
+from conformance.verdicts import profiles
 
 AREA = "engine"
 

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from conformance import compare, kv_model
-from conformance.engine_configs import BLOCK_SIZES
+from conformance.engines.engine_configs import BLOCK_SIZES
+from conformance.reference import kv_model
+from conformance.verdicts import compare
 
 AREA = "kv-cache"
 _SEEDS = itertools.count(20251)  # a new prompt per use: a prefix-cache hit would blur the first sample
@@ -63,7 +64,7 @@ def test_kv_block_count_matches_config(engine, engines, run, model_under_test, c
     (dtype or head count mix-up, padding), sliding layers allocated as full ones (gpt-oss would hold
     the whole context in every layer), or a pool sized for one group only.
     Reference: vLLM v1/core/kv_cache_utils.py get_kv_cache_config_from_groups
-      (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py); conformance/kv_model.py
+      (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py); conformance/reference/kv_model.py
     Controls: tests/test_check_bodies_engine.py::test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size
     """
     if engine.info.get("engine") != "vllm":
@@ -137,7 +138,7 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
     blocks freed at the wrong boundary), and a requested block size silently replaced by another
     (vLLM-CPU raises 16 to 32 with only a performance warning: docs/vllm-cpu.md).
     Reference: vLLM CacheConfig.block_size (https://docs.vllm.ai/en/latest/api/vllm/config/cache.html);
-      conformance/kv_model.py
+      conformance/reference/kv_model.py
     Controls: tests/test_check_bodies_engine.py::test_kv_block_size_check_fails_on_wrong_counts
     """
     default = engines.get()

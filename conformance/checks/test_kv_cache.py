@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from conformance import compare
+from conformance.verdicts import compare
 
 AREA = "kv-cache"
 

@@ -3,14 +3,15 @@ to the same fp8 format (e4m3fn, or e4m3fnuz on gfx942), and its KV accounting at
 
 import pytest
 
-from conformance import compare, kv_model, profiles
 from conformance.engines.worker import EngineError
+from conformance.reference import kv_model
+from conformance.verdicts import compare, profiles
 
 AREA = "kv-cache"
 
 
 def _fp8_or_skip(run):
-    from conformance.cpu_features import vector_isa
+    from conformance.run.cpu_features import vector_isa
 
     target = run.spec.name
     isa = vector_isa() if target == "cpu" else "gpu"
@@ -45,8 +46,8 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
       https://onnx.ai/onnx/technical/float8.html (e4m3fn, e4m3fnuz)
     Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache
     """
-    from conformance.fixtures import STREAMING_ABOVE_PARAMS
-    from conformance.longref import LongReference
+    from conformance.reference.longref import LongReference
+    from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
     fmt, engine = fp8_engine
     tol, top_k = profiles_tolerance()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from conformance import compare, mathcheck, settings
 from conformance.engines.worker import EngineError
+from conformance.verdicts import compare, mathcheck, settings
 
 AREA = "model-math"
 

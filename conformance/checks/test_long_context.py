@@ -1,13 +1,14 @@
 """Long context at depth (P1): prompts of 8k tokens and more on the model under test, the band past the
-original 4096-token context compared with the fp64 reference (conformance/longref.py, blockwise), and a
+original 4096-token context compared with the fp64 reference (conformance/reference/longref.py, blockwise), and a
 max_model_len that matches the serving profile."""
 
 import time
 
 import pytest
 
-from conformance import capabilities, compare, longctx, profiles
 from conformance.engines.worker import EngineError
+from conformance.run import capabilities
+from conformance.verdicts import compare, longctx, profiles
 
 AREA = "model-math"
 
@@ -16,7 +17,7 @@ AREA = "model-math"
 def tolerance(run):
     """Parity limits at depth (tolerances.toml [depth]): fp32 RoPE angles lose ~pos x 6e-8 rad, which the
     per-layer probe measured growing smoothly with position on a healthy vLLM-CPU (docs/verdicts.md)."""
-    from conformance import settings
+    from conformance.verdicts import settings
 
     try:
         return settings.depth_tolerance(run.dtype_name)
@@ -74,8 +75,8 @@ def deep_fresh(engines, long_options, deep, long_settings, tolerance, call_timeo
 @pytest.fixture(scope="module")
 def deep_reference(model_under_test, deep_fresh, long_settings, tolerance):
     """The fp64 reference along the engine's greedy path, scored from band_from on; and its seconds."""
-    from conformance.fixtures import STREAMING_ABOVE_PARAMS
-    from conformance.longref import LongReference
+    from conformance.reference.longref import LongReference
+    from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
     if model_under_test.num_params > STREAMING_ABOVE_PARAMS:
         pytest.skip("an 8k-token fp64 reference of a real checkpoint takes hours on the host: the long-context "
@@ -149,7 +150,7 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
         "chunks, so chunked prefill was not tested")
     want, _ = deep_reference
     if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
-        from conformance.longref import LongReference
+        from conformance.reference.longref import LongReference
 
         want = [LongReference(engines.model.path).score_from(
             c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in out]

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import compare, gptoss_config, mathcheck, settings
-from conformance.crafted import crafted
+from conformance.checkpoints import gptoss_config
+from conformance.checkpoints.crafted import crafted
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
+from conformance.verdicts import compare, mathcheck, settings
 
 AREA = "model-math"
 ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 255, 256, 257, 511, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]

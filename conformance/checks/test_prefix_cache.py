@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from conformance import compare
+from conformance.verdicts import compare
 
 AREA = "prefix-cache"
 HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (docs/vllm-cpu.md "Gotchas" 7)

@@ -1,6 +1,6 @@
 """Quantized checkpoints: gpt-oss ships its experts in MXFP4; teams also serve GPTQ, AWQ and FP8 variants, and
 loading paths are where stacks break silently. The suite writes the tiny model in each format from its known
-float weights (conformance/quant/); the engine's outputs must match the fp64 reference computed from the
+float weights (conformance/checkpoints/quant/); the engine's outputs must match the fp64 reference computed from the
 DEQUANTIZED weights within the format's limits (data/quant.toml), and the method the engine chose is recorded.
 A format an engine or target lacks is a skip through expectations/*.toml, naming the capability."""
 
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from conformance import compare
-from conformance.crafted import mxfp4
+from conformance.checkpoints.crafted import mxfp4
+from conformance.checkpoints.quant import limits as quant_limits
+from conformance.checkpoints.quant.checkpoint import dequantized_copy, known_weights_match, quantized
+from conformance.checkpoints.quant.validate import QuantCheckpointError, validate
 from conformance.engines.worker import EngineError
-from conformance.quant import limits as quant_limits
-from conformance.quant.checkpoint import dequantized_copy, known_weights_match, quantized
-from conformance.quant.validate import QuantCheckpointError, validate
 from conformance.reference import Reference
+from conformance.verdicts import compare
 
 AREA = "quantization"
 ENGINE_KINDS = ["under-test", "transformers"]
@@ -94,7 +94,7 @@ def test_model_quantization_is_well_formed(model_under_test, record_figure):
 
     Catches: a truncated download, a header whose dtype disagrees with the data, a missing scale tensor, an
     unknown quant_method — before an engine loads them as garbage or hangs on them.
-    Reference: https://huggingface.co/docs/safetensors/index ; conformance/quant/validate.py
+    Reference: https://huggingface.co/docs/safetensors/index ; conformance/checkpoints/quant/validate.py
     Controls: tests/test_check_bodies_platform.py::test_model_quantization_check_fails_on_a_truncated_shard
     """
     try:
@@ -111,7 +111,8 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, run, 
                                                 record_figure):
     """The tiny model written as GPTQ (int4 sym, g32, qzeros "-1" v1 layout, g_idx), AWQ (int4 zero-point,
     g32, 0,2,4,6,1,3,5,7 interleave) or compressed-tensors FP8 (E4M3 weights with per-channel or per-tensor
-    scales, dynamic per-token activations) — attention projections quantized, as conformance/quant/formats.py
+    scales, dynamic per-token activations) — attention projections quantized, as
+    conformance/checkpoints/quant/formats.py
     explains — first dequantizes to its known float weights within the format's step, then loads in the
     engine with a quantized method on those layers, and its logprobs match the fp64 reference of the
     dequantized weights within the format's limits (data/quant.toml). The chosen method/kernel is recorded.
@@ -120,7 +121,7 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, run, 
     the wrong "-1" convention, scales inverted or on the wrong axis, a quantization_config accepted but not
     applied (docs/vllm-cpu.md "Gotchas" 5), and writer bugs of the suite itself (the known-weights step).
     Reference: https://github.com/AutoGPTQ/AutoGPTQ ; https://github.com/casper-hansen/AutoAWQ ;
-      https://github.com/neuralmagic/compressed-tensors ; conformance/quant/formats.py
+      https://github.com/neuralmagic/compressed-tensors ; conformance/checkpoints/quant/formats.py
     Controls: tests/test_check_bodies_platform.py::test_quantized_check_fails_on_a_loader_that_reverses_gptq_nibbles,
       tests/test_check_bodies_platform.py::test_quantized_check_fails_when_the_transformers_engine_under_test_lacks_a_loader,
       tests/test_check_bodies_platform.py::test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from conformance import reliability, settings
 from conformance.engines.worker import EngineError
+from conformance.verdicts import reliability, settings
 
 AREA = "reliability"
 
@@ -139,7 +139,7 @@ def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_
     Controls: tests/test_check_bodies_server.py::test_server_kill_check_fails_when_its_server_cannot_start
     """
     from conformance.engines.vllm_server import ServerError, _signal_group
-    from conformance.serving_fixtures import new_server
+    from conformance.run.serving_fixtures import new_server
 
     proc = new_server(run, served_model, o200k_vocab.parent, run.run_dir / "vllm-server-fault.log")
     try:

@@ -4,8 +4,8 @@ tolerance) of each request served alone."""
 
 import pytest
 
-from conformance import compare
-from conformance.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
+from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
+from conformance.verdicts import compare
 
 AREA = "scheduling"
 

@@ -3,8 +3,8 @@ the model for a chat (against openai-harmony) and the tokens it stops on. One se
 
 import pytest
 
-from conformance import server_probes as probes
-from conformance.tokenizer import harmony
+from conformance.verdicts import harmony
+from conformance.verdicts import server_probes as probes
 
 AREA = "serving"
 CASES = harmony.load_cases()

@@ -1,5 +1,5 @@
 """P2 serving performance: vLLM's own benchmark client against the server under test at concurrency
-1/8/32/64 and the standard shapes 1k/1k, 1k/8k, 8k/1k (conformance/bench_shapes.py), its figures
+1/8/32/64 and the standard shapes 1k/1k, 1k/8k, 8k/1k (conformance/verdicts/bench_shapes.py), its figures
 compared with the pinned baseline of the same lineage (env_checks.baselines); and graph
 mode (CUDA/HIP graphs) against eager on the same prompts."""
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import bench_shapes, perf, perf_floors, runrecord
 from conformance.engines.worker import EngineError
+from conformance.run import runrecord
+from conformance.verdicts import bench_shapes, perf, perf_floors
 from env_checks import baselines
 
 AREA = "performance"
@@ -31,7 +32,7 @@ def bench_tokenizer(run, server, request) -> Path:
 
 @pytest.fixture(scope="module")
 def run_lineage(run) -> str:
-    from conformance.recorder import fingerprint
+    from conformance.run.recorder import fingerprint
 
     return perf.lineage_of(run.spec.name, run.fingerprint or fingerprint(run), run.combo)
 
@@ -115,7 +116,7 @@ def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer,
       https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
     Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
     """
-    from conformance import profiles
+    from conformance.verdicts import profiles
 
     input_len, output_len = bench_shapes.lengths(run.spec.name, shape)
     limit = profiles.of(run).engine_options().get("max_model_len", run.spec.options_for("vllm").get("max_model_len"))

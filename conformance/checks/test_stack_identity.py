@@ -64,7 +64,7 @@ def test_stack_pins_hold(run, fingerprint, record_figure):
     Reference: docs/figures.md "Reference figures" (MEC firmware 177); env_checks/pins/*.toml carry a link per pin
     Controls: tests/test_check_bodies_platform.py::test_pins_check_fails_when_the_vllm_version_cannot_be_read
     """
-    from conformance.pins_check import pin_report
+    from conformance.verdicts.pins_check import pin_report
 
     report = pin_report(fingerprint, engine=run.engine)
     record_figure("pins_checked", report.checked)

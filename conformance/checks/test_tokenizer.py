@@ -3,7 +3,8 @@ and its chat template against openai-harmony's rendering (no engine needed)."""
 
 import pytest
 
-from conformance.tokenizer import fidelity, harmony
+from conformance.checkpoints.tokenizer import fidelity
+from conformance.verdicts import harmony
 
 AREA = "tokenizer"
 CASES = harmony.load_cases()

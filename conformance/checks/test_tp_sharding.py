@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import compare, distributed, tp_checkpoints, tp_shards
+from conformance import distributed
+from conformance.distributed import tp_checkpoints, tp_shards
+from conformance.distributed import tp_reference as tpref
+from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
-from conformance.reference import tp as tpref
-from conformance.tp_engine import TPEngineProcess, tp_settings
+from conformance.verdicts import compare
 
 AREA = "tensor-parallel"
 TP = distributed.data()["tp"]

@@ -135,7 +135,7 @@ def layer_io(engine: Any, prompts: list[list[int]], decode_steps: int) -> list[d
 
 
 def tp_shards(engine: Any) -> list[dict[str, Any]]:
-    """Every rank's sharded tensors as its loader placed them (conformance/tp_shards.py read_shards)."""
-    from conformance.tp_shards import read_shards
+    """Every rank's sharded tensors as its loader placed them (conformance/distributed/tp_shards.py read_shards)."""
+    from conformance.engines.shard_probe import read_shards
 
     return engine.llm.apply_model(read_shards)

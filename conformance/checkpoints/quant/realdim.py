@@ -1,0 +1,113 @@
+"""A gpt-oss checkpoint with the published model's real dimensions (hidden 2880, 64/8 heads of 64, 128 or 32
+experts, the 201088-token vocab) but only a few layers and random weights, written layer by layer in the real
+on-disk layout: MXFP4 expert blocks and scales as u8 [E, out, in/32, 16] / [E, out, in/32], everything else
+bf16, one safetensors shard per layer. For P0 at the real size without downloading a model:
+`python -m conformance.checkpoints.quant.realdim OUT_DIR --layers 2 --variant gpt-oss-120b`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from conformance.checkpoints import gptoss_config
+from conformance.checkpoints.quant.mxfp4 import NOT_CONVERTED
+
+E2M1_RMS_LOG2 = 1.5  # log2 of the RMS of uniformly random E2M1 codes (~2.9)
+
+
+def real_config(variant: str, layers: int) -> dict:
+    spec = gptoss_config.spec()
+    shared, dims = spec["shared"], spec["variants"][variant]
+    cfg = {k: v for k, v in shared.items() if k != "rope_scaling"} | dict(dims)
+    cfg.pop("params_billion", None)
+    cfg |= {"architectures": ["GptOssForCausalLM"], "num_hidden_layers": layers,
+            "rope_scaling": dict(shared["rope_scaling"]), "experts_per_token": shared["num_experts_per_tok"],
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+            "initial_context_length": 4096, "hidden_act": "silu", "attention_dropout": 0.0, "use_cache": True,
+            "router_aux_loss_coef": 0.9, "output_router_logits": False, "torch_dtype": "bfloat16",
+            "dtype": "bfloat16",
+            "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}}
+    return cfg
+
+
+def _mxfp4(gen: torch.Generator, experts: int, out: int, inp: int, std: float) -> tuple[torch.Tensor, torch.Tensor]:
+    blocks = torch.randint(0, 256, (experts, out, inp // 32, 16), generator=gen, dtype=torch.int32).to(torch.uint8)
+    exp = round(torch.log2(torch.tensor(std)).item() - E2M1_RMS_LOG2)
+    scales = torch.randint(exp - 1, exp + 2, (experts, out, inp // 32), generator=gen, dtype=torch.int32) + 127
+    return blocks, scales.to(torch.uint8)
+
+
+def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120) -> Path:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = real_config(variant, layers)
+    gen = torch.Generator().manual_seed(seed)
+    h, inter, e = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
+    q, kv, vocab = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"], \
+        cfg["vocab_size"]
+
+    def normal(*shape: int, std: float, mean: float = 0.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std + mean).to(torch.bfloat16)
+
+    shards: dict[str, dict[str, torch.Tensor]] = {"embed": {"model.embed_tokens.weight": normal(vocab, h, std=1.0)}}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t = {p + "input_layernorm.weight": normal(h, std=0.1, mean=1.0),
+             p + "post_attention_layernorm.weight": normal(h, std=0.1, mean=1.0),
+             p + "self_attn.o_proj.weight": normal(h, q, std=1.0 / q**0.5),
+             p + "self_attn.o_proj.bias": normal(h, std=0.1),
+             p + "self_attn.sinks": normal(cfg["num_attention_heads"], std=1.0),
+             p + "mlp.router.weight": normal(e, h, std=2.0 / h**0.5), p + "mlp.router.bias": normal(e, std=0.5),
+             p + "mlp.experts.gate_up_proj_bias": normal(e, 2 * inter, std=0.5),
+             p + "mlp.experts.down_proj_bias": normal(e, h, std=0.1)}
+        for name, dim in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            t[p + f"self_attn.{name}.weight"] = normal(dim, h, std=1.5 / h**0.5)
+            t[p + f"self_attn.{name}.bias"] = normal(dim, std=0.3)
+        for stem, (out, inp, std) in {"gate_up_proj": (2 * inter, h, 4.0 / h**0.5),
+                                      "down_proj": (h, inter, 0.5 / inter**0.5)}.items():
+            blocks, scales = _mxfp4(gen, e, out, inp, std)
+            t[p + f"mlp.experts.{stem}_blocks"], t[p + f"mlp.experts.{stem}_scales"] = blocks, scales
+        shards[f"layer{i}"] = t
+    shards["head"] = {"model.norm.weight": normal(h, std=0.1, mean=1.0),
+                      "lm_head.weight": normal(vocab, h, std=3.0 / h**0.5)}
+    index = {}
+    for n, tensors in enumerate(shards.values()):
+        name = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / name), metadata={"format": "pt"})
+        index |= dict.fromkeys(tensors, name)
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=1))
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200012],
+                                                                "pad_token_id": 199999}))
+    _write_tokenizer(out_dir)
+    return out_dir
+
+
+def _write_tokenizer(out_dir: Path) -> None:
+    """The o200k_harmony HF tokenizer files beside the weights, as the published checkpoint ships them (so the
+    tokenizer checks and the run minimum judge a real-dim run too). Raises VocabUnavailable without a vocab."""
+    import shutil
+
+    from conformance.checkpoints.tokenizer import hf_build, vocab
+
+    tok_dir = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
+    for name in hf_build.TOKENIZER_FILES:
+        shutil.copyfile(tok_dir / name, out_dir / name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--variant", default="gpt-oss-120b", choices=["gpt-oss-120b", "gpt-oss-20b"])
+    ap.add_argument("--seed", type=int, default=120)
+    args = ap.parse_args()
+    print(write(args.out_dir, args.layers, args.variant, args.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The run's one multiprocessing forkserver. Engine children and distributed ranks fork from it
+instead of starting fresh interpreters: it has imported torch, vLLM and transformers once (importing
+vLLM alone takes ~9 s on a 2-core host, and P1 starts ~16 engines). torch and vLLM read some
+environment variables at import (TORCH_COMPILE_DISABLE), so it is started with the target's engine
+environment, and an engine that needs another environment is spawned instead. It never touches a
+GPU: CUDA/HIP is initialised in the children, after the fork."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
+import time
+from typing import Any
+
+PRELOAD = ["conformance.engines.preload", "torch.distributed", "conformance.distributed",
+           "conformance.distributed.collectives", "conformance.distributed.tp_reference"]
+_env: dict[str, str] | None = None
+started_at: float | None = None  # perf_counter() when it was started (phases.py times its imports)
+
+
+def start(env: dict[str, str]) -> None:
+    """Start it now, with `env` on top of ours, unless it runs already; its imports go on in the
+    background while the caller continues."""
+    global _env, started_at
+    if _env is not None:
+        return
+    started_at = time.perf_counter()
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    saved = dict(os.environ)
+    os.environ.update(_text(env))
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    _env = _text(env)
+
+
+def _text(env: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in env.items()}
+
+
+def context(env: dict[str, str] | None = None) -> Any:
+    """The forkserver context (started here, with `env`, if nobody started it); None when it runs
+    with another environment than `env` (None: the caller sets what it needs in the child)."""
+    if _env is None:
+        start(env or {})
+    return mp.get_context("forkserver") if env is None or _text(env) == _env else None

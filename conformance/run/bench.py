@@ -1,0 +1,173 @@
+"""`nox -s bench`: run tiers N times and print, per phase, the median/min/max wall time.
+
+  python -m conformance.run.bench --runs 3 --tiers p0,p1 [--nox "python -m nox"] [--reports-dir DIR] [-- run args]
+
+Each run is `nox -s <tier> -- ...` when a nox command is given (what a user types: its time beyond the run
+itself is the `venv` phase), else `python -m conformance run --tier <tier> ...`. The phases come from each
+run's results.json (`phases`, conformance/run/phases.py) and its checks' durations; `floor_ratio` is the run's
+wall over its floor (its first vLLM engine start plus the parity decode, both measured in the same run).
+The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers.
+A benchmark, not a test: it never fails on a time, only when a run could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Row order of the table: the run's own phases first, then each check, then the totals.
+HEAD = ("load_1m", "venv", "startup", "imports", "checkpoints")
+TAIL = ("parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio")
+
+
+class BenchError(RuntimeError):
+    """A run that could not be made or read; one sentence."""
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    low: float
+    high: float
+    n: int
+
+
+def phases_of(record: dict[str, Any], outer_wall_s: float | None = None, load_1m: float | None = None,
+              outside: str = "venv") -> dict[str, float]:
+    """One run's row values: its recorded phases, `check: <name>` per check, the outer wall beyond the run's
+    own wall (`outside`: "venv" for a run through nox, "exit" for a direct one: what follows the record)
+    and the load average it started under."""
+    if not isinstance(record.get("phases"), dict):
+        raise BenchError(f"run {record.get('run_id', '?')} has no phases in its results.json (a run of an older "
+                         "suite?): rerun it with this one.")
+    out = {str(k): float(v) for k, v in record["phases"].items() if isinstance(v, (int, float))}
+    for check in record.get("checks", []):
+        name = "check: " + str(check["id"]).split("::")[-1]
+        out[name] = out.get(name, 0.0) + float(check.get("duration_s", 0.0))
+    if outer_wall_s is not None:
+        out["outer_wall"] = outer_wall_s
+        if "wall" in out:
+            out[outside] = max(0.0, outer_wall_s - out["wall"])
+    if load_1m is not None:
+        out["load_1m"] = load_1m
+    return out
+
+
+def aggregate(samples: list[dict[str, float]]) -> dict[str, Stat]:
+    """Per row: median, min, max over the runs that have it, and how many did."""
+    names = {name for sample in samples for name in sample}
+    out = {}
+    for name in names:
+        values = [s[name] for s in samples if name in s]
+        out[name] = Stat(statistics.median(values), min(values), max(values), len(values))
+    return out
+
+
+def _order(name: str) -> tuple[int, str]:
+    if name in HEAD:
+        return HEAD.index(name), ""
+    if name.startswith("engine: ") or name == "server":
+        return 10, "~" if name == "server" else name  # the server after the engines
+    if name.startswith("check: "):
+        return 20, ""  # checks keep their run order (a stable sort over the first run's order)
+    if name in TAIL:
+        return 30 + TAIL.index(name), ""
+    return 25, name
+
+
+def format_table(tier: str, stats: dict[str, Stat], runs: int, check_order: list[str] | None = None) -> str:
+    """The table of one tier: phase, median, min, max (seconds; floor_ratio and load are plain numbers)."""
+    order = {name: i for i, name in enumerate(check_order or [])}
+    names = sorted(stats, key=lambda n: (*_order(n), order.get(n, len(order)), n))
+    width = max([len(n) for n in names] + [len("phase")])
+    lines = [f"{tier.upper()}: {runs} run(s)",
+             f"{'phase':{width}s} {'median':>9s} {'min':>9s} {'max':>9s}  runs"]
+    for name in names:
+        st = stats[name]
+        unit = "" if name in ("floor_ratio", "load_1m") else "s"
+        cells = " ".join(f"{v:8.2f}{unit or ' '}" for v in (st.median, st.low, st.high))
+        lines.append(f"{name:{width}s} {cells}  {st.n}" + ("" if st.n == runs else f" of {runs}"))
+    return "\n".join(lines)
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "results.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BenchError(f"{path} was not written: the run failed before its record (see its output).") from None
+    except ValueError as exc:
+        raise BenchError(f"{path} is not JSON ({exc}).") from None
+
+
+def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, extra: list[str]
+             ) -> tuple[dict[str, Any], float, float]:
+    """One run of `tier`: (its record, its outer wall seconds, the 1-minute load before it)."""
+    run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-bench-{tier}-{index}"
+    args = ["--reports-dir", str(reports_dir), *extra]
+    if nox:
+        cmd = [*nox, "-s", tier, "--", *args, "--", "--run-id", run_id]
+    else:
+        cmd = [sys.executable, "-m", "conformance", "run", "--tier", tier, *args, "--", "--run-id", run_id]
+    load = os.getloadavg()[0]
+    print(f"bench: {tier} run {index + 1}: {shlex.join(cmd)}  (load {load:.2f})", flush=True)
+    started = time.perf_counter()
+    code = subprocess.run(cmd).returncode
+    wall = time.perf_counter() - started
+    record = read_record(reports_dir / run_id)
+    if code not in (0, 1):
+        print(f"bench: {tier} run {index + 1} exited {code}", flush=True)
+    return record, wall, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="conformance.run.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="runs per tier (default 3)")
+    parser.add_argument("--tiers", default="p0,p1", help="comma-separated tiers (default p0,p1)")
+    parser.add_argument("--nox", default=None, help="nox command to run each tier through (e.g. 'python -m nox')")
+    parser.add_argument("--reports-dir", default="reports/runs/bench", help="where the runs go")
+    parser.add_argument("--from-runs", nargs="*", default=None,
+                        help="tabulate these recorded run directories instead of running anything")
+    parser.add_argument("extra", nargs="*", help="arguments for `conformance run` (after --)")
+    ns, unknown = parser.parse_known_args(argv)  # --rocm, --cuda, --model ...: for `conformance run`
+    ns.extra = [*unknown, *ns.extra]
+    try:
+        if ns.from_runs is not None:
+            by_tier: dict[str, list[dict[str, Any]]] = {}
+            for d in ns.from_runs:
+                record = read_record(Path(d))
+                by_tier.setdefault(",".join(record.get("tiers", [])) or "?", []).append(phases_of(record))
+            for tier, samples in by_tier.items():
+                print(format_table(tier, aggregate(samples), len(samples)) + "\n")
+            return 0
+        tiers = [t.strip() for t in ns.tiers.split(",") if t.strip()]
+        nox = shlex.split(ns.nox) if ns.nox else None
+        reports = Path(ns.reports_dir)
+        reports.mkdir(parents=True, exist_ok=True)
+        results: dict[str, list[dict[str, Any]]] = {t: [] for t in tiers}
+        for index in range(ns.runs):
+            for tier in tiers:
+                record, wall, load = run_once(tier, index, reports, nox, list(ns.extra))
+                results[tier].append(record | {"_outer": (wall, load)})
+        for tier in tiers:
+            samples = [phases_of(r, *r["_outer"], outside="venv" if nox else "exit") for r in results[tier]]
+            order = ["check: " + str(c["id"]).split("::")[-1] for c in results[tier][0].get("checks", [])]
+            print(format_table(tier, aggregate(samples), len(samples), order) + "\n")
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""What each engine under test can show, as data (data/engines.toml), and the `needs` marker of the checks.
+
+A check that needs something only some engines have says so, `@pytest.mark.needs("paged_kv")`, instead of
+`if run.engine != "vllm": pytest.skip(...)`; a fixture calls `require(run, "paged_kv")`. On an engine without
+the capability the check is skipped, before any of its fixtures starts an engine, with the capability's
+`absent` sentence. The plugin registers this module (`register`)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DATA: Path = resources.files("conformance") / "data" / "engines.toml"  # type: ignore[assignment]
+MARKER = "needs"
+MARKER_LINE = f"{MARKER}(*capabilities): skipped unless the engine under test has them (data/engines.toml)"
+
+
+class CapabilityError(ValueError):
+    """engines.toml is malformed, or a check names a capability it does not declare."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    engines: dict[str, frozenset[str]]  # engine name -> the capabilities it has
+    absent: dict[str, str]              # capability -> the skip sentence, with {engine}
+
+    def has(self, engine: str, capability: str) -> bool:
+        self._known(capability)
+        return capability in self.engines.get(engine, frozenset())
+
+    def missing(self, engine: str, *needed: str) -> str | None:
+        """The skip sentence of the first capability `engine` lacks, or None when it has them all."""
+        for capability in needed:
+            if not self.has(engine, capability):
+                return self.absent[capability].format(engine=engine)
+        return None
+
+    def _known(self, capability: str) -> None:
+        if capability not in self.absent:
+            raise CapabilityError(f"no capability {capability!r} in engines.toml (it declares "
+                                  f"{', '.join(sorted(self.absent))}): add a [capabilities.{capability}] table.")
+
+
+def parse(table: dict[str, Any], where: str = "engines.toml") -> Capabilities:
+    """The declarations of one engines.toml; CapabilityError names the first fault in one sentence."""
+    caps, engines = table.get("capabilities"), table.get("engines")
+    if not isinstance(caps, dict) or not isinstance(engines, dict) or not engines:
+        raise CapabilityError(f"{where} needs an [engines.NAME] table per engine and a [capabilities.NAME] table "
+                              "per capability.")
+    absent: dict[str, str] = {}
+    for name, row in caps.items():
+        if not isinstance(row, dict) or not isinstance(row.get("absent"), str) or not row["absent"]:
+            raise CapabilityError(f"{where} [capabilities.{name}] has no absent sentence (the skip reason).")
+        absent[name] = row["absent"]
+    have: dict[str, frozenset[str]] = {}
+    for name, row in engines.items():
+        listed = row.get("capabilities") if isinstance(row, dict) else None
+        if not isinstance(listed, list):
+            raise CapabilityError(f"{where} [engines.{name}] has no capabilities list.")
+        unknown = sorted(set(map(str, listed)) - set(absent))
+        if unknown:
+            raise CapabilityError(f"{where} [engines.{name}] lists {', '.join(unknown)}, which no "
+                                  "[capabilities.NAME] table declares.")
+        have[name] = frozenset(listed)
+    return Capabilities(have, absent)
+
+
+@cache
+def declared() -> Capabilities:
+    try:
+        return parse(tomllib.loads(DATA.read_text()))
+    except tomllib.TOMLDecodeError as exc:
+        raise CapabilityError(f"{DATA} is not valid TOML ({exc}): fix that line and run again.") from None
+
+
+def require(run: Any, capability: str) -> None:
+    """Skip the check (from a fixture) when the run's engine lacks `capability`."""
+    reason = declared().missing(run.engine, capability)
+    if reason:
+        pytest.skip(reason)
+
+
+def skip_reason(item: Any, engine: str) -> str | None:
+    """The skip sentence for a check whose `needs` markers name a capability `engine` lacks."""
+    needed = [str(c) for mark in item.iter_markers(MARKER) for c in mark.args]
+    return declared().missing(engine, *needed) if needed else None
+
+
+def register(config: Any) -> None:
+    """From the plugin's pytest_configure: the marker (strict markers) and this module's setup hook."""
+    config.addinivalue_line("markers", MARKER_LINE)
+    config.pluginmanager.register(sys.modules[__name__], "conformance-capabilities")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: Any) -> None:
+    """Before the check's fixtures: a missing capability skips it; an undeclared one fails it (one sentence)."""
+    from conformance.run.runcontext import ctx_of
+
+    try:
+        reason = skip_reason(item, ctx_of(item.config).engine)
+    except CapabilityError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if reason:
+        pytest.skip(reason)

@@ -1,0 +1,104 @@
+"""Known failures per platform, as data (expectations/*.toml), applied at collection.
+
+An entry names a check id (a prefix for a skip; the exact id, parameters included, for an xfail),
+conditions on the run info (target, engine, dtype, torch_flavour, gcn_arch) and a status: `xfail` (a
+known bug: needs a link) or `skip` (capability absent: needs a reason). Entries that match no collected
+check are reported, as array-api-tests does, so stale expectations do not linger.
+
+An xfail may carry `match` (a text, or a list of texts): the known bug's failure message contains one of
+them. Any other failure of that check (a crash, a hang, another verdict) is then no xfail but a failure,
+whose message says so (the hook below): the known bug never hides an unknown one."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.verdicts import settings
+
+DIR = resources.files("conformance") / "data" / "expectations"  # package data
+NARROWED = pytest.StashKey[tuple[list[str], str]]()  # on an item: (texts its xfail's failure must hold, entry)
+
+
+def load(directory: Path = DIR) -> list[dict[str, Any]]:
+    entries = []
+    for f in sorted(directory.glob("*.toml")):
+        for e in settings.load_toml(f).get("expect", []):
+            if e.get("status") not in ("xfail", "skip") or "check" not in e:
+                raise settings.DataError(f"{f}: entry {e} needs `check` and `status` = xfail|skip.")
+            if e["status"] == "xfail" and "link" not in e:
+                raise settings.DataError(f"{f}: xfail entry for {e['check']} needs a bug `link`.")
+            if "match" in e and not _texts(e["match"]):
+                raise settings.DataError(f"{f}: `match` of {e['check']} must be a non-empty text or list of texts.")
+            entries.append(e | {"file": f.name})
+    return entries
+
+
+def matches(when: dict[str, Any], run_info: dict[str, Any]) -> bool:
+    for key, want in when.items():
+        have = run_info.get(key)
+        wants = want if isinstance(want, list) else [want]
+        haves = have if isinstance(have, list) else [have]
+        if not any(w in haves for w in wants):
+            return False
+    return True
+
+
+def apply(items: list[pytest.Item], run_info: dict[str, Any], entries: list[dict] | None = None) -> list[str]:
+    """Mark matching items; return descriptions of entries that matched nothing collected."""
+    entries = load() if entries is None else entries
+    unmatched = []
+    for e in entries:
+        if not matches(e.get("when", {}), run_info):
+            continue
+        want = _short(e["check"])  # a skip covers a check id prefix; an xfail (a known bug) one exact check id
+        hit = [i for i in items if (_short(i.nodeid) == want if e["status"] == "xfail" else
+                                    _short(i.nodeid).startswith(want))]
+        if not hit:
+            unmatched.append(f"{e['file']}: {e['check']}")
+        for item in hit:
+            if e["status"] == "xfail":
+                item.add_marker(pytest.mark.xfail(reason=f"{e.get('reason', 'known bug')} [{e['link']}]",
+                                                  strict=False))
+                if "match" in e:
+                    item.stash[NARROWED] = (_texts(e["match"]), f"{e['file']}: {e['check']}")
+            else:
+                item.add_marker(pytest.mark.skip(reason=e.get("reason", "not applicable here")))
+    return unmatched
+
+
+def _texts(match: Any) -> list[str]:
+    texts = [match] if isinstance(match, str) else list(match) if isinstance(match, list) else []
+    return texts if texts and all(isinstance(t, str) and t for t in texts) else []
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: sees the report after pytest's xfail handling
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A narrowed xfail whose failure does not hold its `match` text is reported failed, not xfailed."""
+    outcome = yield
+    narrowed = item.stash.get(NARROWED, None)
+    report = outcome.get_result()
+    if narrowed is None or call.excinfo is None or not hasattr(report, "wasxfail"):
+        return
+    texts, entry = narrowed
+    failure = f"{call.excinfo.typename}: {call.excinfo.value}"
+    if any(t in failure for t in texts):
+        return
+    del report.wasxfail
+    report.outcome = "failed"
+    report.longrepr = (f"not the known bug ({entry}, whose failure holds {' or '.join(map(repr, texts))}), so no "
+                       f"xfail: {failure}\n{report.longrepr}")
+
+
+def _short(node_id: str) -> str:
+    """Ids relative to the checks directory, whatever rootdir pytest chose."""
+    return node_id.rsplit("/", 1)[-1]
+
+
+def link_of(message: str) -> str | None:
+    m = re.search(r"\[(https?://[^\]]+)\]", message)
+    return m.group(1) if m else None

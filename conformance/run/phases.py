@@ -1,0 +1,236 @@
+"""Where a run's wall time goes, phase by phase, and the start-up work taken off its critical path.
+
+Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the dashboard read it):
+
+- `startup`: interpreter start to the end of collection (Python, pytest and the suite's imports);
+- `imports`: the forkserver's import of torch, vLLM and transformers (conformance/engines/forkserver.py), from its
+  start to the first child it forks;
+- `checkpoints`: building (or, when cached, verifying) the tiny checkpoints and the o200k vocabulary;
+- `engine: <kind> #<n>` and `server`: each engine start and the suite's server start (RunContext.startups);
+- `parity_decode`: the greedy decode with prompt logprobs that the parity checks share;
+- `report`: the end of the last check to the record (fingerprint, machine health, summary);
+- `wall`: interpreter start to the record; `floor`: the first vLLM engine start plus the parity decode,
+  the least a P0 run can take here; `floor_ratio`: wall / floor.
+
+Off the critical path (hooked in by the plugin, which registers this module):
+
+- the checkpoints and the vocabulary are built in a background thread from the end of collection on,
+  overlapping the first checks; a fixture that needs one waits for that build only (`wait_built`);
+- the checks that use the suite's own server run last, so the server (started in the background at
+  collection, serving_fixtures.prestart_server) starts while every other check runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_lock = threading.Lock()
+_phases: dict[str, float] = {}
+_marks: dict[str, float] = {}  # perf_counter stamps
+_built: dict[str, threading.Event] = {}
+_build_errors: dict[str, BaseException] = {}
+SERVER_FIXTURE = "server"
+
+
+def _clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError):
+        return 100
+
+
+def process_age_s(stat_text: str | None = None, uptime_text: str | None = None) -> float | None:
+    """Seconds since this process started, from /proc (None where there is no /proc)."""
+    try:
+        stat_text = stat_text if stat_text is not None else Path("/proc/self/stat").read_text()
+        uptime_text = uptime_text if uptime_text is not None else Path("/proc/uptime").read_text()
+        started_ticks = int(stat_text.rsplit(")", 1)[1].split()[19])  # field 22, counted after the comm
+        return max(0.0, float(uptime_text.split()[0]) - started_ticks / _clock_ticks())
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# perf_counter() at interpreter start: what `wall` and `startup` are measured from
+_age = process_age_s()
+T0 = time.perf_counter() - (_age if _age is not None else 0.0)
+
+
+def reset() -> None:
+    with _lock:
+        _phases.clear()
+        _marks.clear()
+        _built.clear()
+        _build_errors.clear()
+
+
+def record(name: str, seconds: float) -> None:
+    """Set phase `name` (seconds >= 0); a phase recorded twice keeps the first value (the first start)."""
+    with _lock:
+        _phases.setdefault(name, max(0.0, float(seconds)))
+
+
+def snapshot(startups: list[tuple[str, float]] | None = None, now: float | None = None) -> dict[str, float]:
+    """The phases so far, with the start-ups, `wall`, `floor` and `floor_ratio` (rounded to ms)."""
+    now = time.perf_counter() if now is None else now
+    with _lock:
+        out = dict(_phases)
+        marks = dict(_marks)
+    counts: dict[str, int] = {}
+    for what, seconds in startups or []:
+        name = "server" if "server" in what.lower() else what
+        counts[name] = counts.get(name, 0) + 1
+        out.setdefault(name if name == "server" else f"engine: {name} #{counts[name]}", max(0.0, float(seconds)))
+    if "checks_done" in marks:
+        out["report"] = now - marks["checks_done"]
+    out["wall"] = now - T0
+    first_vllm = out.get("engine: vllm engine #1")
+    if first_vllm is not None and "parity_decode" in out:
+        out["floor"] = first_vllm + out["parity_decode"]
+        if out["floor"] > 0:
+            out["floor_ratio"] = out["wall"] / out["floor"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+# -- background builds ------------------------------------------------------------------------------
+
+def start_builds(jobs: list[tuple[str, Callable[[], Any]]]) -> threading.Thread | None:
+    """Run the build jobs in order in one daemon thread; `checkpoints` is their total time. A job that
+    raises is recorded and raised again to whoever waits for it (the fixture reports it)."""
+    if not jobs:
+        return None
+    with _lock:
+        for name, _ in jobs:
+            _built.setdefault(name, threading.Event())
+
+    def work() -> None:
+        started = time.perf_counter()
+        for name, job in jobs:
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the fixture that needs it
+                _build_errors[name] = exc
+            finally:
+                _built[name].set()
+        record("checkpoints", time.perf_counter() - started)
+
+    thread = threading.Thread(target=work, name="prebuild", daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_built(name: str, timeout_s: float = 1800.0) -> None:
+    """Wait until the background build `name` is done (at once when none was started); its error, if any,
+    is left for the caller's own build call to raise with its own message."""
+    event = _built.get(name)
+    if event is not None:
+        event.wait(timeout_s)
+
+
+def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[], Any]]]:
+    """What the selected checks will need built: the tiny checkpoint (no --model), the o200k vocabulary
+    and the tiny model with the o200k tokenizer (tokenizer and server checks)."""
+    names = {name for item in items for name in getattr(item, "fixturenames", ())}
+    jobs: list[tuple[str, Callable[[], Any]]] = []
+    if run.model_arg is None and names & {"model_under_test", "engine", "engines", "reference", "prompts"}:
+        from conformance.checkpoints.models import tiny_gpt_oss
+
+        jobs.append(("tiny", tiny_gpt_oss))
+    if names & {"o200k_vocab", "served_model", SERVER_FIXTURE, "model_tokenizer_dir", "hf_tokenizer",
+                "o200k_harmony", "harmony_encoding"}:
+        from conformance.checkpoints.tokenizer import vocab
+
+        jobs.append(("o200k", vocab.ensure_o200k))
+        if run.model_arg is None:
+            from conformance.checkpoints.models import tiny_gpt_oss_with_tokenizer
+
+            jobs.append(("tiny-tok", tiny_gpt_oss_with_tokenizer))
+    return jobs
+
+
+_forkserver_probe: dict[str, threading.Event] = {}
+
+
+def forkserver_ready() -> threading.Event | None:
+    """An event set once the run's forkserver has done its preload imports (None when no forkserver was
+    started: engines are spawned). The first call starts a probe that records `imports`: from the forkserver's
+    start until it forks a child, which it does only once its imports are done."""
+    from conformance.engines import forkserver
+
+    if forkserver.started_at is None:
+        return None
+    with _lock:
+        if "event" in _forkserver_probe:
+            return _forkserver_probe["event"]
+        event = _forkserver_probe["event"] = threading.Event()
+    started, ctx = forkserver.started_at, forkserver.context()
+
+    def probe() -> None:
+        try:
+            child = ctx.Process(target=os.getpid, daemon=True)
+            child.start()
+            child.join(1800)
+            record("imports", time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 - a missing figure, never a failed run
+            pass
+        finally:
+            event.set()
+
+    threading.Thread(target=probe, name="forkserver-probe", daemon=True).start()
+    return event
+
+
+# -- collection order -------------------------------------------------------------------------------
+
+ENGINE_FIXTURE = "engines"  # every engine fixture (engine, engine_greedy, the device probe) depends on it
+
+
+def order_checks(items: list[pytest.Item]) -> None:
+    """Stable reorder in place, whole modules at a time (module-scoped fixtures stay set up once): first the
+    modules that start no engine (they run while the forkserver imports vLLM), then those that start engines,
+    last those that use the suite's server (it starts in the background meanwhile)."""
+    rank: dict[str, int] = {}
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        mine = 2 if SERVER_FIXTURE in names else 1 if ENGINE_FIXTURE in names else 0
+        key = _module_of(item)
+        rank[key] = max(rank.get(key, 0), mine)
+    items.sort(key=lambda item: rank[_module_of(item)])
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+# -- hooks (this module is registered as a plugin by conformance.run.plugin) ----------------------------
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After deselection: the server checks last, and the builds the selected checks need begin."""
+    if hasattr(config, "workerinput") or not items:
+        return
+    from conformance.run.runcontext import ctx_of
+
+    order_checks(items)
+    reset()
+    record("startup", time.perf_counter() - T0)
+    run = ctx_of(config)
+    if not run.resolved().problems:
+        start_builds(build_jobs(run, items))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After the plugin has started the forkserver: time its imports."""
+    forkserver_ready()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    with _lock:
+        _marks["checks_done"] = time.perf_counter()  # the last one wins: the end of the last check

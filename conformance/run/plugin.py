@@ -1,0 +1,231 @@
+"""The suite's pytest plugin: options, target resolution, metadata lint, expectations, progress
+lines, the closing summary table and the run record (results.json, junit.xml, fingerprint.json).
+
+Loaded with `-p conformance.run.plugin` (the `conformance` CLI and the nox sessions do that)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.engines import openai_api
+from conformance.run import capabilities, expectations, machine_health, run_options, run_target, runrecord, targets
+from conformance.run.cpu_features import amx as _cpu_amx
+from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
+from conformance.run.runrecord import CheckRecord
+
+_CONFIG: dict[str, pytest.Config] = {}  # pytest_runtest_logreport is given no config
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("conformance", "GPU LLM inference stack conformance")
+    g.addoption("--target", default=run_target.AUTO, choices=run_target.choices(),  # data/targets.toml
+                help="stack to test; auto = the GPU torch sees, else the CPU default")
+    for name in run_target.names():
+        g.addoption(f"--{name}", dest="target", action="store_const", const=name,
+                    help=f"assert and test the {name} stack (same as --target {name})")
+    g.addoption("--model", default=None, help="local gpt-oss checkpoint dir (default: the tiny one)")
+    g.addoption("--engine", default=None, choices=run_target.engine_names(), help="engine under test")
+    g.addoption("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per target)")
+    g.addoption("--reports-dir", default="reports/runs", help="where runs are written")
+    g.addoption("--run-id", default=None, help="run id (default: time + target + random)")
+    g.addoption("--combo", default=None, help="matrix combination id recorded in the run")
+    g.addoption("--server", default=None, nargs="?", const=openai_api.FROM_ENV,
+                help="URL of a running OpenAI-compatible server to test, with or without /v1 (alone: "
+                     "$OPENAI_BASE_URL; key: $CONFORMANCE_SERVER_API_KEY or $OPENAI_API_KEY)")
+    run_options.add_options(g)  # --tier
+    g.addoption("--tokenizer-vocab", default=None, help="o200k_base.tiktoken file or folder (offline vocab)")
+    g.addoption("--eval-data", default=None, help="folder with local eval datasets (gsm8k, GPQA, AIME) for P3")
+    g.addoption("--history-db", default=None, help="history store holding the serving baselines (P2)")
+    g.addoption("--profile", default=None,
+                help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the SKU's production one)")
+    g.addoption("--health-policy", default=None, help="machine-health policy TOML (default: data/health.toml)")
+
+
+def _new_run_id(target: str) -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{target}-{secrets.token_hex(3)}"
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # CI cancellations still write an incomplete run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    run_options.refuse_xdist(config)  # a usage error under -n, not a KeyError in the workers
+    opt = config.option
+    target = targets.resolve(opt.target)
+    run_id = opt.run_id or _new_run_id(target.resolved)
+    run_dir = Path(opt.reports_dir) / run_id
+    if run_dir.exists():
+        raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
+    ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
+                     opt.combo)
+    ctx.target = target
+    from conformance.verdicts import profiles
+
+    profiles.configure(ctx, opt.profile)  # one-sentence UsageError for a bad --profile
+    config.stash[RUN_KEY] = ctx
+    _CONFIG["config"] = config
+    if not getattr(opt, "xmlpath", None):
+        opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
+    signal.signal(signal.SIGTERM, _sigterm)
+    run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
+    capabilities.register(config)  # the `needs` marker: what a check needs of the engine (data/engines.toml)
+    for value, env in ((opt.tokenizer_vocab, "CONFORMANCE_TOKENIZER_VOCAB"), (opt.eval_data, "CONFORMANCE_EVAL_DATA"),
+                       (opt.history_db, "CONFORMANCE_HISTORY_DB")):
+        if value:
+            os.environ[env] = value
+    from conformance.run import fixtures, serving_fixtures
+
+    config.pluginmanager.register(fixtures, "conformance-fixtures")
+    config.pluginmanager.register(serving_fixtures, "conformance-serving-fixtures")
+    from conformance.run import phases  # phase timings, background builds, server checks last
+
+    config.pluginmanager.register(phases, "conformance-phases")
+    config.pluginmanager.register(expectations, "conformance-expectations")  # a narrowed xfail hides no other failure
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return run_options.header_lines(config, ctx_of(config))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ctx = ctx_of(config)
+    bad = [f"{item.nodeid} {p}" for item in items for p in runrecord.check_metadata_problems(item)]
+    if bad:
+        raise pytest.UsageError("checks without required metadata (docs/contributing.md):\n  " + "\n  ".join(bad))
+    t = ctx.resolved()
+    run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
+                "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
+                "cpu_amx": _cpu_amx()}
+    ctx.unmatched_expectations = expectations.apply(items, run_info)
+    check_s = ctx.spec.timeouts.check_s
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
+    run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Records for the checks that will run (after -k / -m deselection)."""
+    ctx, items = ctx_of(session.config), session.items
+    for item in items:
+        tier = next(m.name for m in item.iter_markers() if m.name in runrecord.TIERS)
+        ref = runrecord.docstring_field(item.function, "Reference") or ""
+        ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
+    ctx.collected = len(items)
+    target = ctx.spec
+    if not target.problems and items and target.engine_start == "forkserver":
+        from conformance.engines import forkserver
+
+        # its imports (vLLM, transformers) overlap the checks that need no engine
+        forkserver.start(dict(target.env))
+    if any("server" in getattr(item, "fixturenames", ()) for item in items):
+        from conformance.run.serving_fixtures import prestart_server
+
+        prestart_server(ctx)
+
+
+def _cpu_isa() -> str:
+    from conformance.run.cpu_features import vector_isa
+
+    return vector_isa()
+
+
+def _message(report: pytest.TestReport) -> str:
+    if report.passed and not hasattr(report, "wasxfail"):
+        return ""
+    if hasattr(report, "wasxfail"):
+        return str(report.wasxfail)
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2])
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash else str(report.longrepr)
+    return text[:4000]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    rec = ctx_of(config).records.get(report.nodeid)
+    if rec is None:
+        return
+    rec.duration_s += report.duration
+    for key, value in report.user_properties:
+        if str(key).startswith("figure:"):
+            rec.figures[key.removeprefix("figure:")] = value
+    outcome = None
+    if report.when == "setup" and report.failed:
+        outcome = "error"
+    elif report.skipped:
+        outcome = "xfailed" if hasattr(report, "wasxfail") else "skipped"
+    elif report.when == "call":
+        outcome = ("xpassed" if report.passed else "failed") if hasattr(report, "wasxfail") else report.outcome
+    elif report.when == "teardown" and report.failed and rec.outcome == "passed":
+        outcome = "error"
+    if outcome is not None:
+        rec.outcome, rec.message = outcome, _message(report)
+        rec.failure_class = runrecord.classify(outcome, rec.message)
+        rec.bug_link = expectations.link_of(rec.message) if outcome in ("xfailed", "xpassed") else None
+    if report.when == "teardown":
+        _progress(config, rec)
+
+
+def _progress(config: pytest.Config, rec: CheckRecord) -> None:
+    ctx = ctx_of(config)
+    done = sum(1 for r in ctx.records.values() if r.duration_s > 0)
+    figs = "  ".join(f"{k}={v:.3g}" for k, v in list(rec.figures.items())[:3] if isinstance(v, (int, float)))
+    tw = config.pluginmanager.get_plugin("terminalreporter")
+    if tw is not None:
+        colour = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}}.get(rec.outcome, {})
+        tw.write_line(f"[{done}/{ctx.collected}] {rec.outcome.upper():8s} {rec.id}  ({rec.duration_s:.1f} s)  {figs}",
+                      **colour)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    outcome = yield
+    res = outcome.get_result()
+    if res and config.option.verbose <= 0:
+        outcome.force_result((res[0], "", res[2]))  # our progress line replaces pytest's dots
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own header, if it shows one
+def pytest_sessionstart(session: pytest.Session) -> None:
+    run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
+    if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
+        machine_health.start(ctx_of(session.config).spec.name, session.config.option.health_policy)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from conformance.run import recorder, serving_fixtures
+
+    serving_fixtures.discard_prestarted()
+    ctx = ctx_of(session.config)
+    ran = [r for r in ctx.records.values() if r.duration_s > 0]
+    if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # zero executed checks is a failure
+    if machine_health.finish() and machine_health.failed() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a GPU fault during the run fails it
+    from conformance.run import run_minimum
+
+    ctx.shortfall = run_minimum.shortfall(ctx.records.values())  # type: ignore[attr-defined]
+    if ctx.shortfall and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # every check skipped, or P0 without its core verdicts
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    recorder.write(ctx, int(session.exitstatus), complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from conformance.run import recorder
+
+    recorder.print_summary(terminalreporter, ctx_of(config))

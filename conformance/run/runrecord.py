@@ -1,0 +1,92 @@
+"""The run being recorded: per-check records built from pytest reports, and the results.json body."""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.run.tiers import TIERS
+
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class CheckRecord:
+    id: str
+    tier: str
+    area: str
+    reference: str
+    outcome: str = "error"
+    duration_s: float = 0.0
+    figures: dict[str, float | None] = field(default_factory=dict)
+    message: str = ""
+    failure_class: str | None = None
+    bug_link: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_id(node_id: str) -> str:
+    """The same id for a check whatever rootdir pytest chose: conformance/checks/<module>::<name>."""
+    return "conformance/checks/" + node_id.rsplit("/", 1)[-1]
+
+
+def docstring_field(func: Any, name: str) -> str | None:
+    """The text after `Name:` in a check's docstring (continuation lines are indented)."""
+    doc = inspect.getdoc(func) or ""
+    m = re.search(rf"^{name}:\s*(.+(?:\n[ \t]+.+)*)", doc, flags=re.MULTILINE)
+    return " ".join(m.group(1).split()) if m else None
+
+
+def check_metadata_problems(item: Any) -> list[str]:
+    """A check needs one tier marker, a docstring with `Catches:` and a `Reference:` link."""
+    problems = []
+    tiers = [m.name for m in item.iter_markers() if m.name in TIERS]
+    if len(tiers) != 1:
+        problems.append(f"has {len(tiers)} tier markers (needs exactly one of p0..p3)")
+    func = getattr(item, "function", None)
+    if not docstring_field(func, "Catches"):
+        problems.append("has no 'Catches:' line in its docstring (what failure does it catch?)")
+    ref = docstring_field(func, "Reference")
+    if not ref or "http" not in ref and "docs/" not in ref:
+        problems.append("has no 'Reference:' line with a link")
+    from conformance.run import controls
+
+    problems += controls.problems(docstring_field(func, controls.FIELD), inspect.getsourcefile(func) if func else None)
+    return problems
+
+
+def area_of(item: Any) -> str:
+    module = getattr(item, "module", None)
+    area = getattr(module, "AREA", None)
+    return area or Path(str(item.fspath)).stem.removeprefix("test_")
+
+
+def classify(outcome: str, message: str) -> str | None:
+    if outcome == "xfailed":
+        return "known_bug"
+    if outcome == "failed":
+        if "engine hung" in message or "Timeout" in message:
+            return "timeout"
+        if "engine died" in message:
+            return "crash"
+        return "new_failure"
+    if outcome == "error":
+        return "could_not_run"
+    return None
+
+
+def summary_of(records: list[CheckRecord]) -> dict[str, int]:
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for r in records:
+        counts[r.outcome] += 1
+    return counts

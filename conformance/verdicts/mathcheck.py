@@ -1,0 +1,176 @@
+"""Comparison helpers for model components — RoPE tables, the MoE block — and the mutant diagnosis
+that says which known failure mode a disagreeing stack behaves like. Same contract as compare.py:
+reports print both sides, the figure and the tolerance, and raise only via `raise_if_failed`."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import torch
+
+from conformance.verdicts.compare import LayerTolerance, VerdictReport, position_band
+
+MANTISSA_BITS = {"float32": (23, -126), "bfloat16": (7, -126), "float16": (10, -14)}
+
+
+def spacing(values: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The gap between adjacent numbers of `dtype` at each value (subnormals included)."""
+    bits, emin = MANTISSA_BITS[dtype]
+    exponent = torch.floor(torch.log2(values.abs().clamp_min(2.0 ** (emin - bits)))).clamp_min(emin)
+    return torch.pow(2.0, exponent - bits)
+
+
+def _round_to(values: torch.Tensor, dtype: str) -> torch.Tensor:
+    return values.to(getattr(torch, dtype)).to(torch.float64)
+
+
+def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor],
+               positions: list[int], tol: dict[str, float], dtype: str = "float32") -> VerdictReport:
+    """Engine cos/sin tables [P, D/2] against the reference's, judged at the storage resolution of `dtype`:
+    each entry within `storage_ulps` spacings of the reference rounded to that dtype (plus the fp32 angle error
+    that grows with position), the angle recovered from each (cos, sin) pair within `angle_abs +
+    angle_per_position * pos`, and the concentration (YaRN mscale). Position 1 must be among the positions:
+    its angle is inv_freq itself, judged relatively where the dtype has an exact limit (fp32)."""
+    report = VerdictReport(f"RoPE/YaRN tables ({dtype} storage)", require_figures=True)
+    if dtype not in MANTISSA_BITS:
+        report.problems.append(f"no storage model for dtype {dtype}")
+        return report
+    (gc, gs), (wc, ws) = [(c.double(), s.double()) for c, s in (got, want)]
+    if gc.shape != wc.shape:
+        report.problems.append(f"table shape {tuple(gc.shape)} vs reference {tuple(wc.shape)}")
+        return report
+    if not (torch.isfinite(gc).all() and torch.isfinite(gs).all()):
+        report.problems.append("the engine's table holds NaN or inf")
+        return report
+    pos = torch.tensor(positions, dtype=torch.float64)[:, None]
+    # storage: the reference rounded to the engine's dtype is what a correct fp32-computed table stores
+    rc, rs = _round_to(wc, dtype), _round_to(ws, dtype)
+    allowed_c = tol["storage_ulps"] * spacing(rc, dtype) + tol["table_abs_floor"] + tol["table_abs_per_position"] * pos
+    allowed_s = tol["storage_ulps"] * spacing(rs, dtype) + tol["table_abs_floor"] + tol["table_abs_per_position"] * pos
+    excess = torch.maximum((gc - rc).abs() / allowed_c, (gs - rs).abs() / allowed_s)
+    # angles: wrapped difference of atan2, per position (worst over frequencies)
+    d_angle = torch.remainder(torch.atan2(gs, gc) - torch.atan2(ws, wc) + math.pi, 2 * math.pi) - math.pi
+    angle_err = d_angle.abs().max(dim=1).values
+    angle_allowed = tol["angle_abs"] + tol["angle_per_position"] * pos[:, 0]
+    conc_abs = (torch.hypot(gc, gs) - torch.hypot(wc, ws)).abs().max().item()
+    i1 = positions.index(1)
+    g_inv, w_inv = torch.atan2(gs[i1], gc[i1]), torch.atan2(ws[i1], wc[i1])
+    inv_rel = ((g_inv - w_inv).abs() / w_inv.abs()).max().item()
+    far = int(pos[:, 0].argmax())
+    report.figures = {"rope_inv_freq_max_rel_err": inv_rel, "rope_concentration_abs_err": conc_abs,
+                      "rope_table_max_abs_err": torch.maximum((gc - wc).abs(), (gs - ws).abs()).max().item(),
+                      "rope_table_max_storage_excess": excess.max().item(),
+                      f"rope_angle_err_rad_at_{positions[far]}": angle_err[far].item(),
+                      "rope_angle_err_rad_max": angle_err.max().item()}
+    report.details = ["angle error by position: " + ", ".join(
+        f"{p}: {e:.2g} rad" for p, e in zip(positions, angle_err.tolist()))]
+    if "inv_freq_rel" in tol and not inv_rel <= tol["inv_freq_rel"]:
+        worst = int(((g_inv - w_inv).abs() / w_inv.abs()).argmax())
+        report.problems.append(f"inv_freq[{worst}] is {g_inv[worst].item():.8g}, reference {w_inv[worst].item():.8g} "
+                               f"(relative error {inv_rel:.3g} > {tol['inv_freq_rel']:.3g})")
+    if not conc_abs <= tol["concentration_abs"]:
+        want_conc = torch.hypot(wc[i1], ws[i1]).mean().item()
+        report.problems.append(f"concentration (YaRN mscale) is off by {conc_abs:.3g} (limit "
+                               f"{tol['concentration_abs']:.3g}); reference {want_conc:.6f}")
+    bad = (angle_err > angle_allowed).nonzero().flatten().tolist()
+    if bad:
+        near = [i for i in range(len(positions)) if positions[i] <= 256]
+        floor = max((angle_err[i].item() for i in near), default=0.0)
+        grows = angle_err[far].item() > 4 * max(floor, tol["angle_abs"])
+        first = positions[bad[0]]
+        cause = (f"the error grows with position ({floor:.2g} rad up to 256, {angle_err[far].item():.3g} rad at "
+                 f"{positions[far]}): the engine's angles come from a rounded inv_freq or low-precision positions, "
+                 f"a long-context defect that {dtype} storage cannot explain (it bounds the error by "
+                 f"{tol['angle_abs']:.2g} rad)") if grows else (
+                 f"the error is {angle_err.max().item():.3g} rad already at low positions: wrong base, YaRN range or "
+                 f"concentration")
+        report.problems.append(f"RoPE angles differ from the reference from position {first} on; {cause}")
+    if excess.max().item() > 1.0 and not bad:
+        p = positions[int(excess.max(dim=1).values.argmax())]
+        report.problems.append(f"cos/sin differ from the reference rounded to {dtype} by more than "
+                               f"{tol['storage_ulps']} spacing(s) at position {p} (the worst)")
+    return report
+
+
+def moe_close(got: torch.Tensor, want: torch.Tensor, rel_tol: float, label: str) -> VerdictReport:
+    """Max |engine - reference| over the block output, relative to the reference's largest magnitude."""
+    report = VerdictReport(f"MoE block {label}", require_figures=True)
+    if got.shape != want.shape:
+        report.problems.append(f"output shape {tuple(got.shape)} vs reference {tuple(want.shape)}")
+        return report
+    scale = want.abs().max().item() or 1.0
+    rel = ((got.double() - want.double()).abs().max().item()) / scale
+    report.figures = {"moe_max_rel_err": rel if math.isfinite(rel) else float("inf")}
+    if not rel <= rel_tol:
+        report.problems.append(f"max |Δ| / max |reference| = {rel:.3g} exceeds {rel_tol:.3g}")
+    return report
+
+
+def nearest(distances: dict[str, float]) -> tuple[str, float]:
+    """The name and distance of the closest candidate (NaN counts as infinitely far)."""
+    name = min(distances, key=lambda k: distances[k] if math.isfinite(distances[k]) else math.inf)
+    return name, distances[name]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+
+
+def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> VerdictReport:
+    """Each attention and MoE block of the engine against the fp64 reference fed the engine's own input to
+    that block, stratified by block, layer type (sliding/full), position band and phase (prefill/decode).
+    A fault that lives in one stratum (positions past 256, sliding layers past the window, decode only)
+    moves that stratum's figures while the rest stay at the dtype's noise floor."""
+    report = VerdictReport("per-layer blocks against the fp64 reference", require_figures=True)
+    strata: dict[tuple[str, str, str, str], list[float]] = {}
+    for n, probe in enumerate(probes):
+        positions, prefill = list(probe["positions"]), int(probe["prefill_len"])
+        count = len(positions)
+        if count == 0 or positions != list(range(count)):
+            report.problems.append(f"prompt {n}: the engine ran positions {positions[:6]}... not 0..{count - 1} in "
+                                   f"order: the probe cannot line them up with the reference")
+            continue
+        if count <= prefill and probe.get("decode_expected", True):
+            report.problems.append(f"prompt {n}: no decode step was captured (only the {prefill}-token prefill)")
+        cos, sin = reference.rope_tables(list(range(count)))
+        for block in ("attn", "moe"):
+            for i, (x, y) in enumerate(probe[block]):
+                if x.shape[0] != count or y.shape != x.shape:
+                    report.problems.append(f"prompt {n}: {block} of layer {i} saw {x.shape[0]} positions, "
+                                           f"not {count}")
+                    continue
+                want = reference.attention(i, x, cos, sin) if block == "attn" else reference.moe(i, x)
+                rel = (y - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)
+                rel = torch.nan_to_num(rel, nan=math.inf, posinf=math.inf)  # a NaN output fails
+                kind = reference.layer_type(i)
+                for t, value in enumerate(rel.tolist()):
+                    phase = "prefill" if t < prefill else "decode"
+                    strata.setdefault((block, kind, position_band(t, tol.bands), phase), []).append(value)
+    worst = 0.0
+    for (block, kind, band, phase), values in sorted(strata.items()):
+        med, p90, top = statistics.median(values), _quantile(values, 0.9), max(values)
+        grow = 1.0 + int(band.split("-")[0].rstrip("+")) / tol.position_scale
+        base = tol.blocks[block]
+        lim = type(base)(base.median * grow, base.p90 * grow, base.max * grow)
+        name = f"layer_{block}_{kind}_{band}_{phase}"
+        report.figures[name + "_p90"] = p90
+        ratio = max(med / lim.median, p90 / lim.p90, top / lim.max)
+        worst = max(worst, ratio if math.isfinite(ratio) else math.inf)
+        line = (f"{block:4s} {kind:7s} positions {band:9s} {phase:7s}: median {med:.3g} p90 {p90:.3g} max {top:.3g} "
+                f"over {len(values)} positions")
+        report.details.append(line)
+        if not (med <= lim.median and p90 <= lim.p90 and top <= lim.max):
+            report.problems.append(f"{block} blocks of {kind} layers at positions {band} ({phase}) disagree: median "
+                                   f"{med:.3g} (limit {lim.median:.3g}), p90 {p90:.3g} (limit {lim.p90:.3g}), max "
+                                   f"{top:.3g} (limit {lim.max:.3g})")
+    if strata:
+        report.figures["layer_worst_ratio_to_limit"] = worst
+        every = [v for values in strata.values() for v in values]
+        report.figures["layer_rel_err_median"] = statistics.median(every)
+        report.figures["layer_rel_err_max"] = max(every)
+    if tol.source:
+        report.details.append(f"limits: {tol.source}")
+    return report

