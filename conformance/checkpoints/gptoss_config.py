@@ -10,10 +10,11 @@ from typing import Any
 
 from conformance.checkpoints.modeldir import read_safetensors_header
 from conformance.verdicts import settings
+from conformance.verdicts.verdict import Verdict
 
 
 @dataclass
-class ConfigReport:
+class ConfigReport(Verdict):
     variant: str | None
     problems: list[str] = field(default_factory=list)
 

@@ -10,6 +10,7 @@ import pytest
 
 from conformance.engines.vllm_server import SERVER_URL_ENV
 from conformance.verdicts import accuracy
+from conformance.verdicts.verdict import record_figures
 
 AREA = "accuracy"
 CASES = accuracy.cases()
@@ -80,6 +81,5 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
     except accuracy.AccuracyError as exc:
         pytest.fail(str(exc), pytrace=False)
     verdict = accuracy.accuracy_verdict(score, reference, accuracy.pass_rule())
-    for name, value in verdict.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, verdict)
     verdict.raise_if_failed()

@@ -10,6 +10,7 @@ import pytest
 
 from conformance.engines.worker import EngineError
 from conformance.verdicts import device
+from conformance.verdicts.verdict import Problems, at_least, record_figures
 
 AREA = "device"
 DTYPES = ["float32", "bfloat16", "float16", "float8"]
@@ -49,11 +50,10 @@ def test_device_isa_in_build(probe, run, record_figure):
     record_figure("arch_list_len", len(info.get("arch_list", [])))
     problems = device.isa_problems(info.get("isa"), info.get("arch_list", []), sku and sku["isa"])
     libraries = device.library_isa(info, run.engine)
-    for name, value in libraries.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, libraries)
     problems += libraries.problems
     read = "; ".join(f"{lib}: {how}" for lib, how in libraries.sources.items())
-    assert not problems, "; ".join(problems) + (f" (targets read: {read})" if read else "")
+    Problems(problems, note=f" (targets read: {read})" if read else "").raise_if_failed()
 
 
 @pytest.mark.p0
@@ -87,11 +87,10 @@ def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
         verdicts.append(device.gemm_verdict(dtype, out["a"], out["w"].t(), out["c"], shape=shape))
     report = device.GemmReport(dtype, seed, verdicts, plan.not_applicable)
     figures = report.figures()
-    for name, value in figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, figures)
     if plan.tf32:  # 0 where the stack computes fp32 anyway (NVIDIA_TF32_OVERRIDE=0, no xf32 on the GPU)
         record_figure("tf32_effective", float(figures["gemm_rel_err"] > device.gemm_tolerance("float32").rel_fro))
-    assert report.ok, report.message()
+    report.raise_if_failed()
 
 
 @pytest.mark.p2
@@ -119,7 +118,8 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
     record_figure(f"tflops_{dtype}", tflops)
     record_figure("ratio_to_peak", tflops / sku["peak_tflops"][dtype])
     floor = sku["floor_tflops"][dtype]
-    assert tflops >= floor, f"{dtype} GEMM {tflops:.0f} TFLOP/s is below the floor {floor:.0f} for {sku['name']}"
+    at_least(tflops, floor,
+             f"{dtype} GEMM {tflops:.0f} TFLOP/s is below the floor {floor:.0f} for {sku['name']}").raise_if_failed()
 
 
 @pytest.mark.p2
@@ -143,4 +143,5 @@ def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
     record_figure("hbm_gbps", gbps)
     record_figure("ratio_to_peak", gbps / sku["peak_hbm_gbps"])
     floor = sku["floor_hbm_gbps"]
-    assert gbps >= floor, f"copy bandwidth {gbps:.0f} GB/s is below the floor {floor:.0f} for {sku['name']}"
+    at_least(gbps, floor,
+             f"copy bandwidth {gbps:.0f} GB/s is below the floor {floor:.0f} for {sku['name']}").raise_if_failed()

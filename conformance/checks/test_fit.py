@@ -5,6 +5,7 @@ import pytest
 from conformance.run import fit
 from conformance.run.fixtures import EngineFactory
 from conformance.verdicts import profiles
+from conformance.verdicts.verdict import record_figures
 
 AREA = "engine"
 
@@ -30,7 +31,6 @@ def test_serving_profile_fits_device(run, model_under_test, record_figure):
         verdict = fit.gate(run, model_under_test.path, model_under_test.config, options, model_under_test.name)
     except fit.FitError as exc:
         pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
-    for name, value in verdict.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, verdict)
     assert verdict.ok, f"profile {profiles.of(run).label}: {verdict.sentence}"
 

@@ -10,6 +10,7 @@ import pytest
 from conformance.engines.engine_configs import BLOCK_SIZES
 from conformance.reference import kv_model
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import record_figures
 
 AREA = "kv-cache"
 _SEEDS = itertools.count(20251)  # a new prompt per use: a prefix-cache hit would blur the first sample
@@ -50,8 +51,7 @@ def _held_while_decoding(proc, layout, config, timeout_s, decode_steps: int = 4)
 
 def _record(record_figure, *reports) -> None:
     for report in reports:
-        for name, value in report.figures.items():
-            record_figure(name, value)
+        record_figures(record_figure, report)
 
 
 @pytest.mark.p0

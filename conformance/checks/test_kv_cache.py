@@ -5,6 +5,7 @@ import math
 import pytest
 
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import record_figures
 
 AREA = "kv-cache"
 
@@ -28,6 +29,5 @@ def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, call_
     engine.call("step", 8, timeout_s=call_timeout_s)  # 1 prefill + 4 decode steps are enough to finish
     after = engine.call("kv_state", timeout_s=call_timeout_s)
     report = compare.kv_blocks_released(during, after, math.ceil(len(prompt) / during.block_size))
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()

@@ -6,6 +6,7 @@ import pytest
 from conformance.engines.worker import EngineError
 from conformance.reference import kv_model
 from conformance.verdicts import compare, profiles
+from conformance.verdicts.verdict import record_figures
 
 AREA = "kv-cache"
 
@@ -60,8 +61,7 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
                         streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS)
     want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out]
     report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} reference"))
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -84,8 +84,7 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
     want = kv_model.expected_kv(model_under_test.config, layout.block_size, kv_model.kv_dtype_bytes(run.dtype_name,
                                 "fp8"), layout.requested_budget_bytes or layout.budget_bytes)
     report = compare.kv_layout_matches(layout, want)
-    for name, value in report.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from conformance.engines.worker import EngineError
 from conformance.verdicts import compare, mathcheck, settings
+from conformance.verdicts.verdict import record_figures
 
 AREA = "model-math"
 
@@ -24,8 +25,7 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     tol, top_k = tolerance
     want = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in outputs]
     report = compare.logprobs_close(outputs, want, tol)
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -75,8 +75,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, prompts, 
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
     report = mathcheck.layers_close(probes, reference, tol)
-    for name, value in report.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -108,6 +107,5 @@ def test_exact_float32_logprobs_match_reference(run, engines, reference, prompts
         pytest.fail(str(exc), pytrace=False)
     report = compare.logprobs_close(out, [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out], tol,
                                     names=(f"engine ({exact})", "reference"))
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()

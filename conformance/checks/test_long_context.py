@@ -9,6 +9,7 @@ import pytest
 from conformance.engines.worker import EngineError
 from conformance.run import capabilities
 from conformance.verdicts import compare, longctx, profiles
+from conformance.verdicts.verdict import Problems, record_figures
 
 AREA = "model-math"
 
@@ -91,11 +92,9 @@ def deep_reference(model_under_test, deep_fresh, long_settings, tolerance):
 def _judge(got, want, tolerance, band_from, record_figure, names=("engine", "reference")):
     tol, _ = tolerance
     report = longctx.depth_parity(got, want, tol, band_from, names)
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     if got and got[0].prompt_steps:
-        for name, value in longctx.band_figures(got[0], want[0], band_from).items():
-            record_figure(name, value)
+        record_figures(record_figure, longctx.band_figures(got[0], want[0], band_from))
     report.raise_if_failed()
 
 
@@ -183,16 +182,14 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
     counted = compare.counter_delta("vllm:prefix_cache_hits", before, after, minimum=len(deep) - 2 * block)
-    for name, value in counted.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, counted)
     record_figure("cached_request_seconds", seconds)
     record_figure("fresh_request_seconds", deep_fresh[1])
     counted.raise_if_failed()
     want, _ = deep_reference
     report = compare.logprobs_close(hit, [longctx.Completion(w.prompt_ids, w.token_ids, w.steps) for w in want], tol,
                                     ("cache hit", "reference"))
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -222,8 +219,7 @@ def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model
     record_figure("max_model_len", float(limits["max_model_len"]))
     record_figure("prompt_tokens", float(len(prompt)))
     record_figure("seconds", seconds)
-    problems = longctx.max_len_problems(limits, want_len, out, 4)
-    assert not problems, "; ".join(problems)
+    Problems(longctx.max_len_problems(limits, want_len, out, 4)).raise_if_failed()
     compare.rejected_clearly(refused, 5.0, ("maximum context length", "max_model_len", "longer than")).raise_if_failed()
 
 
@@ -276,11 +272,9 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     want_ref, _ = deep_reference
     ref = compare.logprobs_close(got[:1], [longctx.without_prompt_steps(w) for w in want_ref[:1]], tol,
                                  ("preempted", "reference"))
-    for name, value in preempted.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, preempted)
     record_figure("identical_requests", float(sum(g.token_ids == w.token_ids for g, w in zip(got, want_alone))))
-    for name, value in same.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, same)
     if not preempted.ok:
         pytest.fail(f"no preemption: {'; '.join(preempted.problems)} while {len(reqs)} long requests shared a "
                     f"{options['num_gpu_blocks_override']}-block KV pool, so recompute after preemption was not "

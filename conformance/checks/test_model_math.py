@@ -12,6 +12,7 @@ from conformance.checkpoints.crafted import crafted
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts import compare, mathcheck, settings
+from conformance.verdicts.verdict import record_figures
 
 AREA = "model-math"
 ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 255, 256, 257, 511, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
@@ -64,8 +65,7 @@ def test_rope_tables_match_reference(engine, reference, run, call_timeout_s, rec
     except settings.DataError as exc:
         pytest.fail(str(exc), pytrace=False)
     report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, tol, run.dtype_name)
-    for name, value in report.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 

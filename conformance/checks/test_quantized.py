@@ -19,6 +19,7 @@ from conformance.checkpoints.quant.validate import QuantCheckpointError, validat
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import record_figures
 
 AREA = "quantization"
 ENGINE_KINDS = ["under-test", "transformers"]
@@ -79,8 +80,7 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
     ref = Reference(reference_dir)
     report = compare.logprobs_close(got, [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tolerance,
                                     names)
-    for name, value in {**report.figures(), **applied.figures}.items():
-        record_figure(name, value)
+    record_figures(record_figure, {**report.figures(), **applied.figures})
     applied.raise_if_failed()
     report.raise_if_failed()
 
@@ -128,8 +128,7 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, run, 
     """
     path = quantized(fmt)
     known = known_weights_match(path)
-    for name, value in known.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, known)
     known.raise_if_failed()
     _loads_and_matches(fmt, path, dequantized_copy(path), engine_kind, engines, run, prompts, call_timeout_s,
                        record_figure)

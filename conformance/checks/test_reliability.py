@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from conformance.engines.worker import EngineError
 from conformance.verdicts import reliability, settings
+from conformance.verdicts.verdict import Problems, record_figures
 
 AREA = "reliability"
 
@@ -45,9 +46,8 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
     vram = cfg["max_vram_growth_mib"] if run.spec.needs_device else None
     report = reliability.soak_verdict(samples, cfg["warmup_rounds"], cfg["max_rss_growth_mib"], cfg["max_fd_growth"],
                                       vram)
-    for name, value in report.figures().items():
-        record_figure(name, value)
-    assert not report.problems, "; ".join(report.problems)
+    record_figures(record_figure, report)
+    report.raise_if_failed()
 
 
 @pytest.mark.p3
@@ -177,4 +177,4 @@ def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_
     record_figure("seconds_to_error", seconds)
     record_figure("events_before_end", len(events))
     problems = reliability.killed_stream_problems(events, seconds, limit_s=30.0)
-    assert not problems, "; ".join(problems) + (f" ({error})" if error else "")
+    Problems(problems, note=f" ({error})" if error else "").raise_if_failed()

@@ -6,14 +6,13 @@ import pytest
 
 from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import record_figures
 
 AREA = "scheduling"
 
 
 def _record(record_figure, report) -> None:
-    figures = report.figures() if callable(report.figures) else report.figures
-    for name, value in figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
 
 
 def _mixed_requests(prompts) -> tuple[list[list[int]], list[int], list[int]]:

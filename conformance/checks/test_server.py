@@ -5,6 +5,7 @@ import pytest
 
 from conformance.verdicts import harmony
 from conformance.verdicts import server_probes as probes
+from conformance.verdicts.verdict import record_figures
 
 AREA = "serving"
 CASES = harmony.load_cases()
@@ -12,8 +13,7 @@ CHAT = [{"role": "user", "content": "Say something."}]
 
 
 def _record(probe, record_figure):
-    for name, value in probe.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, probe)
 
 
 @pytest.mark.p0

@@ -11,6 +11,7 @@ import pytest
 from conformance.engines.worker import EngineError
 from conformance.run import runrecord
 from conformance.verdicts import bench_shapes, perf, perf_floors
+from conformance.verdicts.verdict import record_figures
 from env_checks import baselines
 
 AREA = "performance"
@@ -65,8 +66,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
                                 run.run_dir / "bench", env)
     except perf.PerfError as exc:
         pytest.fail(str(exc), pytrace=False)
-    for name, value in result.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, result)
     result.raise_if_failed()
 
     limits = perf.regression_limits(target)
@@ -92,8 +92,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
         except HistoryError as exc:
             pytest.fail(str(exc), pytrace=False)
     perf.drift_since_pin(verdict, result.figures, baseline, since, limits)
-    for name, value in verdict.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, verdict)
     verdict.raise_if_failed()
 
 
@@ -159,6 +158,5 @@ def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, recor
         f"the enforce_eager=False engine logged no {capability.capture_log!r} ({graph_engine.log_path}): it ran "
         "without graphs, so graph mode was not compared")
     report = perf.graph_eager_parity(graph, eager, tol, perf.max_greedy_divergences(run.dtype_name))
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()

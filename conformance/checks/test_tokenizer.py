@@ -5,6 +5,7 @@ import pytest
 
 from conformance.checkpoints.tokenizer import fidelity
 from conformance.verdicts import harmony
+from conformance.verdicts.verdict import record_figures
 
 AREA = "tokenizer"
 CASES = harmony.load_cases()
@@ -25,8 +26,7 @@ def test_tokenizer_vocab_and_specials_match_o200k_harmony(hf_tokenizer, o200k_ha
     reports = [fidelity.compare_vocabulary(hf_tokenizer, o200k_harmony, int(tokenizer_facts["mergeable_ranks"])),
                fidelity.compare_specials(hf_tokenizer, o200k_harmony, tokenizer_facts)]
     for report in reports:
-        for name, value in report.figures().items():
-            record_figure(name, value)
+        record_figures(record_figure, report)
     for report in reports:
         report.raise_if_failed()
 
@@ -41,8 +41,7 @@ def test_tokenizer_round_trip_smoke(hf_tokenizer, o200k_harmony, record_figure):
     Controls: tests/test_tokenizer_controls.py::test_round_trip_smoke_body_fails_on_a_normalizing_tokenizer
     """
     report = fidelity.compare_corpus(hf_tokenizer, o200k_harmony, fidelity.load_corpus(smoke_only=True))
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -59,8 +58,7 @@ def test_tokenizer_matches_o200k_harmony_on_corpus(hf_tokenizer, o200k_harmony, 
     Controls: tests/test_tokenizer_controls.py::test_corpus_check_body_fails_on_a_merge_moved_to_the_end
     """
     report = fidelity.compare_corpus(hf_tokenizer, o200k_harmony, fidelity.load_corpus())
-    for name, value in report.figures().items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     record_figure("corpus_refused", len(report.refused))
     report.raise_if_failed()
 

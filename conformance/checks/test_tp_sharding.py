@@ -15,6 +15,7 @@ from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import record_figures
 
 AREA = "tensor-parallel"
 TP = distributed.data()["tp"]
@@ -58,8 +59,7 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
     ranges = tpref.intermediate_ranges(inter, tp, layout == "mxfp4")
     record_figure("intermediate_first_rank", ranges[0][1] - ranges[0][0])
     record_figure("intermediate_last_rank", ranges[-1][1] - ranges[-1][0])
-    for name, value in report.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -111,10 +111,8 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
     scored = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
     vs_ref = compare.logprobs_close(got, scored, tol, (f"vLLM TP={tp}", "fp64 reference"))
     record_figure("tensor_parallel_size", tp)
-    for name, value in report.figures().items():
-        record_figure(name, value)
-    for name, value in vs_ref.figures().items():
-        record_figure(f"reference_{name}", value)
+    record_figures(record_figure, report)
+    record_figures(record_figure, vs_ref, prefix="reference_")
     failures = []
     for verdict in (report, vs_ref):  # both verdicts are reported, each under its own header
         try:
@@ -150,8 +148,7 @@ def test_vllm_tp_shards_match_reference(vllm_tp, reference, call_timeout_s, reco
         pytest.fail(str(exc), pytrace=False)
     cfg = dict(reference.cfg) | {"head_dim": reference.head_dim}
     problems, figures = tp_shards.shard_problems(per_rank, reference.w, cfg, tpref.is_mxfp4(reference))
-    for name, value in figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, figures)
     if problems:
         pytest.fail(f"vLLM TP={tp} shards differ from the reference's split: " + "; ".join(problems[:8])
                     + (f"; and {len(problems) - 8} more" if len(problems) > 8 else ""), pytrace=False)

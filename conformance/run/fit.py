@@ -17,9 +17,10 @@ import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.reference import kv_model
+from conformance.verdicts.verdict import Verdict
 
 GB = 1e9
 
@@ -97,14 +98,14 @@ def kv_bytes_per_gpu(config: dict[str, Any], tokens: int, requests: int, dtype_b
 
 
 @dataclass
-class FitVerdict:
+class FitVerdict(Verdict):
+    failure: ClassVar[type[AssertionError]] = AssertionError
     ok: bool
     sentence: str
     figures: dict[str, float] = field(default_factory=dict)
 
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            raise AssertionError(self.sentence)
+    def failure_message(self) -> str:
+        return self.sentence
 
 
 def preflight(config: dict[str, Any], tensors: list[Tensor], *, device_bytes: float, utilization: float, tp: int,

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conformance.verdicts import settings
+from conformance.verdicts.verdict import Verdict
 
 
 def flavour_name(table: dict[str, Any], flavour: str) -> str:
@@ -18,7 +19,7 @@ def flavour_name(table: dict[str, Any], flavour: str) -> str:
 
 
 @dataclass
-class TargetReport:
+class TargetReport(Verdict):
     requested: str
     resolved: str
     torch_version: str | None = None
@@ -34,6 +35,13 @@ class TargetReport:
 
     def sentence(self) -> str:
         return " ".join(self.problems)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def failure_message(self) -> str:
+        return self.sentence()
 
 
 def _torch_facts() -> dict[str, Any]:

@@ -15,8 +15,9 @@ from typing import Any
 
 from conformance.engines.vllm_server import ServerClient, _tail
 from conformance.verdicts import settings
-from conformance.verdicts.compare import CheckFailed, VerdictReport
+from conformance.verdicts.compare import VerdictReport
 from conformance.verdicts.perf import PerfError, child_env, run_in_group
+from conformance.verdicts.verdict import Verdict
 
 ACCURACY_DATA = settings.DATA / "accuracy.toml"
 # The directory with the eval datasets (the `--eval-data DIR` option is meant to set it).
@@ -277,7 +278,7 @@ def run_lm_eval(cfg: LmEvalSettings, base_url: str, model: str, api_key: str | N
 
 
 @dataclass
-class AccuracyVerdict:
+class AccuracyVerdict(Verdict):
     score: EvalScore
     reference: Reference
     rule: PassRule
@@ -298,11 +299,10 @@ class AccuracyVerdict:
             out["score_stderr"] = self.score.stderr
         return out
 
-    def raise_if_failed(self) -> None:
-        if self.problems:
-            r = self.reference
-            raise CheckFailed(f"{r.model} {r.task} at reasoning effort {r.effort}: " + "; ".join(self.problems)
-                              + f"\n  results: {self.score.results_file}\n  reference: {r.value:.3f} ({r.source})")
+    def failure_message(self) -> str:
+        r = self.reference
+        return (f"{r.model} {r.task} at reasoning effort {r.effort}: " + "; ".join(self.problems)
+                + f"\n  results: {self.score.results_file}\n  reference: {r.value:.3f} ({r.source})")
 
 
 def accuracy_verdict(score: EvalScore, reference: Reference, rule: PassRule) -> AccuracyVerdict:

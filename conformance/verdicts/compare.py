@@ -10,13 +10,11 @@ from dataclasses import dataclass, field
 from conformance.engines.base import Completion, KVState, StepLogprobs
 from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome
 from conformance.reference import kv_model
+from conformance.verdicts.verdict import CheckFailed as CheckFailed  # re-exported: checks import it from here
+from conformance.verdicts.verdict import Verdict
 
 POSITION_BANDS = (0, 128, 256, 1024, 4096)  # the window, past 256 (bf16 positions), 1k, the 4k YaRN context
 MIN_STRATUM = 20  # |Δlogprob| values a stratum needs before its own median is judged
-
-
-class CheckFailed(AssertionError):
-    """A conformance verdict: the stack disagrees with its reference beyond the tolerance."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class LayerTolerance:
 
 
 @dataclass
-class ParityReport:
+class ParityReport(Verdict):
     tolerance: LogprobTolerance
     names: tuple[str, str]
     deltas: list[float] = field(default_factory=list)
@@ -119,9 +117,8 @@ class ParityReport:
                 f"(p99 {f['p99_abs_dlogprob']:.3g}, median {f['median_abs_dlogprob']:.3g}; tolerance "
                 f"{self.tolerance.max_abs:.3g}), {self.divergences} greedy divergence(s) within top-k")
 
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            raise CheckFailed(self.summary() + "\n  " + "\n  ".join(self.problems[:10]))
+    def failure_message(self) -> str:
+        return self.summary() + "\n  " + "\n  ".join(self.problems[:10])
 
 
 def _step_deltas(got: StepLogprobs, want: StepLogprobs) -> list[float]:
@@ -193,7 +190,7 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
 
 
 @dataclass
-class KVReport:
+class KVReport(Verdict):
     during: KVState
     after: KVState
     problems: list[str] = field(default_factory=list)
@@ -207,9 +204,8 @@ class KVReport:
                 "kv_blocks_used_during": float(self.during.used_blocks),
                 "kv_blocks_used_after": float(self.after.used_blocks)}
 
-    def raise_if_failed(self) -> None:
-        if self.problems:
-            raise CheckFailed("KV cache check failed: " + "; ".join(self.problems))
+    def failure_message(self) -> str:
+        return "KV cache check failed: " + "; ".join(self.problems)
 
 
 def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) -> KVReport:
@@ -234,7 +230,7 @@ def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) ->
 
 
 @dataclass
-class VerdictReport:
+class VerdictReport(Verdict):
     """A verdict with its figures; `details` print both sides when it fails. With `require_figures`
     a report that measured nothing fails too (a comparison that compared nothing proves nothing)."""
 
@@ -248,11 +244,10 @@ class VerdictReport:
     def ok(self) -> bool:
         return not self.problems and (bool(self.figures) or not self.require_figures)
 
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            more = ("\n  " + "\n  ".join(self.details[:12])) if self.details else ""
-            problems = "; ".join(self.problems[:10]) or "nothing was compared"
-            raise CheckFailed(f"{self.what}: {problems}{more}")
+    def failure_message(self) -> str:
+        more = ("\n  " + "\n  ".join(self.details[:12])) if self.details else ""
+        problems = "; ".join(self.problems[:10]) or "nothing was compared"
+        return f"{self.what}: {problems}{more}"
 
 
 def _group_kind(kind: str) -> str:

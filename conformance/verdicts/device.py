@@ -7,11 +7,12 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from conformance.verdicts import settings
+from conformance.verdicts.verdict import Verdict
 from env_checks import isa
 
 ISA_KIND = {"rocm": "hip", "cuda": "cuda"}
@@ -126,7 +127,9 @@ def gemm_sample(shape: tuple[int, int, int], seed: int) -> tuple[list[int], list
 
 
 @dataclass
-class GemmVerdict:
+class GemmVerdict(Verdict):
+    failure: ClassVar[type[AssertionError]] = AssertionError
+
     dtype: str
     rel_err: float
     entry_err: float
@@ -140,6 +143,9 @@ class GemmVerdict:
         # comparisons with NaN are False: a NaN figure fails
         return (self.nonfinite == 0 and self.rel_err <= self.tolerance.rel_fro
                 and self.entry_err <= self.tolerance.entry)
+
+    def failure_message(self) -> str:
+        return self.message()
 
     def message(self) -> str:
         m, k, n = self.shape
@@ -165,7 +171,7 @@ def gemm_verdict(dtype: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
 
 
 @dataclass
-class GemmReport:
+class GemmReport(Verdict):
     """Every shape of one dtype: the worst figures, and a message naming each failing shape and the seed."""
 
     dtype: str
@@ -186,6 +192,11 @@ class GemmReport:
                 "gemm_entry_err": worst([v.entry_err for v in self.verdicts]),
                 "entries_checked": sum(v.entries for v in self.verdicts), "shapes": len(self.verdicts),
                 "shapes_not_applicable": len(self.not_applicable), "seed": self.seed}
+
+    failure: ClassVar[type[AssertionError]] = AssertionError
+
+    def failure_message(self) -> str:
+        return self.message()
 
     def message(self) -> str:
         bad = [v.message() for v in self.verdicts if not v.ok]

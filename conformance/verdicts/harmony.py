@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.verdicts import settings
-from conformance.verdicts.compare import CheckFailed
+from conformance.verdicts.verdict import Verdict
 
 CASES = settings.DATA / "tokenizer" / "harmony_cases.json"
 DATE_RE = re.compile(r"Current date: (\d{4}-\d{2}-\d{2})")
@@ -125,7 +125,7 @@ def today() -> str:
 
 
 @dataclass
-class RenderingReport:
+class RenderingReport(Verdict):
     """A rendering compared with the harmony reference, token by token."""
 
     case: str
@@ -138,10 +138,9 @@ class RenderingReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            head = f"{self.case}: {self.source} vs openai-harmony rendering"
-            raise CheckFailed(head + "\n  " + "\n  ".join(self.problems))
+    def failure_message(self) -> str:
+        head = f"{self.case}: {self.source} vs openai-harmony rendering"
+        return head + "\n  " + "\n  ".join(self.problems)
 
 
 def compare_rendering(case: str, source: str, got: list[int] | None, want: list[int], encoding: Any) -> RenderingReport:

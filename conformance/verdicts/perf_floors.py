@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.verdicts import settings
+from conformance.verdicts.verdict import Verdict, record_figures
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Floor:
 
 
 @dataclass
-class FloorVerdict:
+class FloorVerdict(Verdict):
+    failure: ClassVar[type[AssertionError]] = AssertionError
     floor: Floor
     problems: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
@@ -36,9 +38,8 @@ class FloorVerdict:
     def ok(self) -> bool:
         return not self.problems
 
-    def raise_if_failed(self) -> None:
-        if not self.ok:
-            raise AssertionError("; ".join(self.problems) + "\n  " + "\n  ".join(self.details))
+    def failure_message(self) -> str:
+        return "; ".join(self.problems) + "\n  " + "\n  ".join(self.details)
 
 
 @cache
@@ -103,6 +104,5 @@ def no_baseline(run: Any, plan: Any, figures: dict[str, float], skip_reason: str
         pytest.skip(f"{skip_reason}; no absolute floor is published for {prof.sku} {model} "
                     f"{plan.input_len}/{plan.output_len} at concurrency {plan.concurrency} (data/perf_floors.toml)")
     verdict = judge(floor, figures, int(prof.engine_options().get("tensor_parallel_size", 1)))
-    for name, value in verdict.figures.items():
-        record_figure(name, value)
+    record_figures(record_figure, verdict)
     verdict.raise_if_failed()

@@ -6,15 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.verdicts.verdict import Verdict
 from env_checks import pins
 
 
 @dataclass
-class PinReport:
+class PinReport(Verdict):
     manifest: str | None
     checked: int = 0
     problems: list[str] = field(default_factory=list)
     advisories: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def failure_message(self) -> str:
+        return f"manifest {self.manifest}: " + "; ".join(self.problems)
 
 
 # pins on these facts concern that engine only: advisory when another engine is under test

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conformance.verdicts.verdict import Verdict
+
 
 @dataclass
-class SoakReport:
+class SoakReport(Verdict):
     samples: list[dict[str, float]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
     def figures(self) -> dict[str, float]:
         if not self.samples:

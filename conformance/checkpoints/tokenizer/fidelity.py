@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.verdicts import settings
-from conformance.verdicts.compare import CheckFailed
+from conformance.verdicts.verdict import Verdict
 
 CORPUS = settings.DATA / "tokenizer" / "corpus.json"
 
@@ -35,7 +35,7 @@ def load_corpus(smoke_only: bool = False) -> list[CorpusCase]:
 
 
 @dataclass
-class FidelityReport:
+class FidelityReport(Verdict):
     what: str
     compared: int = 0
     problems: list[str] = field(default_factory=list)
@@ -48,14 +48,12 @@ class FidelityReport:
     def figures(self) -> dict[str, float]:
         return {f"{self.what}_compared": float(self.compared), f"{self.what}_problems": float(len(self.problems))}
 
-    def raise_if_failed(self) -> None:
-        if self.ok:
-            return
+    def failure_message(self) -> str:
         head = (f"{self.what}: HF tokenizer vs tiktoken o200k_harmony, {self.compared} compared, "
                 f"{len(self.problems)} problem(s)")
         if not self.compared:
             head += " — nothing was compared"
-        raise CheckFailed(head + ("\n  " + "\n  ".join(self.problems[:12]) if self.problems else ""))
+        return head + ("\n  " + "\n  ".join(self.problems[:12]) if self.problems else "")
 
 
 def _first_divergence(got: list[int], want: list[int]) -> int:
