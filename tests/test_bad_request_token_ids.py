@@ -102,7 +102,7 @@ def _run_with_expectations(tmp_path: Path) -> str:
     (tmp_path / "test_x.py").write_text(CHECKS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f'''
-        from conformance import expectations
+        from conformance.run import expectations
         pytest_plugins = ["conformance.run.expectations"]
 
         def pytest_collection_modifyitems(items):
