@@ -14,6 +14,9 @@ from typing import Any
 
 from conformance.engines import forkserver, heartbeat
 
+# How long close() waits for an engine to stop cleanly; a cancelled run (SIGTERM) shortens it, since the engines
+# got the signal too and one still importing vLLM would hold each close for the whole wait.
+CLOSE_TIMEOUT_S = 30.0
 
 class EngineError(RuntimeError):
     """The engine under test raised, crashed or hung; the message says which and shows its output."""
@@ -151,7 +154,8 @@ class EngineProcess:
             self._proc.kill()
         self._proc.join(10)
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        timeout_s = CLOSE_TIMEOUT_S if timeout_s is None else timeout_s
         if self._proc.is_alive():
             try:
                 self._conn.send(("close", (), {}))

@@ -53,6 +53,9 @@ def _new_run_id(target: str) -> str:
 
 
 def _sigterm(signum: int, frame: Any) -> None:
+    from conformance.engines import worker
+
+    worker.CLOSE_TIMEOUT_S = 2.0
     raise KeyboardInterrupt(f"signal {signum}")  # CI cancellations still write an incomplete run
 
 
