@@ -81,3 +81,22 @@ def test_forked_server_serves_with_no_worker_process_and_stops_as_a_group(tmp_pa
     assert "(EngineCore pid=" in log and "(Worker pid=" not in log  # engine core in-process, no worker
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)  # close() left nothing of the group behind
+
+
+def test_close_stops_a_server_forked_a_moment_ago(tmp_path: Path):
+    """An interrupted run closes a server the instant it was forked, before the child made its own process
+    group (setsid): close() must stop the process itself, or it outlives the run and the run never exits."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])  # in our process group, as a forked server before its setsid
+    server = VllmServer("m", "n", {}, {}, tmp_path / "log", _proc=child)
+    server.close(grace_s=2)
+    assert child.poll() is not None
+
+
+def test_a_server_closed_before_it_started_is_never_launched(tmp_path: Path):
+    server = VllmServer("m", "n", {}, {}, tmp_path / "server.log")
+    server.close()  # the run was interrupted while the background start waited
+    with pytest.raises(ServerError, match="stopped before it started"):
+        server.start()
+    assert not (tmp_path / "server.log").read_text()  # nothing was run

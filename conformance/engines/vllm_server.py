@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,18 +139,24 @@ def cli_flags(options: dict[str, Any]) -> list[str]:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Signal the server's process group; a server forked a moment ago may not have made its own group
+    yet (server_fork.py calls setsid first thing): then signal the process itself."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pgid, sig)
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return False
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -175,6 +182,9 @@ class VllmServer:
     # a forkserver context (server_fork.py): fork the server from it instead of a fresh interpreter
     fork_ctx: Any = field(default=None, repr=False)
     _proc: Any = field(default=None, repr=False)  # subprocess.Popen, or server_fork.ForkedProcess
+    # close() from another thread (an interrupted run) while start() launches: once closed, never launched
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _closed: bool = field(default=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -195,7 +205,9 @@ class VllmServer:
         root = str(Path(__file__).resolve().parents[2])  # so the launcher module imports from a checkout
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         started = time.perf_counter()
-        with self.log_path.open("ab") as log:
+        with self._lock, self.log_path.open("ab") as log:
+            if self._closed:
+                raise ServerError("the vLLM server was stopped before it started (the run was interrupted).")
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
             if self.fork_ctx is not None:
@@ -217,6 +229,8 @@ class VllmServer:
     def _wait_ready(self, started: float) -> None:
         client = ServerClient(self.base_url, self.api_key, timeout_s=5.0)
         while time.perf_counter() - started < self.start_timeout_s:
+            if self._closed:
+                raise ServerError("the vLLM server was stopped while it started (the run was interrupted).")
             code = self._proc.poll() if self._proc else None
             if code is not None:
                 how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
@@ -235,7 +249,9 @@ class VllmServer:
         return self._proc is not None and self._proc.poll() is None
 
     def close(self, grace_s: float = 30.0) -> None:
-        proc, self._proc = self._proc, None
+        with self._lock:
+            self._closed = True
+            proc, self._proc = self._proc, None
         if proc is None:
             return
         _signal_group(proc.pid, signal.SIGINT)

@@ -111,12 +111,14 @@ def served_model(run: RunContext, o200k_vocab: Path) -> ServedModel:
 # The suite's server takes ~30 s to start on two cores: when checks will need it, it is started in a
 # background thread as the session begins, overlapping the engine and device checks (plugin.py).
 _PRESTART: dict[str, Any] = {}
+_PRESTART_LOCK = threading.Lock()
 
 
 def prestart_server(run: RunContext) -> None:
     has_server = capabilities.declared().has(run.engine, "server")  # data/engines.toml
     if os.environ.get(SERVER_URL_ENV) or not has_server or run.resolved().problems:
         return
+    _PRESTART.pop("discarded", None)  # a new session (the flag is the last one's)
 
     def start() -> None:
         try:
@@ -126,9 +128,12 @@ def prestart_server(run: RunContext) -> None:
             if ready is not None:              # its start_seconds is its own start, not theirs
                 ready.wait(run.spec.timeouts.engine_start_s)
             vocab_path = vocab.ensure_o200k()
-            proc = new_server(run, _served_model(run, vocab_path), vocab_path.parent,
-                              run.run_dir / "vllm-server.log")
-            _PRESTART["proc"] = proc  # so an interrupted run can stop it while it is still starting
+            with _PRESTART_LOCK:  # an interrupted run discards it first: then no server is launched at all
+                if _PRESTART.get("discarded"):
+                    return
+                proc = new_server(run, _served_model(run, vocab_path), vocab_path.parent,
+                                  run.run_dir / "vllm-server.log")
+                _PRESTART["proc"] = proc  # so an interrupted run can stop it while it is still starting
             with heartbeat.phase("vLLM server start (in the background)", proc.log_path, every=0):
                 _PRESTART["server"] = proc.start()
         except BaseException as exc:  # noqa: BLE001 - the fixture starts it again and reports properly
@@ -140,10 +145,13 @@ def prestart_server(run: RunContext) -> None:
 
 def discard_prestarted() -> None:
     """Stop a prestarted server no check took (an interrupted run); it lives in its own process group."""
-    proc = _PRESTART.pop("proc", None)
-    if proc is not None and "thread" in _PRESTART:
-        proc.close(grace_s=10)
-    _PRESTART.clear()
+    with _PRESTART_LOCK:
+        proc = _PRESTART.pop("proc", None)
+        started = "thread" in _PRESTART
+        _PRESTART.clear()
+        _PRESTART["discarded"] = True  # the background thread, still waiting, launches nothing now
+    if proc is not None and started:
+        proc.close(grace_s=10)  # still starting, or started: VllmServer.close() stops it, or stops its start
 
 
 def _take_prestarted() -> VllmServer | None:
