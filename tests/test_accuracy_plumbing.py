@@ -164,16 +164,10 @@ def test_accuracy_check_skips_naming_what_is_missing(tmp_path: Path):
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerClient, str]]:
     from conformance.checkpoints.models import tiny_gpt_oss_with_tokenizer
-    from conformance.checkpoints.tokenizer import vocab
-    from conformance.run.serving_fixtures import SERVER_DATE
+    from tests.conftest import start_cpu_server
 
-    table = settings.targets()
-    env = {k: v for k, v in table["cpu"]["env"].items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env |= vocab.vocab_env(vocab.ensure_o200k().parent) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
-    from conformance.engines.vllm_server import VllmServer
-
-    server = VllmServer(str(tiny_gpt_oss_with_tokenizer().path), "tiny", dict(table["cpu"]["vllm"]) | {
-        "dtype": "float32"}, env, tmp_path_factory.mktemp("server") / "server.log", api_key="plumbing-key")
+    server = start_cpu_server(str(tiny_gpt_oss_with_tokenizer().path), "tiny",
+                              tmp_path_factory.mktemp("server") / "server.log", api_key="plumbing-key")
     with server:
         yield server.client(), "tiny"
 

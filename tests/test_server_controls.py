@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.checkpoints.tokenizer import vocab
-from conformance.engines.vllm_server import ServerClient, ServerError, VllmServer, free_port
-from conformance.run.serving_fixtures import SERVER_DATE, external_server
+from conformance.engines.vllm_server import ServerClient, ServerError, free_port
+from conformance.run.serving_fixtures import external_server
 from conformance.verdicts import server_probes as probes
-from conformance.verdicts import settings
 
 MODEL = "stub"
 
@@ -223,11 +221,9 @@ def test_stop_token_check_rejects_real_vllm_told_to_stop_on_end(tmp_path: Path):
         (model / f.name).symlink_to(f)
     (model / "generation_config.json").unlink()
     (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200007]}))
-    table = settings.targets()
-    env = {k: v for k, v in table["cpu"]["env"].items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env |= vocab.vocab_env(vocab.ensure_o200k().parent) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
-    server = VllmServer(str(model), "bad", dict(table["cpu"]["vllm"]) | {"dtype": "float32"}, env,
-                        tmp_path / "server.log", api_key="k")
+    from tests.conftest import start_cpu_server
+
+    server = start_cpu_server(str(model), "bad", tmp_path / "server.log")
     with server:
         client = server.client()
         probe = probes.stop_tokens(client, "bad", [200002, 200012], [200007], 120)

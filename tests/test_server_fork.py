@@ -11,6 +11,7 @@ import pytest
 from conformance.engines import forkserver, server_fork
 from conformance.engines.vllm_server import ServerError, VllmServer
 from conformance.verdicts import settings
+from tests.conftest import start_cpu_server
 
 
 class FakePlatform:
@@ -48,14 +49,7 @@ def test_context_for_follows_the_target_data(monkeypatch):
 
 
 def _forked_server(model: str, log: Path) -> VllmServer:
-    from conformance.checkpoints.tokenizer import vocab
-
-    table = settings.targets()
-    ctx, fork_env = server_fork.context_for(table["cpu"])
-    assert ctx is not None
-    env = dict(table["cpu"]["env"]) | vocab.vocab_env(vocab.ensure_o200k().parent) | fork_env
-    return VllmServer(model, "tiny", dict(table["cpu"]["vllm"]) | {"dtype": "float32"}, env, log,
-                      start_timeout_s=float(table["timeouts"]["engine_start_s"]), api_key="k", fork_ctx=ctx)
+    return start_cpu_server(model, "tiny", log)
 
 
 @pytest.mark.slow

@@ -204,6 +204,11 @@ def order_checks(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank[_module_of(item)])
 
 
+def need_engines(items: list[pytest.Item]) -> bool:
+    """Whether any of these checks starts an engine or the suite's server."""
+    return any({ENGINE_FIXTURE, SERVER_FIXTURE} & set(getattr(item, "fixturenames", ())) for item in items)
+
+
 def _module_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 

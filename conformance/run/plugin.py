@@ -125,10 +125,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
     target = ctx.spec
-    if not target.problems and items and target.engine_start == "forkserver":
+    from conformance.run import phases
+
+    if not target.problems and target.engine_start == "forkserver" and phases.need_engines(items):
         from conformance.engines import forkserver
 
-        # its imports (vLLM, transformers) overlap the checks that need no engine
+        # its imports (vLLM, transformers) overlap the checks that need no engine; a run whose checks
+        # start no engine (platform checks alone) does not import vLLM a second time for nothing
         forkserver.start(dict(target.env))
     if any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.run.serving_fixtures import prestart_server
