@@ -94,3 +94,24 @@ def test_a_server_closed_before_it_started_is_never_launched(tmp_path: Path):
     with pytest.raises(ServerError, match="stopped before it started"):
         server.start()
     assert not (tmp_path / "server.log").read_text()  # nothing was run
+
+
+def test_a_forked_server_dies_with_its_parent():
+    """A run killed outright (SIGKILL) takes the forkserver with it; the server, in its own session, must die
+    then too, or it keeps its memory and cores after the run is gone."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, time\nfrom conformance.engines.server_fork import _die_with_parent\n"
+            "if os.fork() == 0:\n    os.setsid(); _die_with_parent(); print(os.getpid(), flush=True); time.sleep(60)\n"
+            "else:\n    time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    stat = Path(f"/proc/{child}/stat")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and stat.exists() and stat.read_text().split(") ")[1][0] != "Z":
+        time.sleep(0.1)
+    assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", "the child outlived its parent"

@@ -14,6 +14,7 @@ How the server starts is target data (`server_start` and `[<target>.server_env]`
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +47,20 @@ class ForkedProcess:
         return self._proc.exitcode
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (the forkserver, which exits with the run) dies, so a run
+    killed outright (SIGKILL, a CI job cancelled hard) leaves no server behind in its own session."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: VllmServer.close() remains the only way it is stopped
+
+
 def _child(entry: Callable[[], None], argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.setsid()  # own process group, as `start_new_session=True` gives a subprocess
+    _die_with_parent()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
