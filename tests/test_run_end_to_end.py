@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,10 +15,13 @@ from reports.results import validate
 
 pytestmark = pytest.mark.slow
 
+SECRETS = {"HF_TOKEN": "hf_plantedSecretValue0123456789", "MY_SERVICE_API_KEY": "sk-plantedSecretValue0123456789"}
 
-def conformance_run(reports: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+
+def conformance_run(reports: Path, *args: str, timeout: int = 600, env: dict | None = None
+                    ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "conformance", "run", "--reports-dir", str(reports), *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=os.environ | (env or {}))
 
 
 def only_run(reports: Path) -> dict:
@@ -28,8 +32,11 @@ def only_run(reports: Path) -> dict:
     return record
 
 
-def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path):
-    proc = conformance_run(tmp_path, "--tier", "p0")
+def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_factory):
+    """The whole P0 through the CLI, with secrets planted in its environment: it passes, its record is valid,
+    and no secret reaches anything it writes (engine and server logs, fingerprint, junit), its output, or the
+    dashboard built from it."""
+    proc = conformance_run(tmp_path, "--tier", "p0", env=SECRETS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "verdict: PASS" in proc.stdout and "conformance summary" in proc.stdout
     # where the time went: the engines and the server P0 starts
@@ -49,10 +56,30 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path):
     parity = next(c for c in record["checks"] if c["id"].endswith("test_greedy_logprobs_match_reference"))
     assert parity["figures"]["max_abs_dlogprob"] < 2e-3 and parity["area"] == "model-math"
     assert parity["reference"].startswith("docs/model.md")
+    assert_no_secret_in(tmp_path, proc.stdout + proc.stderr, tmp_path_factory.mktemp("dashboard"))
     # a second run never touches the first
     first = sorted(tmp_path.iterdir())
     conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build")
     assert all(p in sorted(tmp_path.iterdir()) for p in first) and len(list(tmp_path.iterdir())) == 2
+
+
+def assert_no_secret_in(runs: Path, output: str, work: Path) -> None:
+    written = [p for p in runs.rglob("*") if p.is_file()]
+    assert any(p.name == "fingerprint.json" for p in written) and any(p.name == "vllm-server.log" for p in written)
+    assert any(p.name.startswith("engine-") and p.suffix == ".log" for p in written)
+    for path in written:
+        text = path.read_text(errors="replace")
+        for name, value in SECRETS.items():
+            assert value not in text, f"{name}'s value leaked into {path.name}"
+    assert not any(value in output for value in SECRETS.values())
+    from reports.dashboard import main as dashboard
+
+    site = work / "site"
+    assert dashboard(["--runs", str(runs), "--db", str(work / "h.sqlite"), "--out", str(site)]) == 0
+    for page in site.rglob("*"):
+        if page.is_file():
+            text = page.read_text(errors="replace")
+            assert not any(value in text for value in SECRETS.values()), f"a secret leaked into {page.name}"
 
 
 def test_rocm_on_a_cpu_torch_fails_p0_with_one_sentence(tmp_path):

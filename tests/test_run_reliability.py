@@ -1,5 +1,5 @@
-"""Reliability of a run itself: an interrupted run is still written (marked incomplete), and planted
-secrets never reach anything the suite writes."""
+"""Reliability of a run itself: an interrupted run is still written (marked incomplete), and concurrent runs
+into one reports folder stay separate. (Planted secrets: tests/test_run_end_to_end.py, on the whole P0.)"""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ import pytest
 from reports.results import validate
 
 pytestmark = pytest.mark.slow
-
-SECRETS = {"HF_TOKEN": "hf_plantedSecretValue0123456789", "MY_SERVICE_API_KEY": "sk-plantedSecretValue0123456789"}
 
 
 def start_run(reports: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -41,29 +39,6 @@ def test_sigterm_mid_run_writes_an_incomplete_run(tmp_path):
     validate(record)
     assert record["complete"] is False
     assert any(c["message"].startswith("did not run") for c in record["checks"])
-
-
-def test_planted_secrets_reach_no_output(tmp_path):
-    proc = start_run(tmp_path, "--tier", "p0", "-k", "versions or torch_build or pins", env=SECRETS)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    written = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name == "fingerprint.json" for p in written) and any(p.suffix == ".log" for p in written)
-    for path in written:
-        text = path.read_text(errors="replace")
-        for name, value in SECRETS.items():
-            assert value not in text, f"{name}'s value leaked into {path.name}"
-    for value in SECRETS.values():
-        assert value not in out
-    # ... nor the dashboard built from the run
-    from reports.dashboard import main as dashboard
-
-    site = tmp_path / "site"
-    assert dashboard(["--runs", str(tmp_path), "--db", str(tmp_path / "h.sqlite"), "--out", str(site)]) == 0
-    for page in site.rglob("*"):
-        if page.is_file():
-            text = page.read_text(errors="replace")
-            assert not any(value in text for value in SECRETS.values()), f"a secret leaked into {page.name}"
 
 
 def test_concurrent_runs_into_one_reports_dir_stay_separate(tmp_path):
