@@ -138,25 +138,20 @@ def cli_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    """Signal the server's process group; a server forked a moment ago may not have made its own group
-    yet (server_fork.py calls setsid first thing): then signal the process itself."""
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal the server's process group (signal 0: is it alive?); a server forked a moment ago may not have
+    made its own group yet (server_fork.py calls setsid first thing): then the process itself. True if delivered."""
     for kill in (os.killpg, os.kill):
         try:
             kill(pgid, sig)
-            return
-        except (ProcessLookupError, PermissionError):
-            continue
-
-
-def _group_alive(pgid: int) -> bool:
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pgid, 0)
             return True
         except (ProcessLookupError, PermissionError):
             continue
     return False
+
+
+def _group_alive(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
