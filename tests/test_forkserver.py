@@ -32,7 +32,7 @@ def test_children_fork_with_the_target_environment_and_the_stacks_imported():
 def test_another_environment_is_spawned_not_forked():
     env = dict(settings.targets()["cpu"]["env"]) | {"VLLM_CPU_KVCACHE_SPACE": "1"}
     assert forkserver.context(env) is None
-    assert worker._context("forkserver", env).get_start_method() == "spawn"
-    assert worker._context("forkserver", settings.targets()["cpu"]["env"]).get_start_method() == "forkserver"
+    assert worker.start_context("forkserver", env).get_start_method() == "spawn"
+    assert worker.start_context("forkserver", settings.targets()["cpu"]["env"]).get_start_method() == "forkserver"
     with pytest.raises(ValueError, match="unknown engine start method"):
-        worker._context("fork", {})
+        worker.start_context("fork", {})

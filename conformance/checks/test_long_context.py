@@ -124,40 +124,6 @@ def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, tole
 
 
 @pytest.mark.p1
-def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options, deep, deep_reference, tolerance,
-                                                          long_settings, call_timeout_s, record_figure):
-    """The same 8192-token prompt prefilled in 1024-token chunks (max_num_batched_tokens 1024: eight
-    steps, each attending to the KV the earlier chunks left in the cache) gives the reference's logprobs
-    at depth.
-
-    Catches: chunked prefill that loses or misplaces the earlier chunks' KV, sliding-window or sink
-    metadata computed per chunk instead of per sequence, RoPE positions restarting at each chunk.
-    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
-    Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
-    """
-    _, top_k = tolerance
-    chunked = long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
-    try:
-        engine = engines.get(**chunked)
-        limits = engine.call("scheduler_limits")
-        out = engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
-                          timeout_s=call_timeout_s)
-    except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    assert limits["max_num_batched_tokens"] == long_settings.chunk_tokens and limits["enable_chunked_prefill"], (
-        f"the chunked engine reports {limits}: the prompt was not prefilled in {long_settings.chunk_tokens}-token "
-        "chunks, so chunked prefill was not tested")
-    want, _ = deep_reference
-    if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
-        from conformance.reference.longref import LongReference
-
-        want = [LongReference(engines.model.path).score_from(
-            c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in out]
-    record_figure("chunks", float(-(-len(deep) // long_settings.chunk_tokens)))
-    _judge(out, want, tolerance, long_settings.band_from, record_figure)
-
-
-@pytest.mark.p1
 def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fresh, deep_reference, tolerance,
                                                      long_settings, call_timeout_s, record_figure):
     """The 8192-token prompt sent again is served from the prefix cache (the hit counter rises by all but
@@ -221,6 +187,40 @@ def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model
     record_figure("seconds", seconds)
     Problems(longctx.max_len_problems(limits, want_len, out, 4)).raise_if_failed()
     compare.rejected_clearly(refused, 5.0, ("maximum context length", "max_model_len", "longer than")).raise_if_failed()
+
+
+@pytest.mark.p1
+def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options, deep, deep_reference, tolerance,
+                                                          long_settings, call_timeout_s, record_figure):
+    """The same 8192-token prompt prefilled in 1024-token chunks (max_num_batched_tokens 1024: eight
+    steps, each attending to the KV the earlier chunks left in the cache) gives the reference's logprobs
+    at depth.
+
+    Catches: chunked prefill that loses or misplaces the earlier chunks' KV, sliding-window or sink
+    metadata computed per chunk instead of per sequence, RoPE positions restarting at each chunk.
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
+    Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
+    """
+    _, top_k = tolerance
+    chunked = long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
+    try:
+        engine = engines.get(**chunked)
+        limits = engine.call("scheduler_limits")
+        out = engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
+                          timeout_s=call_timeout_s)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    assert limits["max_num_batched_tokens"] == long_settings.chunk_tokens and limits["enable_chunked_prefill"], (
+        f"the chunked engine reports {limits}: the prompt was not prefilled in {long_settings.chunk_tokens}-token "
+        "chunks, so chunked prefill was not tested")
+    want, _ = deep_reference
+    if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
+        from conformance.reference.longref import LongReference
+
+        want = [LongReference(engines.model.path).score_from(
+            c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in out]
+    record_figure("chunks", float(-(-len(deep) // long_settings.chunk_tokens)))
+    _judge(out, want, tolerance, long_settings.band_from, record_figure)
 
 
 @pytest.mark.p1

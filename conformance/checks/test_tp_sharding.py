@@ -72,11 +72,11 @@ def vllm_tp(run, engines):
     if reason:
         pytest.skip(reason)
     options = engines.options(**overrides)
-    env = dict(target.env) | env
     tp = int(overrides["tensor_parallel_size"])
     try:
-        proc = TPEngineProcess(str(engines.model.path), options, env, run.run_dir / f"engine-vllm-tp{tp}.log",
-                               start_timeout_s=target.timeouts.engine_start_s)
+        proc = TPEngineProcess(str(engines.model.path), options, dict(target.env) | env,
+                               run.run_dir / f"engine-vllm-tp{tp}.log", start_timeout_s=target.timeouts.engine_start_s,
+                               start_method=target.engine_start, base_env=dict(target.env))
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
     yield proc, tp

@@ -5,11 +5,13 @@ starts one worker process per rank: the engine's child process must not be daemo
 process may not have children), and the model probe that `info()` runs through `apply_model` must be
 a module-level function, because vLLM pickles it to the workers. On the CPU each rank gets its own
 set of cores through VLLM_CPU_OMP_THREADS_BIND (vLLM refuses to auto-bind 2 ranks on one NUMA node).
+Where the target forks its engines (targets.toml engine_start), the engine process forks from the run's
+forkserver and its rank workers fork from it in turn (data/distributed.toml [tp.vllm.cpu.env]), so no
+process imports vLLM again.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,9 @@ class TPVllmOffline(VllmOffline):
 
 def _build_tp(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
     os.environ.update(env)
+    from conformance.engines.server_fork import keep_engine_core_start
+
+    keep_engine_core_start()  # rank workers fork from this process when the env says so (vLLM-CPU would spawn)
     return TPVllmOffline(model, options)
 
 
@@ -55,19 +60,16 @@ def _serve_tp(*args: Any) -> None:
 
 
 class TPEngineProcess(EngineProcess):
-    """EngineProcess whose child may start vLLM's rank workers."""
+    """EngineProcess whose child may start vLLM's rank workers (kind vllm)."""
+
+    serve = staticmethod(_serve_tp)
+    daemonic = False
+    name = "engine-tp"
+    starting = "starting with tensor parallelism"
 
     def __init__(self, model: str, options: dict[str, Any], env: dict[str, str], log_path: Path,
-                 start_timeout_s: float) -> None:
-        self.kind, self.model, self.log_path = "vllm", model, log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_tp, args=(child, "vllm", model, options, env, str(log_path)),
-                                 daemon=False, name="engine-vllm-tp")
-        self._proc.start()
-        child.close()
-        self.info = self._receive(start_timeout_s, "starting with tensor parallelism")
+                 start_timeout_s: float, start_method: str = "spawn", base_env: dict[str, str] | None = None) -> None:
+        super().__init__("vllm", model, options, env, log_path, start_timeout_s, start_method, base_env)
 
 
 def cpu_bind(tp: int, cores: list[int] | None = None) -> str | None:

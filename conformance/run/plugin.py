@@ -235,3 +235,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from conformance.run import recorder
 
     recorder.print_summary(terminalreporter, ctx_of(config))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from conformance.engines import forkserver
+
+    forkserver.stop()  # the engines and the server are closed by now
