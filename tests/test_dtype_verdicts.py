@@ -80,38 +80,10 @@ def test_layer_check_fails_on_planted_engine_faults(fault, tiny, reference, prom
         assert "positions 0-127" not in verdict and "positions 128-255" not in verdict
 
 
-def test_layer_check_in_bfloat16_passes_clean_and_catches_routing_and_rope_faults(tiny, reference, model,
-                                                                                 shared_engines, tiny_prompts):
-    """transformers in bf16 on the CPU: the clean engine passes the bf16 limits, a router that does not
-    renormalise over the top-4 and positions rounded through bf16 fail in their own strata."""
-    short = SimpleNamespace(prompts=[tiny_prompts[0][4]], max_tokens=4)  # 290 tokens, plus the long prompt
-    for fault, stratum in ((None, None), ("routing_not_renormalised", "moe blocks"),
-                           ("rope_bf16_positions", "positions 256-1023")):
-        engine = _hf(shared_engines, tiny, "bfloat16", fault)
-        if fault is None:
-            figures = _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
-            assert figures["layer_worst_ratio_to_limit"] < 1.0
-        else:
-            with pytest.raises(FAILED, match=stratum):
-                _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
-
-
 def _rope(engine, reference, dtype):
     figures = Figures()
     math_checks.test_rope_tables_match_reference(engine, reference, run_ctx(dtype=dtype), 600.0, figures)
     return figures.values
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_rope_check_passes_tables_stored_in_low_precision_and_rejects_bf16_angles(dtype, tiny, reference,
-                                                                                 shared_engines):
-    """A table computed in fp32 and stored in bf16/fp16 passes; angles from bf16 positions or a bf16-rounded
-    inv_freq fail, named as a long-context defect with the angle error at position 131071."""
-    figures = _rope(_hf(shared_engines, tiny, dtype), reference, dtype)
-    assert figures["rope_angle_err_rad_at_131071"] < settings.rope_tolerance(dtype)["angle_abs"] + 0.04
-    for fault in ("rope_bf16_positions", "rope_bf16_inv_freq"):
-        with pytest.raises(FAILED, match="grows with position.*long-context defect"):
-            _rope(_hf(shared_engines, tiny, dtype, fault), reference, dtype)
 
 
 def test_rope_check_rejects_real_vllm_with_bf16_positions(tiny, reference, shared_engines):
@@ -137,3 +109,32 @@ def test_exact_float32_check_rejects_an_engine_without_sinks(cpu_engine, tiny, r
     with pytest.raises(FAILED, match=r"engine \(float32\) vs reference"):
         parity.test_exact_float32_logprobs_match_reference(run, Engines(bad, {"float32": bad}), reference,
                                                            prompts, model, 600.0, Figures())
+
+
+# the transformers engines last: the vLLM engines above stay among the shared ones until they are done
+def test_layer_check_in_bfloat16_passes_clean_and_catches_routing_and_rope_faults(tiny, reference, model,
+                                                                                 shared_engines, tiny_prompts):
+    """transformers in bf16 on the CPU: the clean engine passes the bf16 limits, a router that does not
+    renormalise over the top-4 and positions rounded through bf16 fail in their own strata."""
+    short = SimpleNamespace(prompts=[tiny_prompts[0][4]], max_tokens=4)  # 290 tokens, plus the long prompt
+    for fault, stratum in ((None, None), ("routing_not_renormalised", "moe blocks"),
+                           ("rope_bf16_positions", "positions 256-1023")):
+        engine = _hf(shared_engines, tiny, "bfloat16", fault)
+        if fault is None:
+            figures = _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
+            assert figures["layer_worst_ratio_to_limit"] < 1.0
+        else:
+            with pytest.raises(FAILED, match=stratum):
+                _layers(engine, reference, short, model, dtype="bfloat16", max_model_len=600)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rope_check_passes_tables_stored_in_low_precision_and_rejects_bf16_angles(dtype, tiny, reference,
+                                                                                 shared_engines):
+    """A table computed in fp32 and stored in bf16/fp16 passes; angles from bf16 positions or a bf16-rounded
+    inv_freq fail, named as a long-context defect with the angle error at position 131071."""
+    figures = _rope(_hf(shared_engines, tiny, dtype), reference, dtype)
+    assert figures["rope_angle_err_rad_at_131071"] < settings.rope_tolerance(dtype)["angle_abs"] + 0.04
+    for fault in ("rope_bf16_positions", "rope_bf16_inv_freq"):
+        with pytest.raises(FAILED, match="grows with position.*long-context defect"):
+            _rope(_hf(shared_engines, tiny, dtype, fault), reference, dtype)
