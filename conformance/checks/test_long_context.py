@@ -33,7 +33,7 @@ def long_settings():
 
 @pytest.fixture(scope="module")
 def long_options(run):
-    """The engine options of the profile's long-context engine (cpu: max_model_len 32768, 256 MiB of KV)."""
+    """The engine options of the profile's long-context engine (cpu: max_model_len 16384, 128 MiB of KV)."""
     capabilities.require(run, "long_context")
     extra = dict(profiles.of(run).long_context)
     if not extra.get("max_model_len"):
@@ -162,7 +162,7 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
 @pytest.mark.p1
 def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model_under_test, long_settings,
                                            call_timeout_s, record_figure):
-    """The long-context engine runs the profile's max_model_len (cpu: 32768), serves a prompt that fills
+    """The long-context engine runs the profile's max_model_len (cpu: 16384), serves a prompt that fills
     it (max_model_len - 4 prompt tokens, 4 decoded) with finite logprobs and a full KV accounting, and
     refuses one token more in one clear error.
 
