@@ -125,8 +125,8 @@ def test_p0_with_a_vocab_one_byte_off_fails_naming_the_vocab(tmp_path):
 
 @pytest.mark.slow
 def test_p0_whose_selected_checks_all_skip_fails(tmp_path):
-    """Fail-open closed: every selected check skipped (the GPU-only ISA check on the CPU) used to exit 0."""
-    proc, record = conformance_run(tmp_path, "--tier", "p0", "-k", "test_device_isa_in_build")
+    """Fail-open closed: every selected check skipped (the exact-fp32 verdict of a float32 run) used to exit 0."""
+    proc, record = conformance_run(tmp_path, "--tier", "p0", "-k", "test_exact_float32_logprobs_match_reference")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert [c["outcome"] for c in record["checks"]] == ["skipped"]
     assert "not a pass: no check passed (1 selected, all skipped)" in proc.stdout
