@@ -1,7 +1,5 @@
 """`python -m conformance` is the `conformance` command."""
 
-import sys
+from conformance.run.cli import entry
 
-from conformance.run.cli import main
-
-sys.exit(main())
+entry()
