@@ -56,7 +56,7 @@ class SharedEngines:
     used is closed). A control that kills, hangs or fills its engine starts its own."""
 
     def __init__(self, root: Path, max_alive: int = 6) -> None:
-        self.root, self.max_alive = root, max_alive
+        self.root, self.max_alive, self.started = root, max_alive, 0
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
 
     def get(self, model_dir, kind: str = "vllm", **overrides) -> EngineProcess:
@@ -66,8 +66,9 @@ class SharedEngines:
             return self.live[key]
         while len(self.live) >= self.max_alive:
             self.live.popitem(last=False)[1].close()
-        log = self.root / f"engine-{kind}-{len(list(self.root.glob('engine-*.log')))}.log"
-        self.live[key] = start_cpu_engine(str(model_dir), log, kind, **overrides)
+        self.started += 1
+        self.live[key] = start_cpu_engine(str(model_dir), self.root / f"engine-{kind}-{self.started}.log", kind,
+                                          **overrides)
         return self.live[key]
 
     def close(self) -> None:

@@ -53,10 +53,10 @@ def test_kv_accounting_rejects_a_budget_overridden_by_the_environment(tiny, tmp_
     """The real bug this check found: VLLM_CPU_KVCACHE_SPACE silently replaces kv_cache_memory_bytes."""
     table = settings.targets()
     options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"}
-    base = dict(table["cpu"]["env"])  # vLLM reads VLLM_CPU_KVCACHE_SPACE at run time: the engine forks as usual
-    proc = EngineProcess("vllm", str(tiny.path), options, base | {"VLLM_CPU_KVCACHE_SPACE": "1"},
-                         tmp_path / "engine.log", start_timeout_s=float(table["timeouts"]["engine_start_s"]),
-                         start_method=table["cpu"]["engine_start"], base_env=base)
+    proc = EngineProcess("vllm", str(tiny.path), options, dict(table["cpu"]["env"]), tmp_path / "engine.log",
+                         start_timeout_s=float(table["timeouts"]["engine_start_s"]),
+                         start_method=table["cpu"]["engine_start"],
+                         run_time_env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # read at run time: the engine forks as usual
     try:
         bad = proc.call("kv_layout")
     finally:

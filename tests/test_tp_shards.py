@@ -217,9 +217,9 @@ def test_real_vllm_cpu_tp2_shards_judged_against_the_reference(tiny, tmp_path):
     options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"} | overrides
     ref, log = Reference(tiny.path), tmp_path / "engine-tp2.log"  # 4 heads, 2 kv heads: 2 q heads, 1 kv head a rank
     try:
-        proc = TPEngineProcess(str(tiny.path), options, dict(table["cpu"]["env"]) | env, log,
+        proc = TPEngineProcess(str(tiny.path), options, dict(table["cpu"]["env"]), log,
                                start_timeout_s=max(400.0, float(table["timeouts"]["engine_start_s"])),
-                               start_method=table["cpu"]["engine_start"], base_env=dict(table["cpu"]["env"]))
+                               start_method=table["cpu"]["engine_start"], run_time_env=env)
     except EngineError as exc:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log.is_file() else ""
         pytest.fail(f"{exc}\n{tail}", pytrace=False)

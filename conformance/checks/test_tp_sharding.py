@@ -74,9 +74,9 @@ def vllm_tp(run, engines):
     options = engines.options(**overrides)
     tp = int(overrides["tensor_parallel_size"])
     try:
-        proc = TPEngineProcess(str(engines.model.path), options, dict(target.env) | env,
+        proc = TPEngineProcess(str(engines.model.path), options, dict(target.env),
                                run.run_dir / f"engine-vllm-tp{tp}.log", start_timeout_s=target.timeouts.engine_start_s,
-                               start_method=target.engine_start, base_env=dict(target.env))
+                               start_method=target.engine_start, run_time_env=env)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
     yield proc, tp

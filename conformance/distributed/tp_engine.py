@@ -68,8 +68,9 @@ class TPEngineProcess(EngineProcess):
     starting = "starting with tensor parallelism"
 
     def __init__(self, model: str, options: dict[str, Any], env: dict[str, str], log_path: Path,
-                 start_timeout_s: float, start_method: str = "spawn", base_env: dict[str, str] | None = None) -> None:
-        super().__init__("vllm", model, options, env, log_path, start_timeout_s, start_method, base_env)
+                 start_timeout_s: float, start_method: str = "spawn",
+                 run_time_env: dict[str, str] | None = None) -> None:
+        super().__init__("vllm", model, options, env, log_path, start_timeout_s, start_method, run_time_env)
 
 
 def cpu_bind(tp: int, cores: list[int] | None = None) -> str | None:

@@ -107,9 +107,9 @@ def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path:
 class EngineProcess:
     """A live engine in a child process; `call` forwards a method call with a timeout.
 
-    `env` is set in the child. `base_env` (default `env`) is what the forkserver's environment must equal for
-    the child to fork from it: pass the target's environment when `env` only adds variables that the stack
-    reads at run time, not at import."""
+    `env` is set in the child, and the child forks from the forkserver when that runs with `env`;
+    `run_time_env` is added in the child only: variables the stack reads at run time, not at import, so they
+    do not keep the child from forking."""
 
     serve = staticmethod(_serve)  # the child's entry point
     daemonic = True
@@ -118,13 +118,14 @@ class EngineProcess:
 
     def __init__(self, kind: str, model: str, options: dict[str, Any], env: dict[str, str],
                  log_path: Path, start_timeout_s: float, start_method: str = "spawn",
-                 base_env: dict[str, str] | None = None) -> None:
+                 run_time_env: dict[str, str] | None = None) -> None:
         self.kind, self.model, self.log_path = kind, model, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
-        ctx = start_context(start_method, env if base_env is None else base_env)
+        ctx = start_context(start_method, env)
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=self.serve, args=(child, kind, model, options, env, str(log_path)),
+        child_env = env | (run_time_env or {})
+        self._proc = ctx.Process(target=self.serve, args=(child, kind, model, options, child_env, str(log_path)),
                                  daemon=self.daemonic, name=f"{self.name}-{kind}")
         self._proc.start()
         child.close()
