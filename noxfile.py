@@ -14,6 +14,7 @@ nothing), `--reuse-venv=no` (a fresh venv). uv makes the venvs where it is insta
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -120,6 +121,17 @@ def _installs_lib():
     from conformance.run import installs
 
     return installs
+
+
+def _uv_like_pip() -> None:
+    """uv reads no pip configuration: give it, as UV_* variables, the indexes, find-links and constraints pip
+    is configured with here (a local wheel of torch's CPU build among them), so that both install the same."""
+    if shutil.which("uv") or importlib.util.find_spec("uv"):
+        installs = _installs_lib()
+        os.environ.update(installs.uv_env(installs.pip_config_list(), os.environ))
+
+
+_uv_like_pip()
 
 
 # The shared stack venv of this nox invocation: set by the `stack` session, used by the tier sessions.

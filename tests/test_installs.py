@@ -119,3 +119,28 @@ def test_no_runtime_module_reads_the_checkouts_fixtures():
     assert {k: v for k, v in found.items() if v} == {}
     # Negative control: the line this replaced is caught.
     assert checkout_reads('FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"')
+
+
+# `pip config list` as pip 24-25 prints it: a site file, the user's file and PIP_* variables (scope ':env:')
+PIP_CONFIG = """\
+:env:.default-timeout='180'
+:env:.find-links='/wheels/local'
+global.constraint='/etc/pip-constraints.txt'
+global.extra-index-url='file:///mirror/a/simple file:///mirror/b/simple'
+global.find-links='/wheels/local'
+site.index-url='https://pypi.example/simple'
+"""
+
+
+def test_uv_gets_pips_indexes_find_links_and_constraints():
+    env = installs.uv_env(PIP_CONFIG, {})
+    assert env == {"UV_FIND_LINKS": "/wheels/local", "UV_CONSTRAINT": "/etc/pip-constraints.txt",
+                   "UV_EXTRA_INDEX_URL": "file:///mirror/a/simple file:///mirror/b/simple",
+                   "UV_INDEX_URL": "https://pypi.example/simple", "UV_INDEX_STRATEGY": "unsafe-best-match"}
+
+
+def test_uv_variables_the_user_set_win_and_no_pip_config_sets_nothing():
+    env = installs.uv_env(PIP_CONFIG, {"UV_FIND_LINKS": "/mine", "UV_INDEX_STRATEGY": "first-index"})
+    assert "UV_FIND_LINKS" not in env and "UV_INDEX_STRATEGY" not in env and env["UV_CONSTRAINT"]
+    assert installs.uv_env("", {}) == {}
+    assert installs.uv_env("global.timeout='60'\nnot a line\n", {}) == {}

@@ -50,6 +50,13 @@ def _model_with_tokenizer(run, model_under_test) -> tuple[Path, int]:
         pytest.fail(f"the out-of-vocabulary probe needs the o200k tokenizer: {exc}", pytrace=False)
 
 
+
+def engines_ahead(engines):
+    """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
+    check = "test_bad_request_rejected_while_serving"
+    yield check, {}
+    yield check, {"model": _model_with_tokenizer(engines.run, engines.model)[0], **WITH_TOKENIZER}
+
 @pytest.mark.p1
 @pytest.mark.needs("request_queue")
 @pytest.mark.parametrize("label", sorted(BAD_REQUESTS))

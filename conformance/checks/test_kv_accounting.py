@@ -126,6 +126,16 @@ def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figu
     report.raise_if_failed()
 
 
+
+def engines_ahead(engines):
+    """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
+    check = "test_kv_accounting_at_block_size"
+    yield check, {}
+    default = engines.default_info().get("block_size")  # handed out by now: the size it runs needs no engine
+    for block_size in BLOCK_SIZES:
+        if block_size != default:
+            yield f"{check}[{block_size}]", {"block_size": block_size}
+
 @pytest.mark.p1
 @pytest.mark.needs("paged_kv")
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)

@@ -31,15 +31,43 @@ def long_settings():
     return longctx.settings_()
 
 
-@pytest.fixture(scope="module")
-def long_options(run):
-    """The engine options of the profile's long-context engine (cpu: max_model_len 16384, 128 MiB of KV)."""
+def _long_options(run) -> dict:
     capabilities.require(run, "long_context")
     extra = dict(profiles.of(run).long_context)
     if not extra.get("max_model_len"):
         pytest.fail(f"profile {profiles.of(run).label} names no long_context.max_model_len (data/profiles.toml)",
                     pytrace=False)
     return extra
+
+
+def _chunked_options(long_options: dict, long_settings) -> dict:
+    return long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
+
+
+def _preemption_options(long_options: dict, deep: list[int], long_settings, config: dict, engines) -> dict:
+    window = int(config.get("sliding_window") or 0)
+    return longctx.preemption_options(long_options, len(deep), long_settings.decode_tokens, window,
+                                      longctx.preemption_settings(), engines.options().get("block_size"))
+
+
+def _deep_prompt(config: dict, long_settings) -> list[int]:
+    return longctx.deep_prompt(int(config["vocab_size"]), long_settings.prompt_tokens, long_settings.seed)
+
+
+def engines_ahead(engines):
+    """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
+    options, settings_ = _long_options(engines.run), longctx.settings_()
+    yield "test_long_prompt_matches_reference_at_depth", options
+    yield "test_chunked_prefill_of_long_prompt_matches_reference", _chunked_options(options, settings_)
+    config = engines.model.config
+    yield ("test_preempted_long_requests_match_alone_and_reference",
+           _preemption_options(options, _deep_prompt(config, settings_), settings_, config, engines))
+
+
+@pytest.fixture(scope="module")
+def long_options(run):
+    """The engine options of the profile's long-context engine (cpu: max_model_len 16384, 128 MiB of KV)."""
+    return _long_options(run)
 
 
 @pytest.fixture
@@ -54,8 +82,7 @@ def long_engine(engines, long_options):
 
 @pytest.fixture(scope="module")
 def deep(model_under_test, long_settings):
-    return longctx.deep_prompt(int(model_under_test.config["vocab_size"]), long_settings.prompt_tokens,
-                               long_settings.seed)
+    return _deep_prompt(model_under_test.config, long_settings)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +229,7 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
     Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
     """
     _, top_k = tolerance
-    chunked = long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
+    chunked = _chunked_options(long_options, long_settings)
     try:
         engine = engines.get(**chunked)
         limits = engine.call("scheduler_limits")
@@ -247,9 +274,7 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
         reqs = longctx.preemption_requests(deep, ps)
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
-    window = int(model_under_test.config.get("sliding_window") or 0)
-    options = longctx.preemption_options(long_options, len(deep), long_settings.decode_tokens, window, ps,
-                                         engines.options().get("block_size"))
+    options = _preemption_options(long_options, deep, long_settings, model_under_test.config, engines)
     try:
         engine = engines.get(**options)
         before = engine.call("metrics")

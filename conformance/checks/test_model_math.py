@@ -9,6 +9,7 @@ import torch
 
 from conformance.checkpoints import gptoss_config
 from conformance.checkpoints.crafted import crafted
+from conformance.engines.engine_configs import LIMITED_SCHEDULER
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts import compare, mathcheck, settings
@@ -17,6 +18,16 @@ from conformance.verdicts.verdict import record_figures
 AREA = "model-math"
 ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 255, 256, 257, 511, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
 MOE_BATCH_SIZES = [1, 7, 128, 129, 512]
+SINK_VARIANTS = ["sinks_plus20", "sinks_minus_inf"]
+# 32-token chunks across the window's edge, two sequences at a time: the scheduling checks' engine, one start for both
+WINDOW_CHUNKED = LIMITED_SCHEDULER
+
+
+def engines_ahead(engines):
+    """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
+    for variant in SINK_VARIANTS:
+        yield f"test_attention_sinks_at_extremes[{variant}]", {"model": crafted(variant)}
+    yield "test_sliding_window_boundary[chunked-prefill]", WINDOW_CHUNKED
 
 
 def _call(engine, method, *args, timeout_s, **kwargs):
@@ -94,7 +105,7 @@ def test_moe_block_matches_reference(m, engine, reference, run, call_timeout_s, 
 
 
 @pytest.mark.p1
-@pytest.mark.parametrize("variant", ["sinks_plus20", "sinks_minus_inf"])
+@pytest.mark.parametrize("variant", SINK_VARIANTS)
 def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_timeout_s, record_figure):
     """With every sink at +20 (attention output ~ 0) or -inf (plain softmax), prefill and decode on the
     engine still match the reference for that checkpoint.
@@ -123,7 +134,8 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
 def test_sliding_window_boundary(chunked, run, engines, reference, model_under_test, tolerance, call_timeout_s,
                                  record_figure):
     """Around the window edge — key at distance 127 visible, at 128 masked — prefill, decode (prompts
-    of 126..130 tokens decoding across position 128) and 32-token chunked prefill agree with the reference.
+    of 126..130 tokens decoding across position 128) and 32-token chunked prefill (two sequences at a time)
+    agree with the reference.
 
     Catches: a window off by one (Megatron-LM, mlx-lm, LightLLM shipped this), a window applied to
     the wrong layers, or chunked prefill that loses the window across chunk boundaries.
@@ -133,7 +145,7 @@ def test_sliding_window_boundary(chunked, run, engines, reference, model_under_t
     vocab = int(model_under_test.config["vocab_size"])
     gen = torch.Generator().manual_seed(128)
     prompts = [torch.randint(0, vocab - 8, (n,), generator=gen).tolist() for n in (126, 127, 128, 129, 130)]
-    options = {"enable_chunked_prefill": True, "max_num_batched_tokens": 32} if chunked else {}
+    options = WINDOW_CHUNKED if chunked else {}
     tol, top_k = tolerance
     try:
         got = engines.get(**options).call("generate_greedy", prompts, 6, top_k, prompt_logprobs=True,

@@ -11,6 +11,12 @@ from conformance.verdicts.verdict import record_figures
 AREA = "scheduling"
 
 
+def engines_ahead(engines):
+    """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
+    yield "test_max_num_seqs_is_respected", LIMITED_SCHEDULER
+    yield "test_preemption_keeps_outputs", SMALL_KV_CACHE
+
+
 def _record(record_figure, report) -> None:
     record_figures(record_figure, report)
 

@@ -8,6 +8,8 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -118,8 +120,13 @@ class EngineProcess:
 
     def __init__(self, kind: str, model: str, options: dict[str, Any], env: dict[str, str],
                  log_path: Path, start_timeout_s: float, start_method: str = "spawn",
-                 run_time_env: dict[str, str] | None = None) -> None:
+                 run_time_env: dict[str, str] | None = None, wait: bool = True) -> None:
+        """Start the engine and wait until it is ready; with `wait=False` return at once (an engine started
+        ahead of the check that needs it): `wait_ready()` waits later, and `ready_at` stamps when it was ready."""
         self.kind, self.model, self.log_path = kind, model, log_path
+        self.start_timeout_s = start_timeout_s
+        self.info: dict[str, Any] = {}
+        self.ready_at: float | None = None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
         ctx = start_context(start_method, env)
@@ -127,10 +134,36 @@ class EngineProcess:
         child_env = env | (run_time_env or {})
         self._proc = ctx.Process(target=self.serve, args=(child, kind, model, options, child_env, str(log_path)),
                                  daemon=self.daemonic, name=f"{self.name}-{kind}")
+        self.started_at = time.perf_counter()
         self._proc.start()
         child.close()
-        with heartbeat.phase(f"{kind} engine start", log_path):
-            self.info: dict[str, Any] = self._receive(start_timeout_s, self.starting)
+        if wait:
+            self.wait_ready()
+        else:
+            threading.Thread(target=self._stamp_ready, name=f"{self.name}-ready", daemon=True).start()
+
+    def _stamp_ready(self) -> None:
+        try:
+            if self._conn.poll(self.start_timeout_s):
+                self.ready_at = self.ready_at or time.perf_counter()
+        except (OSError, ValueError):  # closed meanwhile
+            pass
+
+    def wait_ready(self, what: str | None = None) -> dict[str, Any]:
+        """Wait for the engine's start (within its start timeout, counted from its start); its info."""
+        if not self.info:
+            left = max(1.0, self.start_timeout_s - (time.perf_counter() - self.started_at))
+            with heartbeat.phase(what or f"{self.kind} engine start", self.log_path):
+                self.info = self._receive(left, self.starting)
+            self.ready_at = self.ready_at or time.perf_counter()
+        return self.info
+
+    def is_ready(self) -> bool:
+        """Whether its start has ended (ready, or failed): wait_ready() would not wait."""
+        try:
+            return bool(self.info) or not self._proc.is_alive() or self._conn.poll(0)
+        except (OSError, ValueError):
+            return True
 
     def _receive(self, timeout_s: float, what: str) -> Any:
         if not self._conn.poll(timeout_s):

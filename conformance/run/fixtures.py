@@ -3,6 +3,7 @@ configuration, in child processes), the fp64 reference, the prompt set and figur
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -61,60 +62,159 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
 
 
 class EngineFactory:
-    """Engines keyed by configuration; at most `max_alive` live at once (GPU memory)."""
+    """Engines keyed by configuration; at most `max_alive` live at once (`engines_alive` in data/targets.toml:
+    2 on GPUs, whose memory they share; the default engine is never closed, the least recently used other is).
 
-    def __init__(self, run: RunContext, model: ModelUnderTest, max_alive: int = 2) -> None:
-        self.run, self.model, self.max_alive = run, model, max_alive
+    Started ahead: where the target allows it (`engines_ahead` in data/targets.toml, 1 on the CPU default,
+    where a vLLM engine runs one thread and the other core waits), the factory starts the next engine a check
+    module plans for in the background, so that its start overlaps the checks before it. A module plans with
+    `def engines_ahead(engines)`: a generator of `(check name, engines.get() arguments)`, in the order its checks
+    ask; the check name is the function's or one item's (`test_x[16]`). Only the selected checks' entries start,
+    one at a time, after the engine before them was handed out; one whose check ended without asking is closed.
+    A plan changes no verdict: get() hands out the same engine, started earlier."""
+
+    def __init__(self, run: RunContext, model: ModelUnderTest, max_alive: int | None = None,
+                 items: list[pytest.Item] | None = None) -> None:
+        self.run, self.model = run, model
+        self.max_alive = max_alive or int(run.spec.table.get("engines_alive", 2))  # data/targets.toml
+        self._numbers = itertools.count()  # the engines' log files
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
         self.start_seconds: dict[str, float] = {}
+        self.ahead: dict[str, tuple[EngineProcess, tuple[str, str]]] = {}  # key -> (engine, its planned check)
+        self.ahead_waited = self.ahead_hidden = 0.0
+        self.unclaimed = 0  # engines started ahead and closed unasked (a plan that does not match its checks)
+        self._depth = int(run.spec.table.get("engines_ahead", 0)) if items else 0
+        self._remaining: dict[tuple[str, str], int] = {}  # (module, check name) -> its items not yet finished
+        self._item_names: dict[str, tuple[tuple[str, str], ...]] = {}
+        modules: dict[str, Any] = {}
+        for item in (items or []) if self._depth else []:
+            plan = getattr(getattr(item, "module", None), "engines_ahead", None)
+            if plan is None:
+                continue
+            mod = item.module.__name__
+            modules.setdefault(mod, plan)
+            names = tuple({(mod, item.name), (mod, getattr(item, "originalname", item.name))})
+            self._item_names[item.nodeid] = names
+            for name in names:
+                self._remaining[name] = self._remaining.get(name, 0) + 1
+        self._plans = [(mod, plan(self)) for mod, plan in modules.items()]
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
         profile = profiles.of(self.run).engine_options() if kind == "vllm" else {}  # data/profiles.toml
         return self.run.spec.options_for(kind) | profile | {"dtype": self.run.dtype_name} | overrides
 
-    def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
-        """The engine of this kind (default: the one under test) for these options and model dir
-        (default: the model under test), started once."""
+    def _key(self, model: Path | None, kind: str | None, overrides: dict[str, Any]) -> tuple[str, str, str, dict]:
         kind = kind or self.run.engine
         options = self.options(kind, **overrides)
         model_dir = str(model or self.model.path)
-        key = json.dumps([kind, model_dir, options], sort_keys=True)
+        return json.dumps([kind, model_dir, options], sort_keys=True), kind, model_dir, options
+
+    def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
+        """The engine of this kind (default: the one under test) for these options and model dir
+        (default: the model under test), started once."""
+        key, kind, model_dir, options = self._key(model, kind, overrides)
         if key in self.live:
             self.live.move_to_end(key)
+            self.start_ahead()
             return self.live[key]
-        default = json.dumps([self.run.engine, str(self.model.path), self.options()], sort_keys=True)
+        default = self._key(None, None, {})[0]
         while len(self.live) >= self.max_alive:
             # the default engine stays: session fixtures (engine, engine_greedy) hold it
             victim = next((k for k in self.live if k != default), None)
             if victim is None:
                 break
             self.live.pop(victim).close()
-        target = self.run.spec
-        started = time.perf_counter()
-        proc = EngineProcess(
-            kind, model_dir, options, dict(target.env) | (profiles.of(self.run).engine_env() if kind == "vllm" else {}),
-            self.run.run_dir / f"engine-{kind}-{len(self.start_seconds)}.log",
-            start_timeout_s=target.timeouts.engine_start_s, start_method=target.engine_start)
-        self.start_seconds[key] = time.perf_counter() - started
+        if key in self.ahead:
+            proc = self.ahead.pop(key)[0]
+            waited = time.perf_counter()
+            try:
+                proc.wait_ready(f"{kind} engine start (started ahead)")
+            finally:
+                waited = time.perf_counter() - waited
+                self.ahead_waited += waited
+                self.ahead_hidden += max(0.0, (proc.ready_at or time.perf_counter()) - proc.started_at - waited)
+        else:
+            proc = self._start(kind, model_dir, options)
+            proc.wait_ready()
+        self.start_seconds[key] = (proc.ready_at or time.perf_counter()) - proc.started_at
         self.run.startups.append((f"{kind} engine", self.start_seconds[key]))
         self.live[key] = proc
         if not self.run.engine_info:
             self.run.engine_info = proc.info
+        self.start_ahead()
         return proc
 
-    def close(self) -> None:
-        for proc in self.live.values():
+    def _start(self, kind: str, model_dir: str, options: dict[str, Any], wait: bool = True) -> EngineProcess:
+        target = self.run.spec
+        env = dict(target.env) | (profiles.of(self.run).engine_env() if kind == "vllm" else {})
+        log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
+        return EngineProcess(kind, model_dir, options, env, log,
+                             start_timeout_s=target.timeouts.engine_start_s, start_method=target.engine_start,
+                             wait=wait)
+
+    def default_info(self) -> dict[str, Any]:
+        """What the default engine reported at its start, once it was handed out ({} before)."""
+        proc = self.live.get(self._key(None, None, {})[0])
+        return dict(proc.info) if proc is not None else {}
+
+    def start_ahead(self) -> None:
+        """Start the next planned engine in the background, unless one started ahead is still unclaimed."""
+        while len(self.ahead) < self._depth and self._plans:
+            mod, plan = self._plans[0]
+            try:
+                check, arguments = next(plan)
+            except StopIteration:
+                self._plans.pop(0)
+                continue
+            except (Exception, pytest.skip.Exception, pytest.fail.Exception):  # noqa: BLE001 - a plan that cannot
+                # say (its checks will skip or fail, a build is missing) starts nothing more
+                self._plans.pop(0)
+                continue
+            if not self._remaining.get((mod, check)):
+                continue  # not selected, or its checks are over
+            arguments = dict(arguments)
+            key, kind, model_dir, options = self._key(arguments.pop("model", None), arguments.pop("kind", None),
+                                                      arguments)
+            if key not in self.live and key not in self.ahead:
+                self.ahead[key] = (self._start(kind, model_dir, options, wait=False), (mod, check))
+
+    def finished(self, nodeid: str) -> None:
+        """A check ended: an engine started ahead for checks that are all over is closed (they did not ask)."""
+        for name in self._item_names.get(nodeid, ()):
+            self._remaining[name] -= 1
+        for key, (proc, check) in list(self.ahead.items()):
+            if not self._remaining.get(check):
+                del self.ahead[key]
+                self.unclaimed += 1
+                self._close(proc)
+        self.start_ahead()
+
+    @staticmethod
+    def _close(proc: EngineProcess) -> None:
+        if proc.is_ready():
             proc.close()
+        else:
+            proc.kill()  # still starting: nothing to wait for
+
+    def close(self) -> None:
+        self._plans.clear()
+        for proc in [*self.live.values(), *(p for p, _ in self.ahead.values())]:
+            self._close(proc)
+        if self._depth:
+            phases.record("engines_ahead_waited", self.ahead_waited)
+            phases.record("engines_ahead_hidden", self.ahead_hidden)
+            phases.record("engines_ahead_unclaimed", self.unclaimed + len(self.ahead))
         self.live.clear()
+        self.ahead.clear()
 
 
 @pytest.fixture(scope="session")
-def engines(run: RunContext, model_under_test: ModelUnderTest) -> Any:
+def engines(request: pytest.FixtureRequest, run: RunContext, model_under_test: ModelUnderTest) -> Any:
     target = run.resolved()
     if target.problems:
         pytest.fail(f"cannot test the engine: {target.sentence()}", pytrace=False)
-    factory = EngineFactory(run, model_under_test)
+    factory = EngineFactory(run, model_under_test, items=request.session.items)
     if capabilities.declared().has(run.engine, "memory_budget"):  # the fit preflight: fail closed, in one
         # sentence, before any engine starts
         from conformance.run import fit
@@ -126,7 +226,10 @@ def engines(run: RunContext, model_under_test: ModelUnderTest) -> Any:
             pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
         if not verdict.ok:
             pytest.fail(f"fit preflight (profile {run.profile}): {verdict.sentence}", pytrace=False)
+    run.engine_factory = factory
+    factory.start_ahead()
     yield factory
+    run.engine_factory = None
     factory.close()
 
 

@@ -7,6 +7,8 @@
                                                         here (the image's stack), as a pip constraints file
   python -m conformance.run.installs has-module NAME        exit 0 when NAME imports here (found, not imported)
   python -m conformance.run.installs version DIST           print DIST's installed version; exit 1 if absent
+  python -m conformance.run.installs uv-env                 print the UV_* variables that make uv install as pip
+                                                        is configured here (its indexes, find-links, constraints)
 
 Standard library only (plus `packaging`, vendored by pip, when present), so it runs from the checkout
 before the suite is installed (`python -m` puts the working directory on the path). The sessions run it
@@ -15,10 +17,13 @@ instead of keeping an install stamp: it reads what is installed, so it cannot go
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import os
+import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -141,6 +146,45 @@ def gpu_install_commands(constraints: str, requirements: Sequence[str], python: 
             [*pip, "-c", constraints, *requirements]]
 
 
+# pip settings that uv reads under its own names (uv reads no pip.conf and no PIP_* variable): pip's key ->
+# (uv's variable, how uv separates several values)
+PIP_TO_UV = {"index-url": ("UV_INDEX_URL", " "), "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
+             "find-links": ("UV_FIND_LINKS", ","), "constraint": ("UV_CONSTRAINT", " ")}
+
+
+def uv_env(pip_config: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The UV_* variables under which uv resolves as pip does here, from `pip config list` (lines
+    `scope.key='value'`, a value holding one or more whitespace-separated entries): the same indexes, find-links
+    (a local wheel of torch's CPU build) and constraints, and pip's rule of the best version over all indexes
+    (UV_INDEX_STRATEGY=unsafe-best-match). A variable already set in `environ` is left as it is."""
+    values: dict[str, list[str]] = {}
+    for line in pip_config.splitlines():
+        name, sep, raw = line.partition("=")
+        key = name.rsplit(".", 1)[-1].strip()
+        if not sep or key not in PIP_TO_UV:
+            continue
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = raw.strip().strip("'\"")
+        for entry in str(value).split():
+            if entry not in values.setdefault(key, []):
+                values[key].append(entry)
+    out = {PIP_TO_UV[k][0]: PIP_TO_UV[k][1].join(v) for k, v in values.items() if v}
+    if out:
+        out["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+    return {k: v for k, v in out.items() if k not in environ}
+
+
+def pip_config_list() -> str:
+    """`pip config list` of this interpreter's pip ('' when pip cannot say)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
@@ -164,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(metadata.version(args[0]))
         except metadata.PackageNotFoundError:
             return 1
+        return 0
+    if command == "uv-env" and not args:
+        for name, value in uv_env(pip_config_list(), os.environ).items():
+            print(f"{name}={value}")
         return 0
     print(__doc__, file=sys.stderr)
     return 2

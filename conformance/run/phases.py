@@ -189,16 +189,18 @@ def forkserver_ready() -> threading.Event | None:
 # -- collection order -------------------------------------------------------------------------------
 
 ENGINE_FIXTURE = "engines"  # every engine fixture (engine, engine_greedy, the device probe) depends on it
+FORKSERVER_FIXTURE = "collective_launch"  # the collectives' ranks fork from the forkserver, without an engine
 
 
 def order_checks(items: list[pytest.Item]) -> None:
     """Stable reorder in place, whole modules at a time (module-scoped fixtures stay set up once): first the
-    modules that start no engine (they run while the forkserver imports vLLM), then those that start engines,
-    last those that use the suite's server (it starts in the background meanwhile)."""
+    modules that need no forkserver (they run while it imports vLLM), then those whose ranks fork from it, then
+    those that start engines, last those that use the suite's server (it starts in the background meanwhile)."""
     rank: dict[str, int] = {}
     for item in items:
         names = getattr(item, "fixturenames", ())
-        mine = 2 if SERVER_FIXTURE in names else 1 if ENGINE_FIXTURE in names else 0
+        mine = (3 if SERVER_FIXTURE in names else 2 if ENGINE_FIXTURE in names
+                else 1 if FORKSERVER_FIXTURE in names else 0)
         key = _module_of(item)
         rank[key] = max(rank.get(key, 0), mine)
     items.sort(key=lambda item: rank[_module_of(item)])

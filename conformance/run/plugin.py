@@ -157,6 +157,13 @@ def _message(report: pytest.TestReport) -> str:
     return text[:4000]
 
 
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    config = _CONFIG.get("config")
+    factory = ctx_of(config).engine_factory if config is not None else None
+    if factory is not None:  # engines started ahead for checks now over are closed; the next one starts
+        factory.finished(nodeid)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None:

@@ -1,0 +1,103 @@
+"""The engine factory starts the engines a check module plans for ahead of the checks that ask for them
+(conformance/run/fixtures.py EngineFactory, `engines_ahead` in data/targets.toml): real engines (the transformers
+engine on the tiny model, ~0.5 s each), stand-in pytest items."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.checks import (
+    test_bad_requests,
+    test_kv_accounting,
+    test_long_context,
+    test_model_math,
+    test_scheduling,
+)
+from conformance.run.fixtures import EngineFactory, ModelUnderTest
+from conformance.verdicts import profiles
+from tests.check_fakes import run_ctx
+
+T = {"kind": "transformers"}
+
+
+def _items(module: types.ModuleType, names: list[str]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(module=module, name=n, originalname=n.split("[")[0], nodeid=f"{module.__name__}::{n}")
+            for n in names]
+
+
+def _factory(tiny, tmp_path: Path, items, target: str = "cpu") -> EngineFactory:
+    run = run_ctx(target, run_dir=tmp_path)
+    run.startups, run.engine_info = [], {}
+    model = ModelUnderTest("tiny", tiny.path, None, {}, 0)
+    return EngineFactory(run, model, items=items)
+
+
+def test_planned_engines_start_ahead_in_order_and_unclaimed_ones_are_closed(tiny, tmp_path):
+    plan_module = types.ModuleType("planned")
+
+    def engines_ahead(engines):
+        yield "check_a", T
+        yield "check_b", T | {"dtype": "float64"}
+        yield "check_c", T | {"dtype": "bfloat16"}   # deselected: never started
+        yield "check_d", T | {"dtype": "float16"}    # selected, but its check ends without asking
+        pytest.skip("the rest of this module skips")  # a plan that cannot go on starts nothing more
+
+    plan_module.engines_ahead = engines_ahead
+    items = _items(plan_module, ["check_a", "check_b", "check_d", "check_e"])
+    factory = _factory(tiny, tmp_path, items)
+    try:
+        factory.start_ahead()
+        assert len(factory.ahead) == 1, "the first planned engine starts ahead, and only it"
+        first = next(iter(factory.ahead.values()))[0]
+        got = factory.get(**T)
+        assert got is first and got.info["engine"] == "transformers", "get() hands out the engine started ahead"
+        second = next(iter(factory.ahead.values()))[0]
+        factory.finished(items[0].nodeid)
+        assert factory.get(**T, dtype="float64") is second
+        third = next(iter(factory.ahead.values()))[0]
+        assert len(factory.ahead) == 1 and "float16" in next(iter(factory.ahead)), (
+            f"check_c is not selected, so check_d's engine starts next: {list(factory.ahead)}")
+        factory.finished(items[1].nodeid)
+        factory.finished(items[2].nodeid)  # check_d ended without asking: its engine is closed
+        assert not factory.ahead, "the engine of a check that is over stays unclaimed"
+        third._proc.join(10)
+        assert not third._proc.is_alive(), "an unclaimed engine started ahead is stopped"
+        assert factory.unclaimed == 1
+        factory.finished(items[3].nodeid)
+        assert not factory.ahead and not factory._plans, "the plan that skipped starts nothing more"
+        assert [what for what, _ in factory.run.startups] == ["transformers engine"] * 2
+        assert factory.ahead_hidden >= 0 and factory.ahead_waited >= 0
+    finally:
+        factory.close()
+
+
+def test_nothing_starts_ahead_where_the_target_says_0(tiny, tmp_path):
+    plan_module = types.ModuleType("planned")
+    plan_module.engines_ahead = lambda engines: iter([("check_a", T)])
+    factory = _factory(tiny, tmp_path, _items(plan_module, ["check_a"]), target="cuda")
+    factory.start_ahead()
+    assert not factory.ahead and not factory._plans
+    assert int(factory.run.spec.table.get("engines_ahead", 0)) == 0
+
+
+def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):
+    """Each planned entry names a check of its module (a typo would start an engine nobody asks for) and
+    gives get() arguments the factory accepts."""
+    modules = [test_bad_requests, test_kv_accounting, test_long_context, test_model_math, test_scheduling]
+    run = run_ctx("cpu", run_dir=tmp_path)
+    run.serving_profile = profiles.of(run)
+    config = json.loads((tiny.path / "config.json").read_text())
+    model = ModelUnderTest("tiny", tiny.path, None, config, 0)
+    engines = SimpleNamespace(run=run, model=model, options=EngineFactory(run, model).options,
+                              default_info=lambda: {"block_size": 128})
+    for module in modules:
+        entries = list(module.engines_ahead(engines))
+        assert entries, module.__name__
+        for check, arguments in entries:
+            assert callable(getattr(module, check.split("[")[0], None)), f"{module.__name__} plans for {check}"
+            assert set(arguments) - {"model", "kind"} <= set(EngineFactory(run, model).options(**arguments)), check
