@@ -99,10 +99,12 @@ def _item(nodeid: str, *fixtures: str) -> SimpleNamespace:
 
 def test_order_checks_moves_whole_modules_engine_free_first_server_last():
     items = [_item("a.py::engine_1", "engines"), _item("a.py::plain"), _item("s.py::serve", "server"),
-             _item("s.py::no_server"), _item("t.py::tok", "hf_tokenizer"), _item("b.py::gen", "engines")]
+             _item("c.py::all_reduce", "collective_launch"), _item("s.py::no_server"),
+             _item("t.py::tok", "hf_tokenizer"), _item("b.py::gen", "engines")]
     phases.order_checks(items)
-    assert [i.nodeid for i in items] == ["t.py::tok", "a.py::engine_1", "a.py::plain", "b.py::gen",
-                                         "s.py::serve", "s.py::no_server"]
+    # the collectives fork their ranks from the forkserver: after the checks that run while it imports
+    assert [i.nodeid for i in items] == ["t.py::tok", "c.py::all_reduce", "a.py::engine_1", "a.py::plain",
+                                         "b.py::gen", "s.py::serve", "s.py::no_server"]
 
 
 # -- bench: aggregation and the table -----------------------------------------------------------------
