@@ -18,6 +18,7 @@ from conformance.checks import (
     test_model_math,
     test_scheduling,
 )
+from conformance.engines.worker import EngineError
 from conformance.run.fixtures import EngineFactory, ModelUnderTest
 from conformance.verdicts import profiles
 from tests.check_fakes import run_ctx
@@ -72,6 +73,20 @@ def test_planned_engines_start_ahead_in_order_and_unclaimed_ones_are_closed(tiny
         assert not factory.ahead and not factory._plans, "the plan that skipped starts nothing more"
         assert [what for what, _ in factory.run.startups] == ["transformers engine"] * 2
         assert factory.ahead_hidden >= 0 and factory.ahead_waited >= 0
+    finally:
+        factory.close()
+
+
+def test_an_engine_that_fails_to_start_ahead_fails_the_check_that_asks_for_it(tiny, tmp_path):
+    plan_module = types.ModuleType("planned")
+    plan_module.engines_ahead = lambda engines: iter([("check_a", T | {"enforce_eager": "sometimes"})])
+    factory = _factory(tiny, tmp_path, _items(plan_module, ["check_a"]))
+    try:
+        factory.start_ahead()
+        assert len(factory.ahead) == 1
+        with pytest.raises(EngineError, match="enforce_eager must be true, false or absent"):
+            factory.get(**T, enforce_eager="sometimes")
+        assert not factory.ahead and not factory.live
     finally:
         factory.close()
 

@@ -126,7 +126,6 @@ def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figu
     report.raise_if_failed()
 
 
-
 def engines_ahead(engines):
     """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
     check = "test_kv_accounting_at_block_size"
@@ -135,6 +134,7 @@ def engines_ahead(engines):
     for block_size in BLOCK_SIZES:
         if block_size != default:
             yield f"{check}[{block_size}]", {"block_size": block_size}
+
 
 @pytest.mark.p1
 @pytest.mark.needs("paged_kv")

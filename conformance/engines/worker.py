@@ -127,6 +127,7 @@ class EngineProcess:
         self.start_timeout_s = start_timeout_s
         self.info: dict[str, Any] = {}
         self.ready_at: float | None = None
+        self._started = False  # its start answered, with its info
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
         ctx = start_context(start_method, env)
@@ -151,17 +152,18 @@ class EngineProcess:
 
     def wait_ready(self, what: str | None = None) -> dict[str, Any]:
         """Wait for the engine's start (within its start timeout, counted from its start); its info."""
-        if not self.info:
+        if not self._started:
             left = max(1.0, self.start_timeout_s - (time.perf_counter() - self.started_at))
             with heartbeat.phase(what or f"{self.kind} engine start", self.log_path):
                 self.info = self._receive(left, self.starting)
+            self._started = True
             self.ready_at = self.ready_at or time.perf_counter()
         return self.info
 
     def is_ready(self) -> bool:
         """Whether its start has ended (ready, or failed): wait_ready() would not wait."""
         try:
-            return bool(self.info) or not self._proc.is_alive() or self._conn.poll(0)
+            return self._started or not self._proc.is_alive() or self._conn.poll(0)
         except (OSError, ValueError):
             return True
 

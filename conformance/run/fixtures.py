@@ -137,7 +137,6 @@ class EngineFactory:
                 self.ahead_hidden += max(0.0, (proc.ready_at or time.perf_counter()) - proc.started_at - waited)
         else:
             proc = self._start(kind, model_dir, options)
-            proc.wait_ready()
         self.start_seconds[key] = (proc.ready_at or time.perf_counter()) - proc.started_at
         self.run.startups.append((f"{kind} engine", self.start_seconds[key]))
         self.live[key] = proc
