@@ -77,6 +77,34 @@ def test_planned_engines_start_ahead_in_order_and_unclaimed_ones_are_closed(tiny
         factory.close()
 
 
+def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one_in_use(tiny, tmp_path):
+    plan_module = types.ModuleType("planned")
+    plan_module.engines_ahead = lambda engines: iter([("a", T), ("b", T | {"dtype": "float64"}),
+                                                      ("c", T | {"dtype": "bfloat16"})])
+    items = _items(plan_module, ["a", "b", "c"])
+    factory = _factory(tiny, tmp_path, items)
+    factory.max_alive = 2
+    try:
+        factory.start_ahead()
+        a = factory.get(**T)
+        assert len(factory.live) + len(factory.ahead) == 2, "one engine live, the next starting ahead"
+        b = factory.get(**T, dtype="float64")
+        assert len(factory.live) + len(factory.ahead) == 2 and b in factory.live.values()
+        a._proc.join(10)
+        assert not a._proc.is_alive(), "the least recently used engine made room for the one ahead"
+        assert list(factory.live.values()) == [b] and len(factory.ahead) == 1, "c starts while b runs"
+    finally:
+        factory.close()
+    single = _factory(tiny, tmp_path / "single", items)
+    single.max_alive = 1
+    try:
+        single.start_ahead()
+        only = single.get(**T)
+        assert not single.ahead and only._proc.is_alive(), "no room: the engine handed out last is not closed"
+    finally:
+        single.close()
+
+
 def test_an_engine_that_fails_to_start_ahead_fails_the_check_that_asks_for_it(tiny, tmp_path):
     plan_module = types.ModuleType("planned")
     plan_module.engines_ahead = lambda engines: iter([("check_a", T | {"enforce_eager": "sometimes"})])

@@ -78,6 +78,7 @@ class EngineFactory:
         self.run, self.model = run, model
         self.max_alive = max_alive or int(run.spec.table.get("engines_alive", 2))  # data/targets.toml
         self._numbers = itertools.count()  # the engines' log files
+        self._last: str | None = None  # the key get() handed out last
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
         self.start_seconds: dict[str, float] = {}
         self.ahead: dict[str, tuple[EngineProcess, tuple[str, str]]] = {}  # key -> (engine, its planned check)
@@ -115,19 +116,21 @@ class EngineFactory:
         """The engine of this kind (default: the one under test) for these options and model dir
         (default: the model under test), started once."""
         key, kind, model_dir, options = self._key(model, kind, overrides)
+        self._last = key
         if key in self.live:
             self.live.move_to_end(key)
             self.start_ahead()
             return self.live[key]
         default = self._key(None, None, {})[0]
-        while len(self.live) >= self.max_alive:
+        ahead = self.ahead.pop(key)[0] if key in self.ahead else None
+        while len(self.live) + len(self.ahead) >= self.max_alive:  # those starting ahead count: they hold memory
             # the default engine stays: session fixtures (engine, engine_greedy) hold it
             victim = next((k for k in self.live if k != default), None)
             if victim is None:
                 break
             self.live.pop(victim).close()
-        if key in self.ahead:
-            proc = self.ahead.pop(key)[0]
+        if ahead is not None:
+            proc = ahead
             waited = time.perf_counter()
             try:
                 proc.wait_ready(f"{kind} engine start (started ahead)")
@@ -159,8 +162,9 @@ class EngineFactory:
         return dict(proc.info) if proc is not None else {}
 
     def start_ahead(self) -> None:
-        """Start the next planned engine in the background, unless one started ahead is still unclaimed."""
-        while len(self.ahead) < self._depth and self._plans:
+        """Start the next planned engine in the background, unless one started ahead is still unclaimed or
+        `max_alive` engines exist already (an engine in use is never closed to make room for one ahead)."""
+        while len(self.ahead) < self._depth and self._plans and self._room_ahead():
             mod, plan = self._plans[0]
             try:
                 check, arguments = next(plan)
@@ -178,6 +182,18 @@ class EngineFactory:
                                                       arguments)
             if key not in self.live and key not in self.ahead:
                 self.ahead[key] = (self._start(kind, model_dir, options, wait=False), (mod, check))
+
+    def _room_ahead(self) -> bool:
+        """Whether one more engine may exist: below `max_alive`, or after closing the least recently used one
+        that is neither the default nor the one handed out last (the running check may still use that one)."""
+        if len(self.live) + len(self.ahead) < self.max_alive:
+            return True
+        default = self._key(None, None, {})[0]
+        victim = next((k for k in self.live if k not in (default, self._last)), None)
+        if victim is None:
+            return False
+        self.live.pop(victim).close()
+        return True
 
     def finished(self, nodeid: str) -> None:
         """A check ended: an engine started ahead for checks that are all over is closed (they did not ask)."""
