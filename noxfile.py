@@ -14,6 +14,7 @@ nothing), `--reuse-venv=no` (a fresh venv). uv makes the venvs where it is insta
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -123,17 +124,14 @@ def _installs_lib():
     return installs
 
 
-_UV_LIKE_PIP: list[bool] = []
-
-
+@functools.cache
 def _uv_like_pip() -> None:
     """uv reads no pip configuration: give it, as UV_* variables, the indexes, find-links and constraints pip
     is configured with here (a local wheel of torch's CPU build among them), so that both install the same.
     Once per nox invocation, and only when something is to be installed (`pip config list` takes ~1 s)."""
-    if not _UV_LIKE_PIP and (shutil.which("uv") or importlib.util.find_spec("uv")):
+    if shutil.which("uv") or importlib.util.find_spec("uv"):
         installs = _installs_lib()
         os.environ.update(installs.uv_env(installs.pip_config_list(), os.environ))
-    _UV_LIKE_PIP.append(True)
 
 
 def _install(session: nox.Session, *args: str) -> None:

@@ -80,7 +80,6 @@ class EngineFactory:
         self._numbers = itertools.count()  # the engines' log files
         self._last: str | None = None  # the key get() handed out last
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
-        self.start_seconds: dict[str, float] = {}
         self.ahead: dict[str, tuple[EngineProcess, tuple[str, str]]] = {}  # key -> (engine, its planned check)
         self.ahead_waited = self.ahead_hidden = 0.0
         self.unclaimed = 0  # engines started ahead and closed unasked (a plan that does not match its checks)
@@ -112,6 +111,10 @@ class EngineFactory:
         model_dir = str(model or self.model.path)
         return json.dumps([kind, model_dir, options], sort_keys=True), kind, model_dir, options
 
+    def _default_key(self) -> str:
+        """The key of the engine under test with the run's options: session fixtures hold it, so it is never closed."""
+        return self._key(None, None, {})[0]
+
     def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
         """The engine of this kind (default: the one under test) for these options and model dir
         (default: the model under test), started once."""
@@ -121,7 +124,7 @@ class EngineFactory:
             self.live.move_to_end(key)
             self.start_ahead()
             return self.live[key]
-        default = self._key(None, None, {})[0]
+        default = self._default_key()
         ahead = self.ahead.pop(key)[0] if key in self.ahead else None
         while len(self.live) + len(self.ahead) >= self.max_alive:  # those starting ahead count: they hold memory
             # the default engine stays: session fixtures (engine, engine_greedy) hold it
@@ -140,8 +143,7 @@ class EngineFactory:
                 self.ahead_hidden += max(0.0, (proc.ready_at or time.perf_counter()) - proc.started_at - waited)
         else:
             proc = self._start(kind, model_dir, options)
-        self.start_seconds[key] = (proc.ready_at or time.perf_counter()) - proc.started_at
-        self.run.startups.append((f"{kind} engine", self.start_seconds[key]))
+        self.run.startups.append((f"{kind} engine", (proc.ready_at or time.perf_counter()) - proc.started_at))
         self.live[key] = proc
         if not self.run.engine_info:
             self.run.engine_info = proc.info
@@ -158,7 +160,7 @@ class EngineFactory:
 
     def default_info(self) -> dict[str, Any]:
         """What the default engine reported at its start, once it was handed out ({} before)."""
-        proc = self.live.get(self._key(None, None, {})[0])
+        proc = self.live.get(self._default_key())
         return dict(proc.info) if proc is not None else {}
 
     def start_ahead(self) -> None:
@@ -188,8 +190,7 @@ class EngineFactory:
         that is neither the default nor the one handed out last (the running check may still use that one)."""
         if len(self.live) + len(self.ahead) < self.max_alive:
             return True
-        default = self._key(None, None, {})[0]
-        victim = next((k for k in self.live if k not in (default, self._last)), None)
+        victim = next((k for k in self.live if k not in (self._default_key(), self._last)), None)
         if victim is None:
             return False
         self.live.pop(victim).close()
