@@ -18,7 +18,10 @@ pytest_plugins = ["tests.check_mutation"]  # each check's controls rerun against
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Start the forkserver with the CPU target's environment, as `conformance run` does, so that engine
-    controls fork from it whichever test first needs a child process (its imports overlap collection)."""
+    controls fork from it whichever test first needs a child process (its imports overlap collection).
+    Under pytest-xdist each worker starts its own; the controller, which runs no test, starts none."""
+    if getattr(session.config, "workerinput", None) is None and session.config.getoption("numprocesses", None):
+        return
     forkserver.start(settings.targets()["cpu"]["env"])
 
 

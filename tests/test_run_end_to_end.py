@@ -57,10 +57,12 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_
     assert parity["figures"]["max_abs_dlogprob"] < 2e-3 and parity["area"] == "model-math"
     assert parity["reference"].startswith("docs/model.md")
     assert_no_secret_in(tmp_path, proc.stdout + proc.stderr, tmp_path_factory.mktemp("dashboard"))
-    # a second run never touches the first
+    # a second run never touches the first, and reads the first's fp64 reference results from the cache
     first = sorted(tmp_path.iterdir())
-    conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build")
+    again = conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build or greedy_logprobs_match")
     assert all(p in sorted(tmp_path.iterdir()) for p in first) and len(list(tmp_path.iterdir())) == 2
+    assert again.returncode == 0 and re.search(r"^reference: (\d+) of \1 fp64 results read from the cache",
+                                               again.stdout, re.M), again.stdout[-1500:]
 
 
 def assert_no_secret_in(runs: Path, output: str, work: Path) -> None:

@@ -147,6 +147,8 @@ def test_cli_passes_tiers_as_the_plugin_option_and_autoload_off_on_gpus(monkeypa
     assert "-m" not in args and args[args.index("--tier") + 1] == "p1" and args[-1] == "-x"
     assert f"cache_dir={(tmp_path / 'r' / '.pytest_cache').resolve()}" in args
     assert "no:cacheprovider" not in args and env is None and "pytest_timeout" not in args
+    assert "--fresh-reference" not in args
+    assert "--fresh-reference" in _cli_args(monkeypatch, "--fresh-reference")[0]
     args, env = _cli_args(monkeypatch, "--rocm", "--server")
     assert env == "1" and args[args.index("pytest_timeout") - 1] == "-p" and "--rocm" in args
     assert f"--server={openai_api.FROM_ENV}" in args and args[args.index("--tier") + 1] == "p0"

@@ -9,6 +9,7 @@ prove they would catch it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -258,9 +259,20 @@ class Reference:
         logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
         return torch.log_softmax(logits, dim=-1)
 
+    def variant(self) -> dict[str, Any]:
+        """What, besides the checkpoint and the call, decides this reference's results (reference/cache.py)."""
+        return {"class": type(self).__name__, "math": dataclasses.asdict(self.math)}
+
     def score(self, prompt: list[int], continuation: list[int], top_k: int) -> Completion:
         """Teacher-forced along a given path: the reference's top-k at every prompt position
-        (prefill) and at every step of the continuation (decode)."""
+        (prefill) and at every step of the continuation (decode). Read from the result cache where a run
+        turned it on (conformance/reference/cache.py)."""
+        from conformance.reference import cache
+
+        return cache.completion(self.model_dir, self.variant(), ["score", list(prompt), list(continuation), top_k],
+                                lambda: self._score(prompt, continuation, top_k))
+
+    def _score(self, prompt: list[int], continuation: list[int], top_k: int) -> Completion:
         lp = self.logprobs(prompt + continuation[:-1] if continuation else prompt)
         prompt_steps = [StepLogprobs.from_row(lp[t], top_k, chosen=prompt[t + 1]) for t in range(len(prompt) - 1)]
         steps = [StepLogprobs.from_row(lp[len(prompt) - 1 + t], top_k, chosen=continuation[t])

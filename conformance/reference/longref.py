@@ -19,9 +19,11 @@ stop at the original 4096-token context.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -170,9 +172,19 @@ class LongReference(Reference):
     def logprobs(self, ids: list[int]) -> torch.Tensor:
         return self.logprobs_at(ids)
 
+    def variant(self) -> dict[str, Any]:
+        return super().variant() | {"kv_quant": self.kv_quant, "depth": dataclasses.asdict(self.depth)}
+
     def score_from(self, prompt: list[int], continuation: list[int], top_k: int, start: int) -> Completion:
         """`Reference.score`, but prompt steps only from position `start` on (the band at depth): prompt_steps
         holds the steps that predict tokens start+1 .. end, then the continuation's steps."""
+        from conformance.reference import cache
+
+        return cache.completion(self.model_dir, self.variant(),
+                                ["score_from", list(prompt), list(continuation), top_k, start],
+                                lambda: self._score_from(prompt, continuation, top_k, start))
+
+    def _score_from(self, prompt: list[int], continuation: list[int], top_k: int, start: int) -> Completion:
         ids = prompt + continuation[:-1] if continuation else prompt
         rows = list(range(start, len(ids)))
         lp = self.logprobs_at(ids, rows)

@@ -53,6 +53,9 @@ def run_parser(sub: argparse._SubParsersAction) -> None:
                                     "profile of the detected SKU and model; `cpu` on the CPU default); NAME:all "
                                     "runs once per backend row, the rows after the first the engine-level checks")
     p.add_argument("--health-policy", help="machine-health policy TOML (default: the suite's data/health.toml)")
+    p.add_argument("--fresh-reference", action="store_true",
+                   help="compute every fp64 reference result again: by default a result already computed for the "
+                        "same checkpoint bytes, token ids, options and reference source is read from the cache")
     p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
     p.add_argument("-k", dest="keyword", help="only checks matching this pytest -k expression")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
@@ -71,6 +74,8 @@ def build_pytest_args(ns: argparse.Namespace) -> list[str]:
                  "profile", "health_policy"):
         if getattr(ns, flag):  # one token: a value that starts with '-' or a bare --server stays this option's
             args.append(f"--{flag.replace('_', '-')}={getattr(ns, flag)}")
+    if ns.fresh_reference:
+        args.append("--fresh-reference")
     if ns.target:
         args.append(f"--{ns.target}")
     if ns.keyword:

@@ -46,6 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--profile", default=None,
                 help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the SKU's production one)")
     g.addoption("--health-policy", default=None, help="machine-health policy TOML (default: data/health.toml)")
+    g.addoption("--fresh-reference", action="store_true",
+                help="compute every fp64 reference result again instead of reading the suite's result cache")
 
 
 def _new_run_id(target: str) -> str:
@@ -214,6 +216,11 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 @pytest.hookimpl(trylast=True)  # after pytest's own header, if it shows one
 def pytest_sessionstart(session: pytest.Session) -> None:
     run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
+    if not session.config.option.fresh_reference:  # conformance/reference/cache.py
+        from conformance.reference import cache
+        from conformance.verdicts import settings
+
+        cache.enable(settings.cache_root() / "reference-results")
     if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
         machine_health.start(ctx_of(session.config).spec.name, session.config.option.health_policy)
 
@@ -248,3 +255,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from conformance.engines import forkserver
 
     forkserver.stop()  # the engines and the server are closed by now
+    from conformance.reference import cache
+
+    cache.disable()  # a process that goes on (tests call `conformance run` in-process) computes afresh

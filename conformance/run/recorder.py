@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from conformance.reference import cache as reference_cache
 from conformance.run import machine_health, phases, runrecord
 from conformance.run.runcontext import RunContext
 from env_checks.signatures import diagnose
@@ -111,6 +112,10 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
     startups = startup_line(ctx.startups)
     if startups:
         tr.write_line(startups)
+    cached = reference_cache.counts
+    if cached.hits:
+        tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses} fp64 results read from the cache "
+                      "(the same checkpoint, token ids and options); --fresh-reference computes them all")
     for u in ctx.unmatched_expectations:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
     for line, bad in machine_health.summary_lines():

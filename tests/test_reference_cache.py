@@ -1,0 +1,66 @@
+"""The fp64 reference's result cache (conformance/reference/cache.py): a hit is the computed result exactly, and
+nothing but the same checkpoint, call and variant can hit."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conformance.reference import cache
+from conformance.reference.gpt_oss import Reference
+from conformance.reference.longref import LongReference
+
+
+@pytest.fixture
+def cached(tmp_path: Path):
+    cache.enable(tmp_path / "results")
+    yield tmp_path / "results"
+    cache.disable()
+
+
+def entries(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.json"))
+
+
+def test_off_unless_a_run_turns_it_on(tiny, tmp_path: Path):
+    assert not cache.enabled()
+    Reference(tiny.path).score([1, 2, 3], [4], 3)
+    assert cache.counts.hits == 0 and not list(tmp_path.rglob("*.json"))
+
+
+def test_a_hit_is_exactly_the_computed_result(tiny, cached: Path):
+    ref = Reference(tiny.path)
+    first = ref.score([5, 6, 7, 8], [9, 10], 4)
+    assert (cache.counts.hits, cache.counts.misses) == (0, 1) and len(entries(cached)) == 1
+    again = Reference(tiny.path).score([5, 6, 7, 8], [9, 10], 4)
+    assert cache.counts.hits == 1 and again == first  # every float of every step, bit for bit
+    long = LongReference(tiny.path)
+    assert long.score_from([5, 6, 7, 8], [9, 10], 4, 2) == long.score_from([5, 6, 7, 8], [9, 10], 4, 2)
+    assert cache.counts.hits == 2
+
+
+def test_another_path_variant_or_checkpoint_is_computed(tiny, cached: Path, tmp_path: Path):
+    Reference(tiny.path).score([5, 6, 7], [8], 4)
+    Reference(tiny.path).score([5, 6, 7], [9], 4)  # the engine took another token: another result
+    Reference(tiny.path, "yarn_rounded").score([5, 6, 7], [8], 4)  # a mutant never reads the true result
+    LongReference(tiny.path, kv_quant="e4m3fn").score([5, 6, 7], [8], 4)
+    other = tmp_path / "other"
+    shutil.copytree(tiny.path, other)
+    weights = next(other.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of the checkpoint differs
+    weights.write_bytes(bytes(data))
+    Reference(other).score([5, 6, 7], [8], 4)
+    assert cache.counts.hits == 0 and cache.counts.misses == 5 and len(entries(cached)) == 5
+
+
+def test_a_damaged_entry_is_computed_again_and_rewritten(tiny, cached: Path):
+    want = Reference(tiny.path).score([5, 6, 7], [8], 4)
+    (entry,) = entries(cached)
+    for garbage in ("{not json", '{"prompt_ids": [1], "token_ids": [8], "steps": [], "prompt_steps": []}', ""):
+        entry.write_text(garbage)
+        assert Reference(tiny.path).score([5, 6, 7], [8], 4) == want
+    assert cache.counts.hits == 0 and cache.counts.misses == 4
+    assert Reference(tiny.path).score([5, 6, 7], [8], 4) == want and cache.counts.hits == 1
