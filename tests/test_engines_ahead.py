@@ -4,6 +4,7 @@ engine on the tiny model, ~0.5 s each), stand-in pytest items."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -31,8 +32,11 @@ def _items(module: types.ModuleType, names: list[str]) -> list[SimpleNamespace]:
             for n in names]
 
 
-def _factory(tiny, tmp_path: Path, items, target: str = "cpu") -> EngineFactory:
+def _factory(tiny, tmp_path: Path, items, target: str = "cpu", depth: int | None = 1) -> EngineFactory:
+    """A factory over real engines; `depth` engines start ahead (None: as the target's data says)."""
     run = run_ctx(target, run_dir=tmp_path)
+    if depth is not None:
+        run.spec = dataclasses.replace(run.spec, table=run.spec.table | {"engines_ahead": depth})
     run.startups, run.engine_info = [], {}
     model = ModelUnderTest("tiny", tiny.path, None, {}, 0)
     return EngineFactory(run, model, items=items)
@@ -105,6 +109,25 @@ def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one
         single.close()
 
 
+def test_the_cpu_target_starts_two_ahead_and_closes_engines_without_waiting_for_each(tiny, tmp_path):
+    plan_module = types.ModuleType("planned")
+    plan_module.engines_ahead = lambda engines: iter([("a", T), ("b", T | {"dtype": "float64"}),
+                                                      ("c", T | {"dtype": "bfloat16"})])
+    items = _items(plan_module, ["a", "b", "c"])
+    factory = _factory(tiny, tmp_path, items, depth=None)
+    assert int(factory.run.spec.table["engines_ahead"]) == 2  # data/targets.toml [cpu]
+    factory.max_alive = 2
+    try:
+        factory.start_ahead()
+        assert len(factory.ahead) == 2, "the next two planned engines start at once"
+        a = factory.get(**T)
+        factory.get(**T, dtype="float64")  # no room for c: a, least recently used, is asked to close
+        assert factory._closing == [a] and a._closing, "an engine made room for another is retired, not waited for"
+    finally:
+        factory.close()
+    assert not factory._closing and not a._proc.is_alive(), "the end of the run waits for every retired engine"
+
+
 def test_an_engine_that_fails_to_start_ahead_fails_the_check_that_asks_for_it(tiny, tmp_path):
     plan_module = types.ModuleType("planned")
     plan_module.engines_ahead = lambda engines: iter([("check_a", T | {"enforce_eager": "sometimes"})])
@@ -122,7 +145,7 @@ def test_an_engine_that_fails_to_start_ahead_fails_the_check_that_asks_for_it(ti
 def test_nothing_starts_ahead_where_the_target_says_0(tiny, tmp_path):
     plan_module = types.ModuleType("planned")
     plan_module.engines_ahead = lambda engines: iter([("check_a", T)])
-    factory = _factory(tiny, tmp_path, _items(plan_module, ["check_a"]), target="cuda")
+    factory = _factory(tiny, tmp_path, _items(plan_module, ["check_a"]), target="cuda", depth=None)
     factory.start_ahead()
     assert not factory.ahead and not factory._plans
     assert int(factory.run.spec.table.get("engines_ahead", 0)) == 0

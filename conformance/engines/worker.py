@@ -128,6 +128,7 @@ class EngineProcess:
         self.info: dict[str, Any] = {}
         self.ready_at: float | None = None
         self._started = False  # its start answered, with its info
+        self._closing = False  # asked to close (begin_close)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
         ctx = start_context(start_method, env)
@@ -200,11 +201,22 @@ class EngineProcess:
             self._proc.kill()
         self._proc.join(10)
 
+    def begin_close(self) -> None:
+        """Ask the engine to release what it holds and exit, without waiting for it (`close` waits): releasing
+        takes vLLM ~2 s, so a run asks all its engines first and then waits for each."""
+        if self._closing or not self._proc.is_alive():
+            return
+        self._closing = True
+        try:
+            self._conn.send(("close", (), {}))
+        except (BrokenPipeError, OSError):
+            pass
+
     def close(self, timeout_s: float | None = None) -> None:
         timeout_s = CLOSE_TIMEOUT_S if timeout_s is None else timeout_s
         if self._proc.is_alive():
+            self.begin_close()
             try:
-                self._conn.send(("close", (), {}))
                 self._conn.poll(timeout_s)
             except (BrokenPipeError, OSError):
                 pass

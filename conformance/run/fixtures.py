@@ -83,6 +83,7 @@ class EngineFactory:
         self.ahead: dict[str, tuple[EngineProcess, tuple[str, str]]] = {}  # key -> (engine, its planned check)
         self.ahead_waited = self.ahead_hidden = 0.0
         self.unclaimed = 0  # engines started ahead and closed unasked (a plan that does not match its checks)
+        self._closing: list[EngineProcess] = []  # asked to close (_retire), waited for by close()
         self._depth = int(run.spec.table.get("engines_ahead", 0)) if items else 0
         self._remaining: dict[tuple[str, str], int] = {}  # (module, check name) -> its items not yet finished
         self._item_names: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -131,7 +132,7 @@ class EngineFactory:
             victim = next((k for k in self.live if k != default), None)
             if victim is None:
                 break
-            self.live.pop(victim).close()
+            self._retire(self.live.pop(victim))
         if ahead is not None:
             proc = ahead
             waited = time.perf_counter()
@@ -193,7 +194,7 @@ class EngineFactory:
         victim = next((k for k in self.live if k not in (self._default_key(), self._last)), None)
         if victim is None:
             return False
-        self.live.pop(victim).close()
+        self._retire(self.live.pop(victim))
         return True
 
     def finished(self, nodeid: str) -> None:
@@ -204,20 +205,25 @@ class EngineFactory:
             if not self._remaining.get(check):
                 del self.ahead[key]
                 self.unclaimed += 1
-                self._close(proc)
+                self._retire(proc)
         self.start_ahead()
 
-    @staticmethod
-    def _close(proc: EngineProcess) -> None:
+    def _retire(self, proc: EngineProcess) -> None:
+        """Close an engine no check needs any more without waiting for it (vLLM takes ~2 s to release what it
+        holds): it is asked now and waited for at the end of the run. One still starting is killed."""
         if proc.is_ready():
-            proc.close()
+            proc.begin_close()
+            self._closing.append(proc)
         else:
             proc.kill()  # still starting: nothing to wait for
 
     def close(self) -> None:
         self._plans.clear()
         for proc in [*self.live.values(), *(p for p, _ in self.ahead.values())]:
-            self._close(proc)
+            self._retire(proc)  # all release at once, then each is waited for
+        for proc in self._closing:
+            proc.close()
+        self._closing.clear()
         if self._planned:
             phases.record("engines_ahead_waited", self.ahead_waited)
             phases.record("engines_ahead_hidden", self.ahead_hidden)
