@@ -46,14 +46,17 @@ def test_another_path_variant_or_checkpoint_is_computed(tiny, cached: Path, tmp_
     Reference(tiny.path).score([5, 6, 7], [9], 4)  # the engine took another token: another result
     Reference(tiny.path, "yarn_rounded").score([5, 6, 7], [8], 4)  # a mutant never reads the true result
     LongReference(tiny.path, kv_quant="e4m3fn").score([5, 6, 7], [8], 4)
+    assert cache.counts.hits == 0 and cache.counts.misses == 4
     other = tmp_path / "other"
     shutil.copytree(tiny.path, other)
+    Reference(other).score([5, 6, 7], [8], 4)
+    assert cache.counts.hits == 1, "the same bytes elsewhere are the same checkpoint"
     weights = next(other.glob("*.safetensors"))
     data = bytearray(weights.read_bytes())
-    data[-1] ^= 1  # one bit of the checkpoint differs
+    data[-1] ^= 1  # one bit of the checkpoint differs, rewritten in place
     weights.write_bytes(bytes(data))
     Reference(other).score([5, 6, 7], [8], 4)
-    assert cache.counts.hits == 0 and cache.counts.misses == 5 and len(entries(cached)) == 5
+    assert cache.counts.hits == 1 and cache.counts.misses == 5 and len(entries(cached)) == 5
 
 
 def test_a_damaged_entry_is_computed_again_and_rewritten(tiny, cached: Path):

@@ -63,9 +63,11 @@ def _source_digest() -> str:
 
 
 def _model_digest(model_dir: Path) -> str:
+    """The checkpoint's content hash, computed again whenever one of its files changed size or time."""
     from conformance.checkpoints.models import content_hash
 
-    key = str(model_dir.resolve())
+    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
+    key = json.dumps([str(model_dir.resolve()), [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]])
     if key not in _model_digests:
         _model_digests[key] = content_hash(model_dir)
     return _model_digests[key]
