@@ -81,11 +81,16 @@ def test_planned_engines_start_ahead_in_order_and_unclaimed_ones_are_closed(tiny
         factory.close()
 
 
-def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one_in_use(tiny, tmp_path):
+def _abc_items():
+    """Items of checks a, b and c, whose module plans an engine each: float32, float64, bfloat16."""
     plan_module = types.ModuleType("planned")
     plan_module.engines_ahead = lambda engines: iter([("a", T), ("b", T | {"dtype": "float64"}),
                                                       ("c", T | {"dtype": "bfloat16"})])
-    items = _items(plan_module, ["a", "b", "c"])
+    return _items(plan_module, ["a", "b", "c"])
+
+
+def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one_in_use(tiny, tmp_path):
+    items = _abc_items()
     factory = _factory(tiny, tmp_path, items)
     factory.max_alive = 2
     try:
@@ -110,10 +115,7 @@ def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one
 
 
 def test_the_cpu_target_starts_two_ahead_and_closes_engines_without_waiting_for_each(tiny, tmp_path):
-    plan_module = types.ModuleType("planned")
-    plan_module.engines_ahead = lambda engines: iter([("a", T), ("b", T | {"dtype": "float64"}),
-                                                      ("c", T | {"dtype": "bfloat16"})])
-    items = _items(plan_module, ["a", "b", "c"])
+    items = _abc_items()
     factory = _factory(tiny, tmp_path, items, depth=None)
     assert int(factory.run.spec.table["engines_ahead"]) == 2  # data/targets.toml [cpu]
     factory.max_alive = 2
