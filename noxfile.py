@@ -224,7 +224,7 @@ def _test_workers(posargs: list[str]) -> list[str]:
     if any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in posargs):
         return []
     workers = min(os.cpu_count() or 1, 4)
-    return ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    return ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
 
 
 @nox.session(venv_backend=BACKEND, default=False)
