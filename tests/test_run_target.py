@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +37,23 @@ def test_the_cpu_target_is_read_once_into_a_frozen_object():
 def test_engine_and_dtype_of_the_run_override_the_targets_defaults():
     t = run_target.build("rocm", "transformers", "float16")
     assert (t.engine, t.dtype, t.vllm_platform, t.needs_device) == ("transformers", "float16", "rocm", True)
+
+
+def test_engine_kinds_start_as_their_target_says_and_the_forkserver_leaves_out_what_none_forks(tmp_path: Path):
+    """GPU targets fork the transformers engine and the device probe, spawn vLLM; the CPU forks all."""
+    cpu, cuda, rocm = (run_target.build(name) for name in ("cpu", "cuda", "rocm"))
+    assert {k: cpu.start_method(k) for k in ("vllm", "transformers", "device")} == dict.fromkeys(
+        ("vllm", "transformers", "device"), "forkserver")
+    for gpu in (cuda, rocm):
+        assert (gpu.start_method("vllm"), gpu.start_method("transformers"), gpu.start_method("device")) == \
+            ("spawn", "forkserver", "forkserver") and gpu.forks_engines
+    # what a forkserver imports: preload.py with the stacks named left out (a GPU run's: vLLM)
+    probe = ("import sys, conformance.engines.preload; "
+             "print(sorted({'vllm', 'transformers', 'torch'} & set(sys.modules)))")
+    for skip, imported in (("vllm,transformers,torch", "[]"), ("vllm,transformers", "['torch']")):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True,
+                             env=os.environ | {"CONFORMANCE_PRELOAD_SKIP": skip}).stdout
+        assert out.strip() == imported, (skip, out)
 
 
 def test_an_unknown_target_is_one_sentence():

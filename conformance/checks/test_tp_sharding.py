@@ -76,7 +76,7 @@ def vllm_tp(run, engines):
     try:
         proc = TPEngineProcess(str(engines.model.path), options, dict(target.env),
                                run.run_dir / f"engine-vllm-tp{tp}.log", start_timeout_s=target.timeouts.engine_start_s,
-                               start_method=target.engine_start, run_time_env=env)
+                               start_method=target.start_method("vllm"), run_time_env=env)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
     yield proc, tp

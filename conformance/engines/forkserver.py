@@ -21,9 +21,13 @@ _env: dict[str, str] | None = None
 started_at: float | None = None  # perf_counter() when it was started (phases.py times its imports)
 
 
-def start(env: dict[str, str]) -> None:
+SKIP_ENV = "CONFORMANCE_PRELOAD_SKIP"  # preload.py: the stacks it leaves out (comma-separated import names)
+
+
+def start(env: dict[str, str], vllm: bool = True) -> None:
     """Start it now, with `env` on top of ours, unless it runs already; its imports go on in the
-    background while the caller continues."""
+    background while the caller continues. `vllm=False`: it does not import vLLM (a target whose vLLM
+    engines start otherwise: no child needs it there)."""
     global _env, started_at
     if _env is not None:
         return
@@ -31,6 +35,8 @@ def start(env: dict[str, str]) -> None:
     mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     saved = dict(os.environ)
     os.environ.update(_text(env))
+    if not vllm:
+        os.environ[SKIP_ENV] = "vllm"
     try:
         multiprocessing.forkserver.ensure_running()
     finally:

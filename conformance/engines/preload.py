@@ -3,9 +3,13 @@ stacks already imported instead of importing them again (vLLM alone takes ~9 s o
 A stack that is not installed, or fails to import, is left for the child to report."""
 
 import importlib
+import os
 
+_SKIP = {name for name in os.environ.get("CONFORMANCE_PRELOAD_SKIP", "").split(",") if name}
 for _name in ("torch", "vllm", "vllm.entrypoints.llm", "transformers",
               "transformers.models.gpt_oss.modeling_gpt_oss"):
+    if _name.split(".")[0] in _SKIP:  # forkserver.start(vllm=False)
+        continue
     try:
         importlib.import_module(_name)
     except Exception:  # noqa: BLE001, S112 - the child that needs it raises it with context

@@ -156,7 +156,7 @@ class EngineFactory:
         env = dict(target.env) | (profiles.of(self.run).engine_env() if kind == "vllm" else {})
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
         return EngineProcess(kind, model_dir, options, env, log,
-                             start_timeout_s=target.timeouts.engine_start_s, start_method=target.engine_start,
+                             start_timeout_s=target.timeouts.engine_start_s, start_method=target.start_method(kind),
                              wait=wait)
 
     def default_info(self) -> dict[str, Any]:

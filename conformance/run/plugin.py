@@ -129,12 +129,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     target = ctx.spec
     from conformance.run import phases
 
-    if not target.problems and target.engine_start == "forkserver" and phases.need_engines(items):
+    if not target.problems and target.forks_engines and phases.need_engines(items):
         from conformance.engines import forkserver
 
         # its imports (vLLM, transformers) overlap the checks that need no engine; a run whose checks
         # start no engine (platform checks alone) does not import vLLM a second time for nothing
-        forkserver.start(dict(target.env))
+        forkserver.start(dict(target.env), vllm=target.start_method("vllm") == "forkserver")
     if any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.run.serving_fixtures import prestart_server
 

@@ -94,6 +94,7 @@ class RunTarget:
     dtype: str                       # the run's dtype: --dtype, else the target's dtype
     exact_dtype: str | None          # the dtype of the exact verdict run beside it (None: none)
     engine_start: str                # how engine children start: forkserver | spawn
+    engine_start_by_kind: Mapping[str, str]  # the engine kinds that start otherwise ([<target>] engine_start_by_kind)
     env: Mapping[str, str]           # the engines' environment ([<target>.env])
     engine_options: Mapping[str, Mapping[str, Any]]  # [<target>.vllm], [<target>.transformers], [<target>.device]
     timeouts: Timeouts
@@ -112,6 +113,15 @@ class RunTarget:
     @property
     def gcn_arch(self) -> list[str]:
         return list(self.report.gcn_arch) if self.report else []
+
+    def start_method(self, kind: str) -> str:
+        """How an engine of this kind starts: its entry in engine_start_by_kind, else engine_start."""
+        return str(self.engine_start_by_kind.get(kind, self.engine_start))
+
+    @property
+    def forks_engines(self) -> bool:
+        """Whether any engine kind forks from the run's forkserver."""
+        return "forkserver" in {self.engine_start, *self.engine_start_by_kind.values()}
 
     def options_for(self, kind: str) -> dict[str, Any]:
         """The target's options for this engine kind (a fresh dict)."""
@@ -134,6 +144,7 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
             needs_device=bool(row["needs_device"]), vllm_platform=str(row["vllm_platform"]),
             engine=engine or str(row["default_engine"]), dtype=dtype or str(row["dtype"]),
             exact_dtype=row.get("exact_dtype"), engine_start=str(row["engine_start"]),
+            engine_start_by_kind=_frozen(row.get("engine_start_by_kind", {})),
             env=_frozen(row.get("env", {})),
             engine_options=_frozen({k: row.get(k, {}) for k in OPTION_TABLES}),
             timeouts=timeouts, table=_frozen(row),
