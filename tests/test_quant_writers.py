@@ -5,8 +5,9 @@ vLLM's unpackers and AWQ-to-GPTQ conversion, in a child process), and a planted 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
 import sys
 import textwrap
 
@@ -24,6 +25,8 @@ from conformance.checkpoints.quant.checkpoint import (
 )
 from conformance.checkpoints.quant.formats import FORMATS, WRITER_BUGS
 from conformance.checkpoints.quant.validate import validate
+from conformance.engines import forkserver
+from conformance.verdicts import settings
 
 
 def _weight(out: int = 64, k: int = 128, seed: int = 0) -> torch.Tensor:
@@ -123,7 +126,7 @@ def test_fp8_config_parses_as_a_compressed_tensors_config():
 
 VLLM_UNPACK = textwrap.dedent("""
     import json, sys, torch
-    import vllm.model_executor.parameter as vllm_parameter
+    import vllm.model_executor.parameter as vllm_parameter  # a forked child of its own: the patch dies with it
     vllm_parameter.get_tensor_model_parallel_rank = lambda: 0  # one process, no parallel groups
     vllm_parameter.get_tensor_model_parallel_world_size = lambda: 1
     from vllm.model_executor.layers.quantization.auto_awq import _convert_awq_to_standard_format
@@ -141,6 +144,15 @@ VLLM_UNPACK = textwrap.dedent("""
 """)
 
 
+def _run_printing(code: str, stdin: str) -> str:
+    """Run `code` with `stdin` as its standard input; what it printed last."""
+    out = io.StringIO()
+    sys.stdin = io.StringIO(stdin)
+    with contextlib.redirect_stdout(out):
+        exec(code, {"__name__": "__main__"})  # noqa: S102 - the test's own code, in a child process
+    return out.getvalue().strip().splitlines()[-1]
+
+
 def test_packing_matches_what_vllm_unpacks():
     """vLLM's own unpacker (GPTQ) and AWQ-to-GPTQ conversion read the suite's words as the integers written."""
     pytest.importorskip("vllm")
@@ -149,11 +161,9 @@ def test_packing_matches_what_vllm_unpacks():
     tg, ta = gptq.pack(g), awq.pack(a)
     payload = json.dumps({"gptq": tg["qweight"].tolist(), "awq_w": ta["qweight"].tolist(),
                           "awq_z": ta["qzeros"].tolist()})
-    env = {"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", VLLM_UNPACK], input=payload, capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # in a child of the tests' forkserver, which has imported vLLM for the CPU target already
+    with forkserver.context(settings.targets()["cpu"]["env"]).Pool(1) as pool:
+        got = json.loads(pool.apply_async(_run_printing, (VLLM_UNPACK, payload)).get(timeout=300))
     assert torch.equal(torch.tensor(got["gptq"]), g.q.T)  # [in, out]
     assert torch.equal(torch.tensor(got["awq"]), a.q.T)
     assert torch.equal(torch.tensor(got["awq_z"]), a.zeros.T)  # [out, groups] after vLLM's transpose
