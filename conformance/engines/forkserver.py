@@ -3,7 +3,8 @@ instead of starting fresh interpreters: it has imported torch, vLLM and transfor
 vLLM alone takes ~9 s on a 2-core host, and P1 starts ~16 engines). torch and vLLM read some
 environment variables at import (TORCH_COMPILE_DISABLE), so it is started with the target's engine
 environment, and an engine that needs another environment is spawned instead. It never touches a
-GPU: CUDA/HIP is initialised in the children, after the fork."""
+GPU: CUDA/HIP is initialised in the children, after the fork. On GPU targets only the transformers engine and the
+device probe fork from it (targets.toml engine_start_by_kind), and it does not import vLLM there."""
 
 from __future__ import annotations
 

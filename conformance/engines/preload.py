@@ -5,7 +5,9 @@ A stack that is not installed, or fails to import, is left for the child to repo
 import importlib
 import os
 
-_SKIP = {name for name in os.environ.get("CONFORMANCE_PRELOAD_SKIP", "").split(",") if name}
+from conformance.engines.forkserver import SKIP_ENV
+
+_SKIP = {name for name in os.environ.get(SKIP_ENV, "").split(",") if name}
 for _name in ("torch", "vllm", "vllm.entrypoints.llm", "transformers",
               "transformers.models.gpt_oss.modeling_gpt_oss"):
     if _name.split(".")[0] in _SKIP:  # forkserver.start(vllm=False)
