@@ -222,7 +222,7 @@ def tests(session: nox.Session) -> None:
 
 def _test_workers(posargs: list[str]) -> list[str]:
     """pytest-xdist for the suite's own tests: a worker per core, at most 4, whole files to a worker (`loadfile`:
-    a module's engines and servers start once). On 2 cores pytest took 783-938 s so, 1029 s in one process. `-n`
+    a module's engines and servers start once). On 2 cores pytest took 590 s so from a fresh clone. `-n`
     (`-n 0` runs in one process) or `-p no:xdist` replaces it."""
     if any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in posargs):
         return []
