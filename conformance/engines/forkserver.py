@@ -16,8 +16,9 @@ import signal
 import time
 from typing import Any
 
-PRELOAD = ["conformance.engines.preload", "torch.distributed", "conformance.distributed",
-           "conformance.distributed.collectives", "conformance.distributed.tp_reference"]
+# preload.py last: it freezes what all of them imported out of the garbage collector
+PRELOAD = ["torch.distributed", "conformance.distributed", "conformance.distributed.collectives",
+           "conformance.distributed.tp_reference", "conformance.engines.preload"]
 _env: dict[str, str] | None = None
 started_at: float | None = None  # perf_counter() when it was started (phases.py times its imports)
 
