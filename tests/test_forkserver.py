@@ -13,7 +13,10 @@ from conformance.verdicts import settings
 
 
 def _report(queue) -> None:
-    queue.put((os.environ.get("TORCH_COMPILE_DISABLE"), "torch" in sys.modules, "vllm" in sys.modules))
+    import gc
+
+    queue.put((os.environ.get("TORCH_COMPILE_DISABLE"), "torch" in sys.modules, "vllm" in sys.modules,
+               gc.get_freeze_count(), len(gc.get_objects())))
 
 
 def test_children_fork_with_the_target_environment_and_the_stacks_imported():
@@ -23,10 +26,12 @@ def test_children_fork_with_the_target_environment_and_the_stacks_imported():
     queue = ctx.Queue()
     child = ctx.Process(target=_report, args=(queue,))
     child.start()
-    compile_disabled, has_torch, has_vllm = queue.get(timeout=120)
+    compile_disabled, has_torch, has_vllm, frozen, tracked = queue.get(timeout=120)
     child.join(30)
     assert compile_disabled == env["TORCH_COMPILE_DISABLE"]
     assert has_torch and has_vllm, "the forkserver did not preload the stacks: each engine would import them again"
+    # what it imported is out of the collector's reach: a full collection walks what the child made, not vLLM
+    assert frozen > 10 * tracked, (frozen, tracked)
 
 
 def test_another_environment_is_spawned_not_forked():
