@@ -33,6 +33,11 @@ if sys.version_info >= (3, 11):
 else:  # nox itself depends on tomli there
     import tomli as tomllib
 
+# The venvs are the suite's own: Python writes the bytecode of what it imports there. uv compiles nothing at
+# install, and where PYTHONDONTWRITEBYTECODE is set (as on some CI images) every process compiled vLLM,
+# transformers and torch again at import (the tests from a fresh venv: 817 s against 581 s). Compiling the whole
+# venv at install instead (UV_COMPILE_BYTECODE) took 80 s of the 90 s install; what the tests import, ~30 s once.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["p0"]
 
@@ -134,9 +139,6 @@ def _uv_like_pip() -> None:
     if shutil.which("uv") or importlib.util.find_spec("uv"):
         installs = _installs_lib()
         os.environ.update(installs.uv_env(installs.pip_config_list(), os.environ))
-        # uv writes no .pyc (pip does): where PYTHONDONTWRITEBYTECODE is set, as on these machines, every process
-        # then compiled vLLM, transformers and torch again at import (tests from a fresh venv: 817 s, 581 s compiled)
-        os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 
 
 def _install(session: nox.Session, *args: str) -> None:
