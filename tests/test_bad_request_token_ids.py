@@ -108,7 +108,7 @@ def _run_with_expectations(tmp_path: Path) -> str:
         def pytest_collection_modifyitems(items):
             expectations.apply(items, {{}}, {entries!r})
     '''))
-    env = dict(os.environ) | {"PYTHONPATH": str(ROOT)}
+    env = dict(os.environ) | {"PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--rootdir",
                            str(tmp_path), "-c", str(tmp_path / "pytest.ini"), str(tmp_path / "test_x.py")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)

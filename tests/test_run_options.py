@@ -66,12 +66,15 @@ def mini(tmp_path: Path) -> Path:
 
 def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """pytest with the suite's plugin over `checks`, as `conformance run` drives it (-q, the cache under the
-    reports folder); --rocm on this CPU box keeps the forkserver and the server out of it."""
+    reports folder, autoload off and the plugins it needs loaded by name); --rocm on this CPU box keeps the
+    forkserver and the server out of it."""
     reports = checks.parent / "reports"
-    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", "-q", "--rocm",
+    plugins = [a for name in cli.NEEDED_PLUGINS for a in ("-p", name)]
+    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", *plugins, "-q", "--rocm",
            "--rootdir", str(checks), "--reports-dir", str(reports / "runs"),
            "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ | (env or {}))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} | (env or {}))
 
 
 def ran(checks: Path) -> dict[str, str]:
@@ -112,20 +115,19 @@ def test_cache_under_the_reports_folder_makes_last_failed_work(mini: Path):
 
 
 def test_xdist_is_a_usage_error_in_one_sentence(mini: Path):
-    proc = run_plugin(mini, "-n", "2")
+    proc = run_plugin(mini, "-p", "xdist", "-n", "2")
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "cannot run under pytest-xdist: drop -n/--dist" in proc.stderr
     assert "KeyError" not in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_autoload_off_with_the_needed_plugins_loaded_by_name(mini: Path):
-    """What `conformance run --rocm|--cuda` does: no entry-point plugin autoloads, pytest-timeout still
-    bounds a hanging check. Control: without `-p pytest_timeout` the timeout marker would be inert."""
-    plugins = [a for name in cli.NEEDED_PLUGINS for a in ("-p", name)]
-    proc = run_plugin(mini, "--tier", "p2", *plugins, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    """What `conformance run` does: no entry-point plugin autoloads, pytest-timeout still bounds a hanging
+    check. Control: without `-p pytest_timeout` the timeout marker would be inert."""
+    proc = run_plugin(mini, "--tier", "p2")
     assert proc.returncode == 1 and ran(mini) == {"test_p2_hangs": "failed"}, proc.stdout[-2000:]
     assert "Timeout" in proc.stdout
-    xdist = run_plugin(mini, "-n", "2", *plugins, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    xdist = run_plugin(mini, "-n", "2")
     assert xdist.returncode == 4 and "unrecognized arguments: -n" in xdist.stderr  # xdist did not autoload
 
 
@@ -142,11 +144,12 @@ def _cli_args(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[list[str], s
     return seen["args"], seen["env"]  # type: ignore[return-value]
 
 
-def test_cli_passes_tiers_as_the_plugin_option_and_autoload_off_on_gpus(monkeypatch, tmp_path: Path):
+def test_cli_passes_tiers_as_the_plugin_option_with_autoload_off(monkeypatch, tmp_path: Path):
     args, env = _cli_args(monkeypatch, "--tier", "p1", "--reports-dir", str(tmp_path / "r" / "runs"), "--", "-x")
     assert "-m" not in args and args[args.index("--tier") + 1] == "p1" and args[-1] == "-x"
     assert f"cache_dir={(tmp_path / 'r' / '.pytest_cache').resolve()}" in args
-    assert "no:cacheprovider" not in args and env is None and "pytest_timeout" not in args
+    assert "no:cacheprovider" not in args and env == "1" and args[args.index("pytest_timeout") - 1] == "-p"
+    assert os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") is None  # put back after the run
     assert "--fresh-reference" not in args
     assert "--fresh-reference" in _cli_args(monkeypatch, "--fresh-reference")[0]
     args, env = _cli_args(monkeypatch, "--rocm", "--server")

@@ -20,9 +20,10 @@ from conformance.run import run_target
 from conformance.run.tiers import DEFAULT_TIERS, TIERS
 
 CHECKS = Path(__file__).parent.parent / "checks"
-# GPU venvs see the image's site-packages, so whatever pytest plugins the image ships would autoload into the
-# run: there autoload is off and the plugins the checks use are loaded by module name (junitxml is built in).
-AUTOLOAD_OFF_TARGETS = run_target.device_names()  # the GPU targets of data/targets.toml
+# No pytest plugin autoloads into a run: the plugins the checks use are loaded by module name (junitxml is built
+# in). Whatever else the venv holds stays out of the verdict (GPU venvs see the image's site-packages; a
+# rerun-on-failure or reordering plugin would change what a run means), and out of its start-up: autoloading
+# hypothesis, anyio and xdist took ~1.5 s of every run here.
 NEEDED_PLUGINS = ("pytest_timeout", "_hypothesis_pytestplugin")
 # `--server` without a URL: the openai SDK's variable names the server (conformance.engines.openai_api)
 SERVER_FROM_ENV = "$OPENAI_BASE_URL"
@@ -68,8 +69,7 @@ def build_pytest_args(ns: argparse.Namespace) -> list[str]:
     args = [str(CHECKS), "-p", "conformance.run.plugin", *(a for t in tiers for a in ("--tier", t)), "-q",
             "-o", f"cache_dir={cache_dir}", "--rootdir", str(CHECKS), "--reports-dir", ns.reports_dir,
             "-o", "console_output_style=classic"]
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        args += [a for name in NEEDED_PLUGINS if importlib.util.find_spec(name) for a in ("-p", name)]
+    args += [a for name in NEEDED_PLUGINS if importlib.util.find_spec(name) for a in ("-p", name)]
     for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab", "eval_data", "history_db",
                  "profile", "health_policy"):
         if getattr(ns, flag):  # one token: a value that starts with '-' or a bare --server stays this option's
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return dashboard_main(argv[1:])
     ns = parser.parse_args(argv)
     before = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-    if ns.target in AUTOLOAD_OFF_TARGETS:
-        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # before build_pytest_args, which reads it
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
 
     exit_of = {0: 0, 1: 1, 2: 2, 3: 3, 4: 2, 5: 1}

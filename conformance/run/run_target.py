@@ -52,11 +52,6 @@ def names() -> tuple[str, ...]:
     return tuple(k for k, v in _table().items() if isinstance(v, dict) and "torch_flavours" in v)
 
 
-def device_names() -> tuple[str, ...]:
-    """The targets that need a GPU (`needs_device`): the noxfile's and the CLI's GPU flags."""
-    return tuple(n for n in names() if _table()[n].get("needs_device"))
-
-
 def engine_names() -> tuple[str, ...]:
     """The `--engine` choices: the [engines.NAME] tables of data/engines.toml (conformance/run/capabilities.py)."""
     try:
