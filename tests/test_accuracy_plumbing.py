@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.engines import server_fork
 from conformance.engines.vllm_server import ServerClient
 from conformance.verdicts import accuracy, settings
 from conformance.verdicts.compare import CheckFailed
@@ -180,8 +181,10 @@ def test_lm_eval_through_the_real_server_scores_and_judges(tiny_server, tmp_path
     files, missing = accuracy.resolve_files(task, EVAL)
     assert not missing
     accuracy.effort_rendered(client, model, "high", 120).raise_if_failed()  # the real harmony renderer
+    fork_ctx, _ = server_fork.context_for(settings.targets()["cpu"], "client_start")  # as the CPU target runs it
+    assert fork_ctx is not None
     score = accuracy.run_lm_eval(accuracy.lm_eval_settings(data), client.base_url, model, client.api_key, task,
-                                 "high", files, tmp_path)
+                                 "high", files, tmp_path, fork_ctx)
     assert score.samples == 4 and score.answered >= 1 and score.efforts_sent == {"high"}
     assert 0.0 <= score.score <= 1.0 and score.results_file.is_file()
     rule = accuracy.pass_rule(data)
@@ -198,7 +201,8 @@ def test_lm_eval_through_the_real_server_scores_and_judges(tiny_server, tmp_path
 
 @pytest.mark.slow
 def test_lm_eval_failure_is_one_clear_error(tiny_server, tmp_path: Path):
-    """A wrong API key: lm-eval's requests get 401, it gives up, and the error names its log."""
+    """A wrong API key: lm-eval's requests get 401, it gives up, and the error names its log (lm-eval in a fresh
+    interpreter, as the GPU targets run it)."""
     client, model = tiny_server
     data = _tiny_data()
     data["lm_eval"]["max_retries"] = 1

@@ -210,14 +210,18 @@ def half_tokens_server() -> Iterator[str]:
 
 @pytest.mark.slow
 def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, tmp_path: Path):
-    """vllm bench serve itself (through the launcher) measures the stub; its saved JSON is parsed, and
-    the replies of half the asked length fail the check."""
+    """vllm bench serve itself (through the launcher, forked from the forkserver as the CPU target runs it)
+    measures the stub; its saved JSON is parsed, and the replies of half the asked length fail the check."""
     from conformance.checkpoints.tokenizer import hf_build, vocab
+    from conformance.engines import server_fork
     from conformance.verdicts import settings
 
     tokenizer = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
     plan = perf.bench_plan("cpu", 1)
-    env = {k: str(v) for k, v in settings.targets()["cpu"]["env"].items()}
-    result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env)
+    cpu = settings.targets()["cpu"]
+    env = {k: str(v) for k, v in cpu["env"].items()}
+    fork_ctx, _ = server_fork.context_for(cpu, "client_start")
+    assert fork_ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
+    result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env, fork_ctx)
     assert result.figures["completed"] == plan.num_prompts and result.figures["output_tok_s"] > 0
     assert not result.ok and "cut short" in result.problems[0], result.problems

@@ -4,13 +4,14 @@ target asks for it, the engine core's start method, and real forked servers on v
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.engines import forkserver, server_fork
 from conformance.engines.vllm_server import ServerError, VllmServer
-from conformance.verdicts import settings
+from conformance.verdicts import perf, settings
 from tests.conftest import start_cpu_server
 
 
@@ -46,6 +47,33 @@ def test_context_for_follows_the_target_data(monkeypatch):
     assert ctx is not None and env == {k: str(v) for k, v in cpu["server_env"].items()}
     monkeypatch.setattr(forkserver, "_env", {"OTHER": "1"})  # running with another env: not usable
     assert server_fork.context_for(cpu) == (None, {})
+
+
+def _client_ctx():
+    ctx, _ = server_fork.context_for(settings.targets()["cpu"], "client_start")
+    assert ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
+    return ctx
+
+
+def test_a_forked_client_command_gets_its_env_argv_and_exit_code(tmp_path: Path):
+    """`python -m MODULE ARGS` forked from the forkserver (what bench serve and lm-eval do on the CPU target):
+    the child sees exactly the given environment and arguments, writes to the log, and its exit code is the
+    command's (json.tool on a missing file exits 2, a usage error)."""
+    log = tmp_path / "client.log"
+    cmd = [sys.executable, "-m", "json.tool", str(tmp_path / "missing.json")]
+    code = perf.run_in_group("json.tool", cmd, {"ONLY": "this"}, log, 60, _client_ctx())
+    assert code == 2 and "missing.json" in log.read_text()
+    exact_env = "import os; assert dict(os.environ) == {'ONLY': 'this'}, dict(os.environ)"
+    cmd = [sys.executable, "-m", "timeit", "-n", "1", "-r", "1", exact_env]
+    assert perf.run_in_group("timeit", cmd, {"ONLY": "this"}, log, 60, _client_ctx()) == 0, log.read_text()[-2000:]
+    assert perf.run_in_group("timeit", cmd, {"ONLY": "that"}, log, 60, _client_ctx()) == 1  # control
+    assert "'ONLY': 'that'" in log.read_text()
+
+
+def test_a_forked_client_that_hangs_is_killed_with_its_group(tmp_path: Path):
+    cmd = [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"]  # serves until killed
+    with pytest.raises(perf.PerfError, match=r"http.server did not finish in 2 s and was killed; its log .*hang\.log"):
+        perf.run_in_group("http.server", cmd, {}, tmp_path / "hang.log", 2, _client_ctx())
 
 
 def _forked_server(model: str, log: Path) -> VllmServer:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.engines import server_fork
 from conformance.engines.vllm_server import SERVER_URL_ENV
 from conformance.verdicts import accuracy
 from conformance.verdicts.verdict import record_figures
@@ -77,7 +78,8 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
     accuracy.effort_rendered(server.client, server.model, effort, server_call_timeout_s).raise_if_failed()
     try:
         score = accuracy.run_lm_eval(accuracy.lm_eval_settings(), server.client.base_url, server.model,
-                                     server.api_key, spec, effort, files, run.run_dir / "accuracy" / f"{task}-{effort}")
+                                     server.api_key, spec, effort, files, run.run_dir / "accuracy" / f"{task}-{effort}",
+                                     server_fork.context_for(run.spec.table, "client_start")[0])
     except accuracy.AccuracyError as exc:
         pytest.fail(str(exc), pytrace=False)
     verdict = accuracy.accuracy_verdict(score, reference, accuracy.pass_rule())

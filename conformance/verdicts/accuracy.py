@@ -260,8 +260,9 @@ def _flatten(value: Any) -> list[Any]:
 
 
 def run_lm_eval(cfg: LmEvalSettings, base_url: str, model: str, api_key: str | None, task: EvalTask, effort: str,
-                files: dict[str, Path], work_dir: Path) -> EvalScore:
-    """One lm-eval run of one task at one effort, offline, in its own process group."""
+                files: dict[str, Path], work_dir: Path, fork_ctx: Any = None) -> EvalScore:
+    """One lm-eval run of one task at one effort, offline, in its own process group (forked from `fork_ctx`, a
+    forkserver context, when given)."""
     include_dir, out_dir = work_dir / "tasks", work_dir / "out"
     task_name = write_task_config(task, files, include_dir)
     cmd = lm_eval_command(cfg, base_url, model, task_name, task, effort, include_dir, out_dir)
@@ -269,7 +270,7 @@ def run_lm_eval(cfg: LmEvalSettings, base_url: str, model: str, api_key: str | N
                      "HF_DATASETS_CACHE": str(work_dir / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false"})
     log_path = work_dir / "lm-eval.log"
     try:
-        code = run_in_group("lm-eval", cmd, env, log_path, cfg.run_timeout_s)
+        code = run_in_group("lm-eval", cmd, env, log_path, cfg.run_timeout_s, fork_ctx)
     except PerfError as exc:
         raise AccuracyError(str(exc)) from None
     if code != 0:

@@ -7,6 +7,7 @@ the graph-vs-eager capability and parity verdict. Sizes, tolerances and capabili
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -122,23 +123,38 @@ def parse_bench_result(data: dict[str, Any], plan: BenchPlan) -> VerdictReport:
     return result
 
 
-def run_in_group(what: str, cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+def run_in_group(what: str, cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
+                 fork_ctx: Any = None) -> int:
     """Run a command in its own process group, output to `log_path`; on timeout the whole group is
-    killed and PerfError raised."""
+    killed and PerfError raised. With a forkserver context, `python -m MODULE ARGS` is forked from it
+    (engines/server_fork.py) instead of starting a fresh interpreter."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with heartbeat.phase(what, log_path), log_path.open("ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        if fork_ctx is not None and cmd[:2] == [sys.executable, "-m"]:
+            from conformance.engines import server_fork
+
+            proc: Any = server_fork.launch(fork_ctx, cmd[3:], env, log_path, server_fork.module_entry(cmd[2]), what)
+        else:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
         try:
             return proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             proc.wait(10)
             raise PerfError(f"{what} did not finish in {timeout_s:.0f} s and was killed; its log {log_path}, "
                             f"last lines:\n{_tail(log_path)}") from None
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             raise
+
+
+def _kill_group(proc: Any) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # a forked child killed before its setsid (no group of its own yet), or gone
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -150,14 +166,15 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_key: str | None, out_dir: Path,
-              env: dict[str, str]) -> VerdictReport:
-    """Run `vllm bench serve` once and parse its saved result (PerfError if there is none)."""
+              env: dict[str, str], fork_ctx: Any = None) -> VerdictReport:
+    """Run `vllm bench serve` once (forked from `fork_ctx`, a forkserver context, when given) and parse its saved
+    result (PerfError if there is none)."""
     name = f"bench-c{plan.concurrency}"
     out_dir.mkdir(parents=True, exist_ok=True)
     result_file, log_path = out_dir / f"{name}.json", out_dir / f"{name}.log"
     cmd = bench_command(plan, base_url, model, tokenizer, out_dir, result_file.name)
     env = child_env(env | {"OPENAI_API_KEY": api_key or ""})
-    code = run_in_group("vllm bench serve", cmd, env, log_path, plan.timeout_s)
+    code = run_in_group("vllm bench serve", cmd, env, log_path, plan.timeout_s, fork_ctx)
     if code != 0 or not result_file.is_file():
         raise PerfError(f"vllm bench serve exited with code {code}" + ("" if result_file.is_file() else
                         " and saved no result") + f"; its log {log_path}, last lines:\n{_tail(log_path)}")
