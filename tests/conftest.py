@@ -28,7 +28,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         import torch
 
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
-    forkserver.start(settings.targets()["cpu"]["env"])
+    cpu = settings.targets()["cpu"]
+    forkserver.start(cpu["env"], more=cpu.get("forkserver_preload", ()))
 
 
 # The files that take longest, longest first (seconds each took under `nox -s tests` on 2 cores): pytest-xdist

@@ -15,8 +15,9 @@ from conformance.verdicts import settings
 def _report(queue) -> None:
     import gc
 
+    preloaded = [m for m in settings.targets()["cpu"]["forkserver_preload"] if m in sys.modules]
     queue.put((os.environ.get("TORCH_COMPILE_DISABLE"), "torch" in sys.modules, "vllm" in sys.modules,
-               gc.get_freeze_count(), len(gc.get_objects())))
+               gc.get_freeze_count(), len(gc.get_objects()), preloaded))
 
 
 def test_children_fork_with_the_target_environment_and_the_stacks_imported():
@@ -26,10 +27,11 @@ def test_children_fork_with_the_target_environment_and_the_stacks_imported():
     queue = ctx.Queue()
     child = ctx.Process(target=_report, args=(queue,))
     child.start()
-    compile_disabled, has_torch, has_vllm, frozen, tracked = queue.get(timeout=120)
+    compile_disabled, has_torch, has_vllm, frozen, tracked, preloaded = queue.get(timeout=120)
     child.join(30)
     assert compile_disabled == env["TORCH_COMPILE_DISABLE"]
     assert has_torch and has_vllm, "the forkserver did not preload the stacks: each engine would import them again"
+    assert preloaded == settings.targets()["cpu"]["forkserver_preload"]  # the target's modules, imported once
     # what it imported is out of the collector's reach: a full collection walks what the child made, not vLLM
     assert frozen > 10 * tracked, (frozen, tracked)
 

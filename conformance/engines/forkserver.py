@@ -14,6 +14,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 # preload.py last: it freezes what all of them imported out of the garbage collector
@@ -24,12 +25,14 @@ started_at: float | None = None  # perf_counter() when it was started (phases.py
 
 
 SKIP_ENV = "CONFORMANCE_PRELOAD_SKIP"  # preload.py: the stacks it leaves out (comma-separated import names)
+MORE_ENV = "CONFORMANCE_PRELOAD_MORE"  # preload.py: modules it imports too (comma-separated), the target's data
 
 
-def start(env: dict[str, str], vllm: bool = True) -> None:
+def start(env: dict[str, str], vllm: bool = True, more: Sequence[str] = ()) -> None:
     """Start it now, with `env` on top of ours, unless it runs already; its imports go on in the
     background while the caller continues. `vllm=False`: it does not import vLLM (a target whose vLLM
-    engines start otherwise: no child needs it there)."""
+    engines start otherwise: no child needs it there). `more`: modules the children would import each
+    (targets.toml `forkserver_preload`)."""
     global _env, started_at
     if _env is not None:
         return
@@ -39,6 +42,7 @@ def start(env: dict[str, str], vllm: bool = True) -> None:
     os.environ.update(_text(env))
     if not vllm:
         os.environ[SKIP_ENV] = "vllm"
+    os.environ[MORE_ENV] = ",".join(more)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:

@@ -10,11 +10,12 @@ import gc
 import importlib
 import os
 
-from conformance.engines.forkserver import SKIP_ENV
+from conformance.engines.forkserver import MORE_ENV, SKIP_ENV
 
 _SKIP = {name for name in os.environ.get(SKIP_ENV, "").split(",") if name}
+_MORE = [name for name in os.environ.get(MORE_ENV, "").split(",") if name]  # the target's forkserver_preload
 for _name in ("torch", "vllm", "vllm.entrypoints.llm", "transformers",
-              "transformers.models.gpt_oss.modeling_gpt_oss"):
+              "transformers.models.gpt_oss.modeling_gpt_oss", *_MORE):
     if _name.split(".")[0] in _SKIP:  # forkserver.start(vllm=False)
         continue
     try:

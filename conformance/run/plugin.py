@@ -134,7 +134,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
         # its imports (vLLM, transformers) overlap the checks that need no engine; a run whose checks
         # start no engine (platform checks alone) does not import vLLM a second time for nothing
-        forkserver.start(dict(target.env), vllm=target.start_method("vllm") == "forkserver")
+        forkserver.start(dict(target.env), vllm=target.start_method("vllm") == "forkserver",
+                         more=target.table.get("forkserver_preload", ()))
     if any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.run.serving_fixtures import prestart_server
 
