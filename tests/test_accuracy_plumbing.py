@@ -201,14 +201,14 @@ def test_lm_eval_through_the_real_server_scores_and_judges(tiny_server, tmp_path
 
 @pytest.mark.slow
 def test_lm_eval_failure_is_one_clear_error(tiny_server, tmp_path: Path):
-    """A wrong API key: lm-eval's requests get 401, it gives up, and the error names its log (lm-eval in a fresh
-    interpreter, as the GPU targets run it)."""
+    """A wrong API key: lm-eval's requests get 401, it gives up, and the error names its log."""
     client, model = tiny_server
     data = _tiny_data()
     data["lm_eval"]["max_retries"] = 1
     task = accuracy.tasks(data)["gsm8k"]
     files, _ = accuracy.resolve_files(task, EVAL)
+    fork_ctx, _ = server_fork.context_for(settings.targets()["cpu"], "client_start")
     with pytest.raises(accuracy.AccuracyError, match="lm-eval exited with code") as err:
         accuracy.run_lm_eval(accuracy.lm_eval_settings(data), client.base_url, model, "wrong-key", task, "high",
-                             files, tmp_path)
+                             files, tmp_path, fork_ctx)
     assert str(tmp_path / "lm-eval.log") in str(err.value)

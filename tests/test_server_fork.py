@@ -63,6 +63,7 @@ def test_a_forked_client_command_gets_its_env_argv_and_exit_code(tmp_path: Path)
     cmd = [sys.executable, "-m", "json.tool", str(tmp_path / "missing.json")]
     code = perf.run_in_group("json.tool", cmd, {"ONLY": "this"}, log, 60, _client_ctx())
     assert code == 2 and "missing.json" in log.read_text()
+    assert perf.run_in_group("json.tool", cmd, {}, log, 60) == 2  # the same in a fresh interpreter (GPU targets)
     exact_env = "import os; assert dict(os.environ) == {'ONLY': 'this'}, dict(os.environ)"
     cmd = [sys.executable, "-m", "timeit", "-n", "1", "-r", "1", exact_env]
     assert perf.run_in_group("timeit", cmd, {"ONLY": "this"}, log, 60, _client_ctx()) == 0, log.read_text()[-2000:]

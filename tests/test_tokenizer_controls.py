@@ -102,23 +102,35 @@ def test_fidelity_passes_on_the_generated_tokenizer(good_tok, enc):
         report.raise_if_failed()
 
 
-def test_vocabulary_check_rejects_two_swapped_ranks(good_dir, tmp_path, enc):
-    def swap(data: dict) -> None:
-        v = data["model"]["vocab"]
-        v["Ġthe"], v["Ġof"] = v["Ġof"], v["Ġthe"]
+# The broken tokenizers, built once per module (each took ~4 s): the verdict helpers' controls below and the controls
+# that run the tokenizer checks' own bodies (tests/check_mutation.py reruns those) share them
 
-    report = fidelity.compare_vocabulary(mutated(good_dir, tmp_path, swap), enc, 199998)
+
+def _swap(data: dict) -> None:
+    v = data["model"]["vocab"]
+    v["Ġthe"], v["Ġof"] = v["Ġof"], v["Ġthe"]
+
+
+def _demote(data: dict) -> None:
+    merges = data["model"]["merges"]
+    merges.append(merges.pop(merges.index(["a", "a"])))
+
+
+@pytest.fixture(scope="module")
+def broken_tok(good_dir, tmp_path_factory):
+    edits = {"swapped": _swap, "demoted": _demote, "NFD": lambda d: d.update(normalizer={"type": "NFD"})}
+    return {name: mutated(good_dir, tmp_path_factory.mktemp(name), edit) for name, edit in edits.items()}
+
+
+def test_vocabulary_check_rejects_two_swapped_ranks(broken_tok, enc):
+    report = fidelity.compare_vocabulary(broken_tok["swapped"], enc, 199998)
     assert not report.ok and len(report.problems) == 2
     with pytest.raises(CheckFailed, match="id 290"):
         report.raise_if_failed()
 
 
-def test_corpus_check_rejects_a_merge_moved_to_the_end(good_dir, tmp_path, enc):
-    def demote(data: dict) -> None:
-        merges = data["model"]["merges"]
-        merges.append(merges.pop(merges.index(["a", "a"])))
-
-    report = fidelity.compare_corpus(mutated(good_dir, tmp_path, demote), enc, fidelity.load_corpus())
+def test_corpus_check_rejects_a_merge_moved_to_the_end(broken_tok, enc):
+    report = fidelity.compare_corpus(broken_tok["demoted"], enc, fidelity.load_corpus())
     assert not report.ok and any(p.startswith("long_repeat") for p in report.problems)
 
 
@@ -206,26 +218,6 @@ def test_stop_token_verdict_rejects_stopping_on_end():
     problems = harmony.stop_token_verdict(bad, [200002, 200012], [200007])
     assert len(problems) == 2 and "200012" in problems[0] and "200007" in problems[1]
     assert harmony.stop_token_verdict(good[:2], [200002, 200012], [200007])  # a missing observation fails
-
-
-# --- controls that run the tokenizer checks' own bodies (conformance/checks/test_tokenizer.py) on a broken tokenizer
-# (the broken tokenizers are built once per module: tests/check_mutation.py reruns these controls)
-
-
-def _swap(data: dict) -> None:
-    v = data["model"]["vocab"]
-    v["Ġthe"], v["Ġof"] = v["Ġof"], v["Ġthe"]
-
-
-def _demote(data: dict) -> None:
-    merges = data["model"]["merges"]
-    merges.append(merges.pop(merges.index(["a", "a"])))
-
-
-@pytest.fixture(scope="module")
-def broken_tok(good_dir, tmp_path_factory):
-    edits = {"swapped": _swap, "demoted": _demote, "NFD": lambda d: d.update(normalizer={"type": "NFD"})}
-    return {name: mutated(good_dir, tmp_path_factory.mktemp(name), edit) for name, edit in edits.items()}
 
 
 def test_vocab_check_body_fails_on_two_swapped_ranks(broken_tok, enc):

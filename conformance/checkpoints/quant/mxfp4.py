@@ -15,22 +15,27 @@ import torch
 
 from conformance.checkpoints.models import WEIGHTS_FILE, TinySpec, _weights, hf_config
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+MIDPOINTS = (E2M1[1:] + E2M1[:-1]) / 2  # where rounding to the nearest E2M1 magnitude changes
 BLOCK = 32
-TIE_TO_EVEN = torch.tensor([0.0, 1e-9] * 4, dtype=torch.float64)
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., K] (K a multiple of 32) -> (blocks uint8 [..., K/32, 16], scales uint8 [..., K/32])."""
+    """w [..., K] (K a multiple of 32; bf16, fp16 or fp32) -> (blocks uint8 [..., K/32, 16], scales uint8 [..., K/32]).
+
+    Exact in float32: the exponent comes from frexp (floor(log2(amax)) with no rounding of a log) and scaling by a
+    power of two is exact. A magnitude exactly between two E2M1 values goes to the even encoding."""
     if w.shape[-1] % BLOCK:
         raise ValueError(f"MXFP4 needs the last dimension to be a multiple of 32, got {w.shape[-1]}")
-    v = w.to(torch.float64).reshape(*w.shape[:-1], w.shape[-1] // BLOCK, BLOCK)
+    v = w.to(torch.float32).reshape(*w.shape[:-1], w.shape[-1] // BLOCK, BLOCK)
     amax = v.abs().amax(-1, keepdim=True)
-    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0**-127))) - 2, torch.full_like(amax, -127))
-    exp = exp.clamp(-127, 127)
-    scaled = (v / torch.pow(2.0, exp)).clamp(-6.0, 6.0)
-    # nearest magnitude, ties to the even encoding (round-half-to-even, as the spec's conversion)
-    idx = ((scaled.abs()[..., None] - E2M1).abs() + TIE_TO_EVEN).argmin(-1)
+    floor_log2 = torch.frexp(amax).exponent - 1  # amax = m * 2^e, m in [0.5, 1)
+    exp = torch.where(amax > 0, floor_log2 - 2, torch.full_like(floor_log2, -127)).clamp(-127, 127)
+    scaled = torch.ldexp(v, -exp).clamp(-6.0, 6.0)
+    magnitude = scaled.abs()
+    idx = torch.bucketize(magnitude, MIDPOINTS)  # nearest magnitude; a tie goes to the lower one here
+    odd_tie = (idx % 2 == 1) & (magnitude == MIDPOINTS[idx.clamp(max=len(MIDPOINTS) - 1)])
+    idx = idx + odd_tie.to(idx.dtype)  # round-half-to-even, as the spec's conversion
     nibble = (idx | torch.where((scaled < 0) & (idx > 0), 8, 0)).to(torch.uint8)  # no -0: canonical bytes
     packed = nibble[..., 0::2] | (nibble[..., 1::2] << 4)
     return packed.contiguous(), (exp.squeeze(-1) + 127).to(torch.uint8).contiguous()
