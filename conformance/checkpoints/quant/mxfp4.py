@@ -32,7 +32,7 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     floor_log2 = torch.frexp(amax).exponent - 1  # amax = m * 2^e, m in [0.5, 1)
     exp = torch.where(amax > 0, floor_log2 - 2, torch.full_like(floor_log2, -127)).clamp(-127, 127)
     scaled = torch.ldexp(v, -exp).clamp(-6.0, 6.0)
-    magnitude = scaled.abs()
+    magnitude = scaled.abs().contiguous()  # bucketize copies a strided input (a transposed expert) anyway
     idx = torch.bucketize(magnitude, MIDPOINTS)  # nearest magnitude; a tie goes to the lower one here
     odd_tie = (idx % 2 == 1) & (magnitude == MIDPOINTS[idx.clamp(max=len(MIDPOINTS) - 1)])
     idx = idx + odd_tie.to(idx.dtype)  # round-half-to-even, as the spec's conversion
