@@ -243,8 +243,9 @@ def _chromium_in_background(session: nox.Session) -> Callable[[], None]:
 
 def _test_workers(posargs: list[str]) -> list[str]:
     """pytest-xdist for the suite's own tests: a worker per core, at most 4, whole files to a worker (`loadfile`:
-    a module's engines and servers start once). On 2 cores pytest took 526 s so from a fresh clone (9 min 12 s in
-    all). `-n` (`-n 0` runs in one process) or `-p no:xdist` replaces it."""
+    a module's engines and servers start once). On one 2-core machine, from a fresh clone with cold caches, pytest
+    took 214-222 s (3 min 40 s-3 min 48 s in all; 239 s before this session's changes). `-n` (`-n 0` runs in one
+    process) or `-p no:xdist` replaces it."""
     if any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in posargs):
         return []
     workers = min(os.cpu_count() or 1, 4)
