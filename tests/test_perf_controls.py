@@ -220,7 +220,7 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
     plan = perf.bench_plan("cpu", 1)
     cpu = settings.targets()["cpu"]
     env = {k: str(v) for k, v in cpu["env"].items()}
-    fork_ctx, _ = server_fork.context_for(cpu, "client_start")
+    fork_ctx = server_fork.client_context(cpu)
     assert fork_ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
     result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env, fork_ctx)
     assert result.figures["completed"] == plan.num_prompts and result.figures["output_tok_s"] > 0

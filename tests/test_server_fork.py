@@ -50,7 +50,7 @@ def test_context_for_follows_the_target_data(monkeypatch):
 
 
 def _client_ctx():
-    ctx, _ = server_fork.context_for(settings.targets()["cpu"], "client_start")
+    ctx = server_fork.client_context(settings.targets()["cpu"])
     assert ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
     return ctx
 

@@ -64,7 +64,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     env = {k: str(v) for k, v in run.spec.env.items()}
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
-                                run.run_dir / "bench", env, server_fork.context_for(run.spec.table, "client_start")[0])
+                                run.run_dir / "bench", env, server_fork.client_context(run.spec.table))
     except perf.PerfError as exc:
         pytest.fail(str(exc), pytrace=False)
     record_figures(record_figure, result)

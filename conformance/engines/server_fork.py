@@ -130,3 +130,9 @@ def context_for(target: dict[str, Any], start: str = "server_start") -> tuple[An
     if ctx is None:
         return None, {}
     return ctx, {k: str(v) for k, v in target.get("server_env", {}).items()}
+
+
+def client_context(target: dict[str, Any]) -> Any:
+    """The forkserver context the target's client commands (bench serve, lm-eval) fork from (`client_start`), or
+    None: a fresh interpreter."""
+    return context_for(target, "client_start")[0]
