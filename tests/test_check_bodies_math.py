@@ -88,7 +88,8 @@ def test_nearest_mutant_check_fails_on_a_stack_that_behaves_like_rounded_yarn(ti
     outputs = [rounded.score(p, [], TOL[1] + 5) for p in short_prompts.prompts]
     model = SimpleNamespace(path=tiny.path, config=reference.cfg)
     with pytest.raises(FAILED, match="it behaves like yarn_rounded"):
-        math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, TOL, Figures())
+        math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, run_ctx(), TOL,
+                                                             Figures())
 
 
 def test_parity_check_fails_on_an_engine_without_sinks(tiny, reference, short_prompts):

@@ -12,7 +12,7 @@ import pytest
 from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
 from conformance.engines.worker import EngineProcess
-from conformance.reference import Reference
+from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts import settings
 from tests.check_fakes import FAILED, Figures, run_ctx
 
@@ -138,3 +138,41 @@ def test_rope_check_passes_tables_stored_in_low_precision_and_rejects_bf16_angle
     for fault in ("rope_bf16_positions", "rope_bf16_inv_freq"):
         with pytest.raises(FAILED, match="grows with position.*long-context defect"):
             _rope(_hf(shared_engines, tiny, dtype, fault), reference, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_moe_check_in_low_precision_passes_clean_and_catches_unrenormalised_routing(dtype, tiny, reference,
+                                                                                   shared_engines):
+    """transformers in bf16/fp16 on the CPU: the MoE block on 4096 tokens passes, where drawing inputs without
+    regard to router near-ties failed it (tokens sent to another expert by rounding: 0.10 in bf16, 0.16 in fp16
+    against 0.03 and 0.01; the H200 false-failed at M = 128, 129 and 512); a router that does not renormalise
+    over the top-4 fails."""
+    figures = Figures()
+    math_checks.test_moe_block_matches_reference(4096, _hf(shared_engines, tiny, dtype), reference,
+                                                 run_ctx(dtype=dtype), 600.0, figures)
+    assert figures.values["moe_tokens_redrawn"] > 0
+    with pytest.raises(FAILED, match="MoE block layer 0, M=512"):
+        math_checks.test_moe_block_matches_reference(512, _hf(shared_engines, tiny, dtype, "routing_not_renormalised"),
+                                                     reference, run_ctx(dtype=dtype), 600.0, Figures())
+
+
+def test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_biases(tiny, reference, prompts,
+                                                                                       shared_engines):
+    """transformers in bf16 on the CPU: the clean engine is nearer the reference than any mutant bf16 can resolve
+    (its max |Δlogprob| was no nearer than a mutant's on the H200), and an engine whose expert biases are dropped is
+    named as behaving like expert_bias_dropped."""
+    model = SimpleNamespace(path=tiny.path, config=reference.cfg)
+    tol = settings.tolerance("bfloat16")
+    run = run_ctx(dtype="bfloat16")
+    for fault in (None, "expert_bias_dropped"):
+        engine = _hf(shared_engines, tiny, "bfloat16", fault)
+        outputs = engine.call("generate_greedy", prompts.prompts, 4, tol[1], prompt_logprobs=True, timeout_s=600.0)
+        if fault is None:
+            figures = Figures()
+            math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, run, tol, figures)
+            assert figures.values["distance_to_reference"] * 2 < figures.values["distance_to_nearest_mutant"]
+            assert figures.values["mutants_below_noise"] < len(MUTATIONS)
+        else:
+            with pytest.raises(FAILED, match="it behaves like expert_bias_dropped"):
+                math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, run, tol,
+                                                                    Figures())

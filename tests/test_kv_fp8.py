@@ -47,6 +47,22 @@ def test_fnuz_semantics_differ_from_fn():
         fp8_round(torch.tensor([1.0]), "e5m2")
 
 
+@pytest.mark.parametrize("fmt,dtype", [("e4m3fn", torch.float8_e4m3fn), ("e4m3fnuz", torch.float8_e4m3fnuz)])
+def test_fp8_truncation_takes_the_neighbour_toward_zero(fmt, dtype):
+    """vLLM-CPU's rounding: every value goes to the largest fp8 magnitude not above its own (saturating)."""
+    values = _all_fp8_values(dtype)
+    assert torch.equal(fp8_round(values, fmt, "toward_zero"), values + 0.0)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(50000, generator=gen, dtype=torch.float64) * 10
+    got = fp8_round(x, fmt, "toward_zero")
+    grid = values.unique()
+    below = grid[torch.searchsorted(grid, x.abs().clamp(max=grid.max()), right=True) - 1]
+    assert torch.equal(got.abs(), below) and bool((torch.sign(got) * torch.sign(x) >= 0).all())
+    assert not torch.equal(got, fp8_round(x, fmt))
+    with pytest.raises(LongReferenceError, match="unknown fp8 rounding"):
+        fp8_round(x, fmt, "up")
+
+
 @pytest.fixture(scope="module")
 def short_prompts(tiny_prompts):
     return sorted(tiny_prompts[0], key=len)[:3]
@@ -78,7 +94,7 @@ def test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache(tiny, referen
     ignored = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [reference.score(p, [], k + 5) for p in ps]})
     model = SimpleNamespace(path=tiny.path, num_params=1)
     with pytest.raises(FAILED, match="median_abs_dlogprob = .* exceeds the tolerance"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", ignored), model,
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored), model,
                                                              SimpleNamespace(prompts=short_prompts, max_tokens=0),
                                                              300.0, Figures())
 
@@ -105,15 +121,67 @@ def test_fp8_accounting_fails_on_bf16_pages(cpu_engine, tiny):
     layout = cpu_engine.call("kv_layout")
     model = SimpleNamespace(config=hf_config(tiny.spec))
     with pytest.raises(FAILED, match="B pages of"):
-        checks.test_fp8_kv_cache_accounting(("e4m3fn", ScriptedEngine({"kv_layout": layout})), model, run_ctx(),
-                                            Figures())
+        checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": layout})), model,
+                                            run_ctx(), Figures())
     halved = copy.deepcopy(layout)
     halved.groups = [dataclasses.replace(g, page_size_bytes=g.page_size_bytes // 4) for g in halved.groups]
     halved.num_blocks *= 4
-    checks.test_fp8_kv_cache_accounting(("e4m3fn", ScriptedEngine({"kv_layout": halved})), model, run_ctx(),
-                                        Figures())  # what a working fp8 cache reports
+    checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": halved})), model,
+                                        run_ctx(), Figures())  # what a working fp8 cache reports
 
 
 def test_cpu_avx2_skip_says_why():
     reason = profiles.kv_fp8_unsupported("cpu", "avx2")
     assert reason and "AVX-512 or AMX" in reason and "AVX2" in reason
+
+
+def test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way(tiny, short_prompts):
+    """On a target whose kernel truncates (vLLM-CPU), an engine that rounds K and V to nearest is another engine:
+    the check body rejects it against the truncating reference, and passes the truncating one."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_kv_fp8 as checks
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine
+
+    def engine(rounding: str) -> ScriptedEngine:
+        ref = LongReference(tiny.path, kv_quant="e4m3fn", kv_rounding=rounding)
+        return ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [ref.score(p, [], k + 5) for p in ps]})
+
+    model = SimpleNamespace(path=tiny.path, num_params=1)
+    prompts = SimpleNamespace(prompts=short_prompts, max_tokens=0)
+    with pytest.raises(FAILED, match=r"(?s)e4m3fn \(toward_zero\) reference.*median_abs_dlogprob = .* exceeds"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("nearest_even")), model,
+                                                             prompts, 300.0, Figures())
+    figures = Figures()
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("toward_zero")), model,
+                                                         prompts, 300.0, figures)
+    assert figures.values["max_abs_dlogprob"] == 0.0
+
+
+def test_the_cpu_target_declares_the_truncating_kernel():
+    assert profiles.kv_fp8_rounding("cpu") == "toward_zero"
+    assert profiles.kv_fp8_rounding("cuda") == profiles.kv_fp8_rounding("rocm") == "nearest_even"
+
+
+def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_prompts, shared_engines):
+    """Where vLLM-CPU runs an fp8 KV cache (AVX-512 or AMX), the check body passes it against the reference that
+    truncates, as profiles.toml says, and the same outputs fail against the round-to-nearest reference."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_kv_fp8 as checks
+    from conformance.run.cpu_features import vector_isa
+    from tests.check_fakes import FAILED, Figures
+
+    reason = profiles.kv_fp8_unsupported("cpu", vector_isa())
+    if reason:
+        pytest.skip(reason)
+    engine = shared_engines.get(tiny.path, kv_cache_dtype="fp8")
+    model = SimpleNamespace(path=tiny.path, num_params=1)
+    prompts = SimpleNamespace(prompts=short_prompts, max_tokens=4)
+    figures = Figures()
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine), model, prompts, 300.0,
+                                                         figures)
+    assert figures.values["median_abs_dlogprob"] < 1e-3
+    with pytest.raises(FAILED, match="nearest_even"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine), model, prompts,
+                                                             300.0, Figures())

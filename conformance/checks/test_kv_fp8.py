@@ -20,14 +20,14 @@ def _fp8_or_skip(run):
     if reason:
         pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "
                     "tested in tests/test_kv_fp8.py")
-    return profiles.kv_fp8_format(target, run.spec.gcn_arch)
+    return profiles.kv_fp8_format(target, run.spec.gcn_arch), profiles.kv_fp8_rounding(target)
 
 
 @pytest.fixture(scope="module")
 def fp8_engine(run, engines):
-    fmt = _fp8_or_skip(run)
+    fmt, rounding = _fp8_or_skip(run)
     try:
-        return fmt, engines.get(kv_cache_dtype="fp8")
+        return fmt, rounding, engines.get(kv_cache_dtype="fp8")
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
 
@@ -37,30 +37,33 @@ def fp8_engine(run, engines):
 def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, prompts, call_timeout_s,
                                                   record_figure):
     """The prompt set, greedy, on an engine with kv_cache_dtype=fp8 agrees with the fp64 reference whose K
-    (after RoPE) and V are rounded to the same fp8 format with a scale of 1.0, within the fp8 tolerance
+    (after RoPE) and V are rounded to the same fp8 format with a scale of 1.0, the way the target's kernel rounds
+    (profiles.toml [kv_fp8.<target>] rounding: vLLM-CPU truncates), within the fp8 tolerance
     (profiles.toml [kv_fp8.tolerance]).
 
     Catches: an fp8 KV cache written in one format and read in another (OCP e4m3fn vs gfx942 e4m3fnuz: a
     factor of 2 on every value), values that overflow instead of saturating, K quantised before RoPE, a
-    kv_cache_dtype that is silently ignored (bf16 stored: the quantised reference is then ~0.8 away).
+    kv_cache_dtype that is silently ignored (bf16 stored: the quantised reference is then ~0.8 away), a kernel
+    that rounds the other way than its platform's data says (truncation vs round-to-nearest: ~0.57 away).
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html;
       https://onnx.ai/onnx/technical/float8.html (e4m3fn, e4m3fnuz)
-    Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache
+    Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache,
+      tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way
     """
     from conformance.reference.longref import LongReference
     from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
-    fmt, engine = fp8_engine
+    fmt, rounding, engine = fp8_engine
     tol, top_k = profiles_tolerance()
     try:
         out = engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
                           timeout_s=call_timeout_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
-    ref = LongReference(model_under_test.path, kv_quant=fmt,
+    ref = LongReference(model_under_test.path, kv_quant=fmt, kv_rounding=rounding,
                         streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS)
     want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out]
-    report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} reference"))
+    report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} ({rounding}) reference"))
     record_figures(record_figure, report)
     report.raise_if_failed()
 
@@ -76,7 +79,7 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html
     Controls: tests/test_kv_fp8.py::test_fp8_accounting_fails_on_bf16_pages
     """
-    _, engine = fp8_engine
+    _, _, engine = fp8_engine
     try:
         layout = engine.call("kv_layout")
     except EngineError as exc:

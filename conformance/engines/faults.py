@@ -60,6 +60,10 @@ def _transformers(engine: Any, name: str) -> None:
     elif name == "sinks_dropped":
         for layer in model.model.layers:
             layer.self_attn.sinks.data.fill_(float("-inf"))
+    elif name == "expert_bias_dropped":
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj_bias.data.zero_()
+            layer.mlp.experts.down_proj_bias.data.zero_()
     elif name == "routing_not_renormalised":
         for layer in model.model.layers:
             router = layer.mlp.router
@@ -74,7 +78,8 @@ def _transformers(engine: Any, name: str) -> None:
         raise ValueError(f"unknown planted fault {name!r} for transformers")
 
 
-FAULTS = ("rope_bf16_positions", "rope_bf16_inv_freq", "sinks_dropped", "routing_not_renormalised")
+FAULTS = ("rope_bf16_positions", "rope_bf16_inv_freq", "sinks_dropped", "routing_not_renormalised",
+          "expert_bias_dropped")
 
 
 def plant(engine: Any, name: str) -> None:

@@ -220,12 +220,18 @@ class Reference:
                                                 for j in range(int(self.cfg["num_hidden_layers"]))]
         return "sliding" if types[i] == "sliding_attention" else "full"
 
+    def router_logits(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's router logits [T, experts] on normalised hidden states x, its bias included, fp64."""
+        p = f"model.layers.{i}.mlp."
+        logits = x.to(torch.float64) @ self.w[p + "router.weight"].T
+        return logits + self.w[p + "router.bias"] if self.math.router_bias else logits
+
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The MoE block of layer i on normalised hidden states x [T, H]; only routed experts run."""
         c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.mlp."
         top_k, limit = int(c["num_experts_per_tok"]), float(c.get("swiglu_limit", 7.0))
         x = x.to(torch.float64)
-        logits = x @ w[p + "router.weight"].T + (w[p + "router.bias"] if m.router_bias else 0.0)
+        logits = self.router_logits(i, x)
         if m.renormalise_topk:
             top_val, top_idx = torch.topk(logits, top_k, dim=-1)
             weights = torch.softmax(top_val, dim=-1)

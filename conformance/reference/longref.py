@@ -8,8 +8,9 @@ the `Math` mutants) is the parent's.
 
 `kv_quant` applies the engine's fp8 KV cache to the reference: K (after RoPE, as vLLM stores it) and V are
 rounded to fp8 with a per-tensor scale of 1.0 (vLLM's default without calibrated scales: the value is
-clamped to the format's range, then rounded to nearest even), then attention runs in fp64 on the rounded
-values. "e4m3fn" is the OCP format (CUDA; vLLM-CPU), "e4m3fnuz" the gfx942 (MI300) one: exponent bias 8,
+clamped to the format's range, then rounded to nearest even, or toward zero where the engine's kernel truncates:
+vLLM-CPU 0.32's, data/profiles.toml [kv_fp8.cpu]), then attention runs in fp64 on the rounded values.
+"e4m3fn" is the OCP format (CUDA; vLLM-CPU), "e4m3fnuz" the gfx942 (MI300) one: exponent bias 8,
 no negative zero, no infinities, max 240 (https://onnx.ai/onnx/technical/float8.html).
 
 Depth mutants (`DepthMath`) agree with the correct reference below a position and break past it, so only
@@ -37,6 +38,8 @@ FP8_FORMATS: dict[str, tuple[int, int, float]] = {
     "e4m3fn": (7, 3, 448.0),
     "e4m3fnuz": (8, 3, 240.0),
 }
+# How a kernel rounds a value to fp8: RNE (OCP conversion, torch, CUDA) or truncation toward zero (vLLM-CPU 0.32)
+FP8_ROUNDINGS = ("nearest_even", "toward_zero")
 # vLLM's kv_cache_dtype names and the format each means per platform (gfx942 stores fnuz)
 KV_CACHE_DTYPE_FORMAT = {"fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e4m3fn": "e4m3fn",
                          "fp8_e4m3fnuz": "e4m3fnuz"}
@@ -46,13 +49,15 @@ class LongReferenceError(ValueError):
     """A request the reference cannot serve (unknown fp8 format, positions outside the prompt)."""
 
 
-def fp8_round(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """x rounded to the fp8 format (saturating, round to nearest even), returned as fp64.
+def fp8_round(x: torch.Tensor, fmt: str, rounding: str = "nearest_even") -> torch.Tensor:
+    """x rounded to the fp8 format (saturating; to nearest even, or toward zero), returned as fp64.
 
     Written from the format's definition, not through torch's float8 dtypes, so tests can hold the two
     against each other."""
     if fmt not in FP8_FORMATS:
         raise LongReferenceError(f"unknown fp8 format {fmt!r}: known {sorted(FP8_FORMATS)}")
+    if rounding not in FP8_ROUNDINGS:
+        raise LongReferenceError(f"unknown fp8 rounding {rounding!r}: known {list(FP8_ROUNDINGS)}")
     bias, mant, top = FP8_FORMATS[fmt]
     x = x.to(torch.float64).clamp(-top, top)
     min_exp = 1 - bias  # exponent of the smallest normal; subnormals share its quantum
@@ -60,8 +65,8 @@ def fp8_round(x: torch.Tensor, fmt: str) -> torch.Tensor:
     exp = torch.floor(torch.log2(mag.clamp(min=2.0 ** (min_exp - mant - 1))))
     exp = exp.clamp(min=min_exp)
     quantum = torch.pow(2.0, exp - mant)
-    rounded = torch.round(mag / quantum) * quantum  # torch.round: half to even
-    out = torch.sign(x) * rounded.clamp(max=top)
+    steps = torch.round(mag / quantum) if rounding == "nearest_even" else torch.floor(mag / quantum)  # half to even
+    out = torch.sign(x) * (steps * quantum).clamp(max=top)
     return out + 0.0  # -0.0 -> +0.0 (fnuz has no negative zero; in fn the sign of a zero changes nothing here)
 
 
@@ -83,11 +88,14 @@ class LongReference(Reference):
     """fp64 gpt-oss, blockwise, optionally with an fp8 KV cache and/or a depth mutant."""
 
     def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False,
-                 kv_quant: str | None = None, depth: DepthMath | str | None = None) -> None:
+                 kv_quant: str | None = None, depth: DepthMath | str | None = None,
+                 kv_rounding: str = "nearest_even") -> None:
         super().__init__(model_dir, math_, streaming)
         if kv_quant is not None and kv_quant not in FP8_FORMATS:
             raise LongReferenceError(f"unknown fp8 format {kv_quant!r}: known {sorted(FP8_FORMATS)}")
-        self.kv_quant = kv_quant
+        if kv_rounding not in FP8_ROUNDINGS:
+            raise LongReferenceError(f"unknown fp8 rounding {kv_rounding!r}: known {list(FP8_ROUNDINGS)}")
+        self.kv_quant, self.kv_rounding = kv_quant, kv_rounding
         self.depth = DEPTH_MUTATIONS[depth] if isinstance(depth, str) else (depth or DepthMath())
 
     def rope_tables(self, positions: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +106,7 @@ class LongReference(Reference):
 
     def _kv_stored(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_quant is not None:
-            return fp8_round(k, self.kv_quant), fp8_round(v, self.kv_quant)
+            return fp8_round(k, self.kv_quant, self.kv_rounding), fp8_round(v, self.kv_quant, self.kv_rounding)
         return k, v
 
     def _attention_rows(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -173,7 +181,8 @@ class LongReference(Reference):
         return self.logprobs_at(ids)
 
     def variant(self) -> dict[str, Any]:
-        return super().variant() | {"kv_quant": self.kv_quant, "depth": dataclasses.asdict(self.depth)}
+        return super().variant() | {"kv_quant": self.kv_quant, "kv_rounding": self.kv_rounding,
+                                    "depth": dataclasses.asdict(self.depth)}
 
     def score_from(self, prompt: list[int], continuation: list[int], top_k: int, start: int) -> Completion:
         """`Reference.score`, but prompt steps only from position `start` on (the band at depth): prompt_steps

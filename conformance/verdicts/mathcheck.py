@@ -94,6 +94,34 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     return report
 
 
+def decisive_router_inputs(reference: Any, layers: tuple[int, ...], m: int, dtype: torch.dtype,
+                           tie_ulps: float) -> tuple[torch.Tensor, int]:
+    """M hidden states [M, H], fp64 holding values of `dtype` (what an engine in that dtype receives), drawn
+    from a normal seeded with M, whose top-k experts are decided in every layer of `layers`: the k-th and
+    (k+1)-th router logits of the reference differ by more than `tie_ulps` x eps(dtype) x the token's largest
+    |logit|. Returns them and how many draws were passed over. A near-tie is decided by rounding noise."""
+    hidden, k = int(reference.cfg["hidden_size"]), int(reference.cfg["num_experts_per_tok"])
+    gen = torch.Generator().manual_seed(m)
+    eps = torch.finfo(dtype).eps
+    rows: list[torch.Tensor] = []
+    decided: list[torch.Tensor] = []
+    while sum(int(d.sum()) for d in decided) < m:
+        if sum(len(r) for r in rows) > 64 * m + 4096:
+            raise ValueError(f"the router's top-{k} ties within {tie_ulps} ulps of {dtype} for almost every draw: "
+                             f"no {m} tokens with decided experts")
+        x = torch.randn(max(m, 64), hidden, generator=gen, dtype=torch.float64).to(dtype).to(torch.float64)
+        ok = torch.ones(len(x), dtype=torch.bool)
+        for layer in layers:
+            logits = reference.router_logits(layer, x)
+            top = torch.topk(logits, k + 1, dim=-1).values
+            ok &= (top[:, k - 1] - top[:, k]) > tie_ulps * eps * logits.abs().amax(dim=-1)
+        rows.append(x)
+        decided.append(ok)
+    ok = torch.cat(decided)
+    last = int(ok.nonzero()[m - 1])  # the M-th decided draw: the ones passed over before it are the redrawn
+    return torch.cat(rows)[: last + 1][ok[: last + 1]], last + 1 - m
+
+
 def moe_close(got: torch.Tensor, want: torch.Tensor, rel_tol: float, label: str) -> VerdictReport:
     """Max |engine - reference| over the block output, relative to the reference's largest magnitude."""
     report = VerdictReport(f"MoE block {label}", require_figures=True)

@@ -162,6 +162,11 @@ def kv_fp8_format(target: str, gcn_arch: list[str] | None = None, table: dict[st
     return str(row["format"])
 
 
+def kv_fp8_rounding(target: str, table: dict[str, Any] | None = None) -> str:
+    """How this target's kernel rounds K and V to fp8: nearest_even unless the data says the kernel truncates."""
+    return str((table or data())["kv_fp8"][target].get("rounding", "nearest_even"))
+
+
 def kv_fp8_unsupported(target: str, cpu_isa: str, table: dict[str, Any] | None = None) -> str | None:
     """Why the engine cannot run an fp8 KV cache here (None when it can)."""
     row = (table or data())["kv_fp8"].get(target, {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -69,6 +70,38 @@ def _dtype_row(table: dict[str, Any], dtype: str, where: str) -> dict[str, Any]:
         raise DataError(f"{where} has no limits for {dtype} (it has {have}): "
                         f"measure them on a clean stack and add [{where.split(' ')[-1]}.{dtype}] first.")
     return table[dtype]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """How the nearest-mutant check measures a distance in one dtype (tolerances.toml [diagnosis.<dtype>]):
+    `distance` "max" (|Δlogprob| over all steps) or "stratum_median" (the largest median of one position band
+    and phase, where a fault lives while near-tie flips stay in the tail), `noise` the distance a healthy stack may
+    reach (that dtype's parity limit of the same statistic), `ratio` how much nearer the reference must be."""
+
+    distance: str
+    noise: float
+    ratio: float
+
+    def of(self, figures: dict[str, float]) -> float:
+        if self.distance == "max":
+            return figures["max_abs_dlogprob"]
+        strata = [v for k, v in figures.items() if k.startswith("median_abs_dlogprob_")]
+        return max(strata) if strata else float("nan")
+
+    def resolvable(self, separation: float) -> bool:
+        """A mutant this far from the reference can be told from it by a stack within `noise` of the reference."""
+        return separation > (self.ratio + 1) * self.noise
+
+
+def diagnosis(dtype: str) -> Diagnosis:
+    row = _dtype_row(load_toml(DATA / "tolerances.toml")["diagnosis"], dtype, "tolerances.toml diagnosis")
+    tol, _ = tolerance(dtype)
+    kinds = {"max": tol.max_abs, "stratum_median": tol.stratum_median}
+    if kinds.get(row["distance"]) is None:
+        raise DataError(f"tolerances.toml [diagnosis.{dtype}] distance {row['distance']!r}: use max or "
+                        f"stratum_median, with that limit in [logprobs.{dtype}]")
+    return Diagnosis(row["distance"], float(kinds[row["distance"]]), float(row["ratio"]))
 
 
 def rope_tolerance(dtype: str) -> dict[str, float]:
