@@ -53,3 +53,22 @@ def test_the_guard_sees_a_figure_over_its_limit() -> None:
     problems = over_limits(dtype, figures | {"p99_abs_dlogprob": 50.0, "median_abs_dlogprob_decode_0-127": 9.0})
     assert problems == ["p99_abs_dlogprob 50 > 2.0", "median_abs_dlogprob_decode_0-127 9 > 0.35"]
     assert over_limits(dtype, {"p99_abs_dlogprob": 0.1}) == ["max_abs_dlogprob missing", "median_abs_dlogprob missing"]
+
+
+CLEAN_P1 = {  # run id -> dtype (--cuda --engine transformers, P1, after the MoE near-tie fix)
+    "20261203T070541-cuda-693926": "bfloat16",
+    "20261203T070632-cuda-1606b7": "float16",
+    "20261203T070708-cuda-11a83b": "float32",
+}
+
+
+@pytest.mark.parametrize("run_id", sorted(CLEAN_P1))
+def test_healthy_h200_p1_moe_blocks_pass_todays_limits(run_id: str) -> None:
+    """The MoE block figures of healthy H200 P1 runs stay inside gpt_oss.toml's limits for their dtype."""
+    from conformance.checkpoints import gptoss_config
+
+    record = json.loads((RUNS / run_id / "results.json").read_text())
+    limit = gptoss_config.spec()["tolerances"]["moe"][CLEAN_P1[run_id]]
+    moe = [c for c in record["checks"] if "test_moe_block_matches_reference[" in c["id"]]
+    assert len(moe) == 5 and all(c["outcome"] == "passed" for c in moe)
+    assert all(c["figures"]["moe_max_rel_err"] <= limit for c in moe), f"{run_id} would false-fail today"
