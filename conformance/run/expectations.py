@@ -1,7 +1,8 @@
 """Known failures per platform, as data (expectations/*.toml), applied at collection.
 
 An entry names a check id (a prefix for a skip; the exact id, parameters included, for an xfail),
-conditions on the run info (target, engine, dtype, torch_flavour, gcn_arch) and a status: `xfail` (a
+conditions on the run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, and `missing_modules`: those
+of the modules the entries name there that this environment cannot import) and a status: `xfail` (a
 known bug: needs a link) or `skip` (capability absent: needs a reason). Entries that match no collected
 check are reported, as array-api-tests does, so stale expectations do not linger.
 
@@ -11,6 +12,7 @@ whose message says so (the hook below): the known bug never hides an unknown one
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from importlib import resources
 from pathlib import Path
@@ -36,6 +38,14 @@ def load(directory: Path = DIR) -> list[dict[str, Any]]:
                 raise settings.DataError(f"{f}: `match` of {e['check']} must be a non-empty text or list of texts.")
             entries.append(e | {"file": f.name})
     return entries
+
+
+def missing_modules(entries: list[dict[str, Any]] | None = None) -> list[str]:
+    """The modules that entries condition on (`when.missing_modules`) which this environment cannot import: an
+    optional package a loader needs (transformers' GPTQ loader needs optimum). Found without importing them."""
+    entries = load() if entries is None else entries
+    named = {m for e in entries for m in _texts(e.get("when", {}).get("missing_modules", []))}
+    return sorted(m for m in named if importlib.util.find_spec(m) is None)
 
 
 def matches(when: dict[str, Any], run_info: dict[str, Any]) -> bool:

@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     t = ctx.resolved()
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
-                "cpu_amx": _cpu_amx()}
+                "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules()}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
     check_s = ctx.spec.timeouts.check_s
     for item in items:
