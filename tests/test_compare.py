@@ -144,3 +144,19 @@ def test_a_fault_in_one_position_band_fails_though_the_global_median_passes():
     assert report.figures()["median_abs_dlogprob"] < 0.15
     assert not report.ok and any("prefill positions 256-1023" in p for p in report.problems)
     assert report.figures()["median_abs_dlogprob_prefill_256-1023"] > 0.15 > report.figures()["median_abs_dlogprob"]
+
+
+def test_two_noisy_engines_may_part_greedy_paths_without_the_greedy_rule():
+    """pairwise_greedy = false (bf16/fp16 engine against engine): disjoint top-k sets and tokens outside each other's
+    top-k end the sequence as a counted divergence; a NaN and the distribution limits still fail."""
+    got = completion([5, 9, 4], [{5: -0.1, 6: -2.0}, {9: -1.5, 8: -2.4}, {4: -0.1}])
+    want = completion([5, 1, 4], [{5: -0.1, 6: -2.0}, {1: -2.2, 3: -2.5}, {4: -0.1}])
+    strict = compare.logprobs_close([got], [want], TOL)
+    assert not strict.ok and any("share no token" in p for p in strict.problems)
+    loose = compare.logprobs_close([got], [want], TOL, greedy_rule=False)
+    assert loose.ok and loose.divergences == 1 and loose.compared_steps == 2
+    nan = completion([5], [{5: float("nan"), 6: -2.0}])
+    assert not compare.logprobs_close([nan], [want], TOL, greedy_rule=False).ok
+    off = completion([5, 9], [{5: -0.5, 6: -2.0}, {9: -1.5}])
+    report = compare.logprobs_close([off], [want], TOL, greedy_rule=False)
+    assert not report.ok and any("max_abs_dlogprob = 0.4 exceeds" in p for p in report.problems)

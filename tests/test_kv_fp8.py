@@ -88,13 +88,13 @@ def test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache(tiny, referen
     from types import SimpleNamespace
 
     from conformance.checks import test_kv_fp8 as checks
-    from tests.check_fakes import FAILED, Figures, ScriptedEngine
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
 
     _, top_k = profiles_tolerance()
     ignored = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [reference.score(p, [], k + 5) for p in ps]})
     model = SimpleNamespace(path=tiny.path, num_params=1)
     with pytest.raises(FAILED, match="median_abs_dlogprob = .* exceeds the tolerance"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored), model,
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored), model, run_ctx(),
                                                              SimpleNamespace(prompts=short_prompts, max_tokens=0),
                                                              300.0, Figures())
 
@@ -141,7 +141,7 @@ def test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way(tiny, short_pr
     from types import SimpleNamespace
 
     from conformance.checks import test_kv_fp8 as checks
-    from tests.check_fakes import FAILED, Figures, ScriptedEngine
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
 
     def engine(rounding: str) -> ScriptedEngine:
         ref = LongReference(tiny.path, kv_quant="e4m3fn", kv_rounding=rounding)
@@ -151,10 +151,10 @@ def test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way(tiny, short_pr
     prompts = SimpleNamespace(prompts=short_prompts, max_tokens=0)
     with pytest.raises(FAILED, match=r"(?s)e4m3fn \(toward_zero\) reference.*median_abs_dlogprob = .* exceeds"):
         checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("nearest_even")), model,
-                                                             prompts, 300.0, Figures())
+                                                             run_ctx(), prompts, 300.0, Figures())
     figures = Figures()
     checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("toward_zero")), model,
-                                                         prompts, 300.0, figures)
+                                                         run_ctx(), prompts, 300.0, figures)
     assert figures.values["max_abs_dlogprob"] == 0.0
 
 
@@ -170,7 +170,7 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
 
     from conformance.checks import test_kv_fp8 as checks
     from conformance.run.cpu_features import vector_isa
-    from tests.check_fakes import FAILED, Figures
+    from tests.check_fakes import FAILED, Figures, run_ctx
 
     reason = profiles.kv_fp8_unsupported("cpu", vector_isa())
     if reason:
@@ -179,9 +179,24 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
     model = SimpleNamespace(path=tiny.path, num_params=1)
     prompts = SimpleNamespace(prompts=short_prompts, max_tokens=4)
     figures = Figures()
-    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine), model, prompts, 300.0,
-                                                         figures)
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine), model, run_ctx(), prompts,
+                                                         300.0, figures)
     assert figures.values["median_abs_dlogprob"] < 1e-3
     with pytest.raises(FAILED, match="nearest_even"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine), model, prompts,
-                                                             300.0, Figures())
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine), model, run_ctx(),
+                                                             prompts, 300.0, Figures())
+    # bf16, as a GPU target runs it: the fp8 engine passes the bf16 limits, the same engine storing bf16 fails them
+    bf16 = run_ctx(dtype="bfloat16")
+    checks.test_fp8_kv_cache_matches_quantised_reference(
+        ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, kv_cache_dtype="fp8", dtype="bfloat16")), model, bf16,
+        prompts, 300.0, Figures())
+    with pytest.raises(FAILED, match="exceeds the tolerance"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(
+            ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, dtype="bfloat16")), model, bf16, prompts, 300.0,
+            Figures())
+
+
+def test_fp8_limits_are_per_dtype_and_a_missing_one_says_so():
+    assert profiles.kv_fp8_tolerance("bfloat16")[0].median > profiles.kv_fp8_tolerance("float32")[0].median
+    with pytest.raises(settings.DataError, match=r"no \[kv_fp8.tolerance.float16\] limits .*measure"):
+        profiles.kv_fp8_tolerance("float16")

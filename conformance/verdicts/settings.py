@@ -52,8 +52,8 @@ def tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
     if dtype not in table:
         raise DataError(f"tolerances.toml has no [logprobs.{dtype}] table: add limits for {dtype} first.")
     row = table[dtype]
-    return (LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median")),
-            int(row["top_k"]))
+    return (LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median"),
+                             bool(row.get("pairwise_greedy", True))), int(row["top_k"]))
 
 
 def depth_tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
