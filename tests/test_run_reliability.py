@@ -57,6 +57,40 @@ def test_sigterm_mid_run_writes_an_incomplete_run(tmp_path):
     assert any(c["message"].startswith("did not run") for c in record["checks"])
 
 
+def _session_members(sid: int) -> list[int]:
+    """The live processes of session `sid` (Linux /proc), zombies aside."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
+def test_sigterm_during_an_engine_start_leaves_no_engine_behind(tmp_path):
+    """Cancelled while the first vLLM engine starts (its log exists, no check has finished): exit 2, an incomplete
+    record, and nothing of the run's session left alive (the engine child and the forkserver are killed with it)."""
+    proc = start_run(tmp_path, "--tier", "p0", "-k", "engine_starts")
+    deadline = time.time() + 180
+    while time.time() < deadline and not list(tmp_path.glob("*/engine-vllm-*.log")) and proc.poll() is None:
+        time.sleep(0.05)
+    assert list(tmp_path.glob("*/engine-vllm-*.log")), "the run never started a vLLM engine"
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out[-2000:]
+    (results,) = tmp_path.glob("*/results.json")
+    record = json.loads(results.read_text())
+    validate(record)
+    assert record["complete"] is False and record["checks"][0]["message"].startswith("did not run")
+    deadline = time.time() + 30
+    while _session_members(proc.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _session_members(proc.pid) == [], "a process of the cancelled run outlived it"
+
+
 def test_concurrent_runs_into_one_reports_dir_stay_separate(tmp_path):
     procs = [start_run(tmp_path, "--tier", "p0", "-k", "torch_build") for _ in range(2)]
     for proc in procs:
