@@ -70,3 +70,13 @@ def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", d
     report = TargetReport(target, target, devices=list(devices or []))
     return SimpleNamespace(resolved=lambda: report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
                            model_arg=model_arg, spec=run_target.build(target, engine, dtype, report))
+
+
+class CollectedItem:
+    """What `expectations.apply` reads and writes on a collected item."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid, self.markers, self.stash = nodeid, [], {}
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker)

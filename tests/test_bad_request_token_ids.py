@@ -15,24 +15,15 @@ import pytest
 from conformance.checks.test_bad_requests import BAD_REQUESTS, WITH_TOKENIZER_LABELS
 from conformance.run import expectations
 from conformance.verdicts import compare, settings
+from tests.check_fakes import CollectedItem
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Item:
-    """What `expectations.apply` reads and writes on a collected item."""
-
-    def __init__(self, nodeid: str) -> None:
-        self.nodeid, self.markers, self.stash = nodeid, [], {}
-
-    def add_marker(self, marker) -> None:
-        self.markers.append(marker)
 
 
 def test_no_shipped_expectation_hides_the_token_id_cases():
     ids = [f"conformance/checks/test_bad_requests.py::test_bad_request_rejected_while_serving[{label}]"
            for label in sorted(BAD_REQUESTS)]
-    items = [_Item(i) for i in ids]
+    items = [CollectedItem(i) for i in ids]
     for target in ("cpu", "cuda", "rocm"):
         expectations.apply(items, {"target": target, "engine": "vllm", "dtype": "float32"})
     assert [i.nodeid for i in items if i.markers] == []
@@ -49,7 +40,7 @@ def test_every_shipped_xfail_links_a_bug_report_and_is_narrowed():
 
 def test_an_xfail_is_keyed_on_the_exact_check_id_a_skip_on_a_prefix():
     """The old prefix `[token_id_` xfail would now cover nothing: an xfail needs the exact parametrized id."""
-    items = [_Item(f"conformance/checks/test_bad_requests.py::test_bad_request_rejected_while_serving[{label}]")
+    items = [CollectedItem(f"conformance/checks/test_bad_requests.py::test_bad_request_rejected_while_serving[{label}]")
              for label in ("token_id_above_vocab", "token_id_negative")]
     prefix = "test_bad_requests.py::test_bad_request_rejected_while_serving[token_id_"
     entries = [{"check": prefix, "status": "xfail", "link": "https://x/issues/1", "file": "t.toml"}]

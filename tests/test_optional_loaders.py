@@ -5,7 +5,7 @@ checks with the package named, and nothing else. A vLLM engine under test is nev
 from __future__ import annotations
 
 from conformance.run import expectations
-from tests.test_bad_request_token_ids import _Item
+from tests.check_fakes import CollectedItem
 
 CHECK = "conformance/checks/test_quantized.py::test_quantized_checkpoint_matches_reference"
 IDS = [f"{CHECK}[{fmt}-{kind}]" for fmt in ("gptq", "awq", "fp8-channel", "fp8-tensor")
@@ -14,7 +14,7 @@ IDS.append("conformance/checks/test_quantized.py::test_mxfp4_checkpoint_matches_
 
 
 def _skipped(run_info: dict) -> dict[str, str]:
-    items = [_Item(i) for i in IDS]
+    items = [CollectedItem(i) for i in IDS]
     expectations.apply(items, run_info)
     return {i.nodeid.split("[")[1].rstrip("]"): i.markers[0].kwargs["reason"] for i in items if i.markers}
 
