@@ -26,7 +26,8 @@ def _rebuild_vllm_cache(rot: Any, positions: torch.Tensor | None = None, round_i
         inv = inv.float().to(torch.bfloat16).double()
     pos = torch.arange(table.shape[0], dtype=torch.float64) if positions is None else positions
     angles = pos[:, None] * inv[None, :]
-    rot.cos_sin_cache = torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype).to(cache.device)
+    # in place: a GPU engine's captured graphs and compiled code read this very storage (a new tensor would be missed)
+    cache.copy_(torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype))
 
 
 def _vllm(engine: Any, name: str) -> None:

@@ -104,7 +104,9 @@ class EngineFactory:
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
         profile = profiles.of(self.run).engine_options() if kind == "vllm" else {}  # data/profiles.toml
-        return self.run.spec.options_for(kind) | profile | {"dtype": self.run.dtype_name} | overrides
+        fault = getattr(self.run, "planted_fault", None)  # --planted-fault: every engine of the kind under test
+        planted = {"planted_fault": fault} if fault and kind == self.run.engine else {}
+        return self.run.spec.options_for(kind) | profile | {"dtype": self.run.dtype_name} | planted | overrides
 
     def _key(self, model: Path | None, kind: str | None, overrides: dict[str, Any]) -> tuple[str, str, str, dict]:
         kind = kind or self.run.engine

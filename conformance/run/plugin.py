@@ -46,6 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--profile", default=None,
                 help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the SKU's production one)")
     g.addoption("--health-policy", default=None, help="machine-health policy TOML (default: data/health.toml)")
+    g.addoption("--planted-fault", default=None,
+                help="negative controls only: a fault of conformance/engines/faults.py planted in the engine under test")
     g.addoption("--fresh-reference", action="store_true",
                 help="compute every fp64 reference result again instead of reading the suite's result cache")
 
@@ -73,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
                      opt.combo)
     ctx.target = target
+    ctx.planted_fault = opt.planted_fault
     from conformance.verdicts import profiles
 
     profiles.configure(ctx, opt.profile)  # one-sentence UsageError for a bad --profile

@@ -54,6 +54,8 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "engine": ctx.engine,
         "dtype": ctx.dtype_name,
         "combo": ctx.combo,
+        # a negative-control run: the stack was made wrong on purpose, so its outcome is no platform result
+        "planted_fault": getattr(ctx, "planted_fault", None),
         "profile": ctx.profile,
         "profile_settings": ctx.serving_profile.record() if ctx.serving_profile is not None else None,
         "tiers": sorted({r.tier for r in records}),
