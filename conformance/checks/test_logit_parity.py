@@ -70,7 +70,8 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, prompts, 
     decode_steps, long_prompt = settings.layer_probe_settings()
     max_len = int(engines.options().get("max_model_len") or model_under_test.config["max_position_embeddings"])
     probe_prompts = _probe_prompts(prompts, model_under_test, max_len, decode_steps, long_prompt)
-    probe_options = dict(run.spec.table.get("probe_options", {}))  # targets.toml: eager where graphs hide the blocks
+    # targets.toml: per engine kind, eager where graphs hide the blocks from the probe's hooks
+    probe_options = dict(run.spec.table.get("probe_options", {}).get(run.engine, {}))
     probe_engine = engines.get(**probe_options) if probe_options else engine
     try:
         probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, timeout_s=call_timeout_s)
