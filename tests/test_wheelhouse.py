@@ -59,7 +59,8 @@ def _wheel(where: Path) -> Path:
         z.writestr("demo/__init__.py", "X = 1\n")
         z.writestr("demo/big_fa2.so", b"\0" * 4096)
         z.writestr("demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n")
-        z.writestr("demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("demo-1.0.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr("demo-1.0.dist-info/RECORD", "demo/__init__.py,sha256=x,6\ndemo/big_fa2.so,sha256=y,4096\n"
                    "demo-1.0.dist-info/METADATA,sha256=z,1\ndemo-1.0.dist-info/RECORD,,\n")
     return path
