@@ -97,8 +97,11 @@ class StackIdentity:
             parts.append(f"vllm {major_minor(self.vllm)}")
         return " / ".join(parts)
 
-    def lineage(self, combo: str | None) -> str:
-        return f"{self.target} {self.device} · {combo or 'installed'}".replace("  ", " ")
+    def lineage(self, combo: str | None, engine: str | None = None) -> str:
+        """The series a run belongs to: platform, engine under test (a transformers run is no vLLM evidence), and
+        combo. Without an engine (records before it was part of the lineage) the engine part is left out."""
+        platform = f"{self.target} {self.device}".strip().replace("  ", " ")
+        return " · ".join([platform, *([engine] if engine else []), combo or "installed"])
 
 
 def _device(target: str, flat: dict[str, str]) -> str:

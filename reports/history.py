@@ -91,6 +91,12 @@ MIGRATIONS: tuple[str, ...] = (
         telemetry TEXT NOT NULL
     );
     """,
+    # 5: the engine under test joins the lineage ("cuda H200 · vllm · installed"): runs of the transformers engine
+    #    and of vLLM on one platform are separate series, and parity compares vLLM with vLLM.
+    """
+    UPDATE runs SET lineage = substr(lineage, 1, instr(lineage, ' · ') - 1) || ' · ' || engine
+        || substr(lineage, instr(lineage, ' · ')) WHERE instr(lineage, ' · ') > 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -263,7 +269,7 @@ class History:
                  record["model"]["name"], record["model"].get("content_hash"),
                  json.dumps(record["fingerprint"], sort_keys=True), ident.label,
                  summary["passed"], summary["failed"], summary["error"], summary["skipped"],
-                 summary["xfailed"], summary["xpassed"], ident.lineage(record["combo"]), source))
+                 summary["xfailed"], summary["xpassed"], ident.lineage(record["combo"], record.get("engine")), source))
             if cursor.rowcount == 0:
                 self.conn.execute("ROLLBACK")
                 return False

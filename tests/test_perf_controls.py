@@ -115,7 +115,7 @@ def _record(run_id: str, started: str, outcome: str, figures: dict, model: str =
 
 
 def test_baseline_is_the_latest_passing_run_of_the_lineage_and_model():
-    lineage = perf.lineage_of("cpu", CPU_FP, None)
+    lineage = perf.lineage_of("cpu", CPU_FP, None, "vllm")
     names = ["output_tok_s"]
     with History.open(":memory:") as history:
         assert perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, names) is None

@@ -83,7 +83,7 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     recorded = Figures()
     try:
         perf_checks.test_serving_perf_against_baseline(8, run, server, tmp_path, SimpleNamespace(name=MODEL),
-                                                       perf.lineage_of(target, FP, COMBO), recorded, request)
+                                                       perf.lineage_of(target, FP, COMBO, "vllm"), recorded, request)
     except FAILED as exc:
         return "failed", str(exc), recorded
     except pytest.skip.Exception as exc:
@@ -92,7 +92,7 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
 
 
 def _promote(db: Path, target: str, *extra: str) -> int:
-    return cli_main(["baseline", "promote", "--db", str(db), "--lineage", perf.lineage_of(target, FP, COMBO),
+    return cli_main(["baseline", "promote", "--db", str(db), "--lineage", perf.lineage_of(target, FP, COMBO, "vllm"),
                      "--model", MODEL, *extra])
 
 
@@ -139,18 +139,18 @@ def test_a_run_never_becomes_the_baseline_by_itself(store, tmp_path, monkeypatch
     assert outcome == "skipped" and "no pinned baseline for lineage" in message and "no absolute floor" in message
     assert "conformance baseline promote" in message
     assert _promote(store, "cpu", "--runs", "1") == 0
-    before = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO), MODEL)
+    before = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO, "vllm"), MODEL)
     for n, factor in enumerate((0.9, 0.8, 0.7), start=1):
         outcome, _, recorded = _run_check(monkeypatch, tmp_path, "cpu", _scaled(factor))
         assert outcome == "passed"
         _ingest(store, _record(f"later-{n}", _stamp(n), outcome, recorded.values, "cpu"))
-    after = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO), MODEL)
+    after = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO, "vllm"), MODEL)
     assert after == before and after.figures["output_tok_s"] == 1000.0
     assert recorded.values["output_tok_s_vs_pinned"] == pytest.approx(0.7)
 
 
 def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
-    lineage = perf.lineage_of("cuda", FP, COMBO)
+    lineage = perf.lineage_of("cuda", FP, COMBO, "vllm")
     tok = (900.0, 1000.0, 1100.0, 5000.0, 1050.0)
     _ingest(store, *(_record(f"ok-{i}", _stamp(-20 + i), "passed" if i else "skipped",
                              HEALTHY | {"output_tok_s": t, "output_tok_s_vs_pinned": 9.0}, "cuda")
@@ -175,7 +175,7 @@ def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
     with pytest.raises(SystemExit, match=r"only 5 accepted run\(s\) .* fewer than --runs 6"):
         _promote(store, "cuda", "--runs", "6", "--check", CHECK)
     with pytest.raises(SystemExit, match="nothing to promote"):
-        cli_main(["baseline", "promote", "--db", str(store), "--lineage", "rocm gfx942 · other", "--model", MODEL])
+        cli_main(["baseline", "promote", "--db", str(store), "--lineage", "rocm gfx942 · vllm · other", "--model", MODEL])
     assert cli_main(["baseline", "list", "--db", str(store)]) == 0
     assert f"--lineage {lineage!r} --model {MODEL!r}: 5 accepted run(s); pinned baseline promoted" in \
         capsys.readouterr().out

@@ -36,7 +36,7 @@ def bench_tokenizer(run, server, request) -> Path:
 def run_lineage(run) -> str:
     from conformance.run.recorder import fingerprint
 
-    return perf.lineage_of(run.spec.name, run.fingerprint or fingerprint(run), run.combo)
+    return perf.lineage_of(run.spec.name, run.fingerprint or fingerprint(run), run.combo, run.engine)
 
 
 @pytest.mark.p2

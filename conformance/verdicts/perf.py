@@ -311,11 +311,11 @@ def drift_since_pin(verdict: VerdictReport, current: dict[str, float], baseline:
             verdict.details[at] += f"; {line}"
 
 
-def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None) -> str:
+def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None, engine: str | None = None) -> str:
     """The lineage the dashboard files this run under (env_checks.stack)."""
     from env_checks.stack import identify
 
-    return identify(target, fingerprint).lineage(combo)
+    return identify(target, fingerprint).lineage(combo, engine)
 
 
 # --- graph mode vs eager ------------------------------------------------------------------------

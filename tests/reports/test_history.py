@@ -150,7 +150,7 @@ def test_platform_labels_and_lineages(tmp_path: Path) -> None:
     assert runs["20250610T061133Z-cpu-d07a52"].platform == "cpu avx2 / torch 2.13 / vllm 0.32"
     # An upgrade keeps the lineage: trends and "what changed" follow it.
     assert runs["20250604T031512Z-rocm-a1f3c9"].lineage == runs["20250612T031633Z-rocm-5e0d47"].lineage \
-        == "rocm gfx942 · rocm-latest"
+        == "rocm gfx942 · vllm · rocm-latest"
 
 
 @pytest.mark.parametrize("fingerprint, device", [
@@ -227,3 +227,22 @@ def test_fingerprint_diff_ignores_volatile_keys_and_groups_lists() -> None:
         ("platform.cpu_flags.2", None, "amx_tile"),
         ("platform.gfx_targets.*", "gfx942", "gfx950"),
         ("platform.rocm_version", "7.0.2", "7.1.0")]
+
+
+def test_the_engine_under_test_parts_lineages_and_an_old_store_migrates(tmp_path: Path) -> None:
+    """A transformers run and a vLLM run of one platform are two series; a store written before the engine joined
+    the lineage (schema 4) gets the engine added to every stored lineage when it is opened."""
+    import sqlite3
+
+    from reports import history as history_module
+
+    db = tmp_path / "h.sqlite"
+    with History.open(db) as history:
+        history.ingest_dir(FIXTURE_RUNS)
+        before = {r.run_id: (r.engine, r.lineage) for r in history.runs()}
+    assert all(f" · {engine} · " in lineage for engine, lineage in before.values())
+    with sqlite3.connect(db) as conn:  # as schema 4 stored them: no engine in the lineage
+        conn.execute("UPDATE runs SET lineage = replace(lineage, ' · ' || engine || ' · ', ' · ')")
+        conn.execute(f"PRAGMA user_version = {history_module.SCHEMA_VERSION - 1}")
+    with History.open(db) as history:
+        assert {r.run_id: (r.engine, r.lineage) for r in history.runs()} == before
