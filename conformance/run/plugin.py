@@ -77,6 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
                      opt.combo)
     ctx.target = target
     ctx.planted_fault = opt.planted_fault
+    ctx.narrowed_by = " ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr))
+                               if value) or None
     from conformance.verdicts import profiles
 
     profiles.configure(ctx, opt.profile)  # one-sentence UsageError for a bad --profile

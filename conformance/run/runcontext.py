@@ -39,6 +39,7 @@ class RunContext:
     # the serving profile (data/profiles.toml) the engines run under: its label, and the Profile itself
     profile: str | None = None
     serving_profile: Any = None
+    narrowed_by: str | None = None  # a user's -k / -m: the run judged only part of its tiers
     planted_fault: str | None = None  # --planted-fault: a negative-control run (engines/faults.py), never evidence
     engine_factory: Any = None  # the run's EngineFactory while the engines fixture is set up (fixtures.py)
 
