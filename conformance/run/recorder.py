@@ -33,10 +33,12 @@ def _relative_paths(text: str) -> str:
     return text.replace(ROOT, "").replace(str(Path.home()) + "/", "~/")
 
 
-def evidence_of(complete: bool, exit_status: int, planted_fault: str | None, narrowed_by: str | None) -> bool:
-    """Whether a run is platform evidence: complete, judged (exit 0 or 1, not refused or interrupted), of the stack as
-    it is (no planted fault) and of every check of its tiers (not narrowed by -k/-m)."""
-    return bool(complete and exit_status in (0, 1) and not planted_fault and not narrowed_by)
+def evidence_of(complete: bool, exit_status: int, planted_fault: str | None, narrowed_by: str | None,
+                refused: bool = False) -> bool:
+    """Whether a run is platform evidence: complete, judged (exit 0 or 1, not interrupted), of the target it claims
+    (not refused: `--rocm` on a CUDA torch is a usage mistake, no ROCm result), of the stack as it is (no planted
+    fault) and of every check of its tiers (not narrowed by -k/-m)."""
+    return bool(complete and exit_status in (0, 1) and not planted_fault and not narrowed_by and not refused)
 
 
 def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "narrowed_by": getattr(ctx, "narrowed_by", None),
         # what a release decision may count: a whole, uninterrupted run of the stack as installed
         "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None),
-                                getattr(ctx, "narrowed_by", None)),
+                                getattr(ctx, "narrowed_by", None), bool(ctx.resolved().problems)),
         "profile": ctx.profile,
         "profile_settings": ctx.serving_profile.record() if ctx.serving_profile is not None else None,
         "tiers": sorted({r.tier for r in records}),
