@@ -97,6 +97,12 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE runs SET lineage = substr(lineage, 1, instr(lineage, ' · ') - 1) || ' · ' || engine
         || substr(lineage, instr(lineage, ' · ')) WHERE instr(lineage, ' · ') > 0;
     """,
+    # 6: why a run is no platform evidence (interrupted, refused, narrowed, a planted fault), NULL when it is;
+    #    runs stored before are judged again from their files when they are ingested again.
+    """
+    ALTER TABLE runs ADD COLUMN not_evidence TEXT;
+    UPDATE runs SET not_evidence = 'interrupted (complete: false)' WHERE complete = 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -135,6 +141,7 @@ class RunInfo:
     lineage: str
     fingerprint: dict
     summary: dict[str, int]
+    not_evidence: str | None = None  # why the run is no platform result (None: it is one)
 
     @property
     def green(self) -> bool:
@@ -162,6 +169,28 @@ def history_error(path: Path | str, exc: sqlite3.Error) -> HistoryError:
         return HistoryError(f"{path} stayed locked by another process for over {BUSY_TIMEOUT_MS // 1000} s "
                             f"({exc}); run the dashboard again when the other ingest has finished.")
     return _broken(Path(str(path)), str(exc))
+
+
+TORCH_BUILD_CHECK = "test_torch_build_matches_target"
+
+
+def not_evidence(record: dict) -> str | None:
+    """Why a run may not count towards a release decision, in a few words; None when it may. Records written before
+    results.json said so (`evidence`) are judged from what they hold."""
+    if not record["complete"]:
+        return "interrupted (complete: false)"
+    if record.get("planted_fault"):
+        return f"a negative control: fault {record['planted_fault']} planted in the engine"
+    if record.get("narrowed_by"):
+        return f"narrowed by {record['narrowed_by']}"
+    refused = [c for c in record["checks"] if c["id"].endswith(TORCH_BUILD_CHECK) and c["outcome"] in ("failed", "error")]
+    if refused:
+        return f"refused: the installed torch is no {record['target']} build (a usage mistake, not a platform result)"
+    if record.get("exit_status") not in (None, 0, 1):
+        return f"stopped (exit {record['exit_status']})"
+    if record.get("evidence") is False:
+        return "not evidence (its results.json says so)"
+    return None
 
 
 class History:
@@ -263,15 +292,19 @@ class History:
             cursor = self.conn.execute(
                 "INSERT OR IGNORE INTO runs (run_id, started_at, finished_at, target, engine, combo, "
                 "tiers, complete, model, model_hash, fingerprint, platform, passed, failed, error, skipped, "
-                "xfailed, xpassed, lineage, source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "xfailed, xpassed, lineage, source, not_evidence) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (record["run_id"], _utc(record["started_at"]), record["finished_at"], record["target"],
                  record["engine"], record["combo"], json.dumps(record["tiers"]), int(record["complete"]),
                  record["model"]["name"], record["model"].get("content_hash"),
                  json.dumps(record["fingerprint"], sort_keys=True), ident.label,
                  summary["passed"], summary["failed"], summary["error"], summary["skipped"],
-                 summary["xfailed"], summary["xpassed"], ident.lineage(record["combo"], record.get("engine")), source))
+                 summary["xfailed"], summary["xpassed"], ident.lineage(record["combo"], record.get("engine")), source,
+                 not_evidence(record)))
             if cursor.rowcount == 0:
                 self.conn.execute("ROLLBACK")
+                # a run stored by an older suite is judged again: whether it is platform evidence
+                self.conn.execute("UPDATE runs SET not_evidence = ? WHERE run_id = ? AND not_evidence IS NOT ?",
+                                  (not_evidence(record), record["run_id"], not_evidence(record)))
                 return False
             self.conn.executemany(
                 "INSERT INTO checks (run_id, id, tier, area, outcome, duration, message, failure_class, "
@@ -331,10 +364,10 @@ class History:
         """Every run, oldest first."""
         rows = self.conn.execute(
             "SELECT run_id, started_at, target, engine, combo, tiers, complete, model, platform, lineage, "
-            "fingerprint, passed, failed, error, skipped, xfailed, xpassed FROM runs "
+            "fingerprint, passed, failed, error, skipped, xfailed, xpassed, not_evidence FROM runs "
             "ORDER BY started_at, run_id")
         return [RunInfo(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), bool(r[6]), r[7], r[8], r[9],
-                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)))
+                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)), r[17])
                 for r in rows]
 
     def checks(self, run_ids: Iterable[str]) -> dict[str, list[CheckRow]]:

@@ -170,6 +170,12 @@ def render_page(data: SiteData) -> str:
         notices += (f'<div class="notice" id="skipped-inputs"><b>{len(data.skipped_inputs)} run '
                     f"director{'y was' if len(data.skipped_inputs) == 1 else 'ies were'} skipped</b> "
                     f"(left in place, not ingested):<ul>{items}</ul></div>")
+    if data.not_counted:
+        items = "".join(f"<li><code>{e(r.run_id)}</code> ({e(r.platform)}, {e(r.engine)}) — {e(r.not_evidence)}</li>"
+                        for r in data.not_counted)
+        notices += (f'<div class="notice" id="not-counted"><b>{len(data.not_counted)} run'
+                    f"{'' if len(data.not_counted) == 1 else 's'} not counted as platform evidence</b> "
+                    f"(shown here only):<ul>{items}</ul></div>")
     body = "".join([
         _tiles(data), _platforms(data), _parity(data), _matrix(data),
         render_detail.disagreements(data), render_detail.combinations(data), render_detail.failures(data),

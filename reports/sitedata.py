@@ -53,6 +53,8 @@ class SiteData:
     p0_wall_trend: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     # run id -> (machine-health verdict, telemetry series) of each lineage's latest run (reports/telemetry_view.py)
     health: dict[str, tuple[str | None, dict]] = field(default_factory=dict)
+    # runs that are no platform evidence (RunInfo.not_evidence says why): listed, never counted
+    not_counted: list[RunInfo] = field(default_factory=list)
 
     @property
     def tiers(self) -> list[str]:
@@ -82,7 +84,8 @@ def _figure_order(check_id: str, name: str) -> tuple[int, str, str]:
 
 def collect(history: History, now: datetime | None = None) -> SiteData:
     """Read the history store and compute every view of the dashboard."""
-    runs = history.runs()
+    every = history.runs()
+    runs = [r for r in every if r.not_evidence is None]  # only platform evidence reaches parity, lineages, trends
     latest = analysis.latest_per_lineage(runs)
     tier_runs = analysis.latest_per_lineage_tier(runs)
     columns = sorted((Column(key, run.platform, run.target, run) for key, run in latest.items()),
@@ -97,7 +100,7 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
         generated_at=(now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         runs=runs, columns=columns, matrix=matrix, scores=analysis.parity_scores(matrix),
         disagreements=analysis.rocm_cuda_disagreements(matrix), latest_checks=latest_checks, colors=colors,
-        tier_runs=tier_runs)
+        tier_runs=tier_runs, not_counted=[r for r in every if r.not_evidence is not None])
 
     transitions = analysis.what_changed(runs)
     pair_checks = history.checks(r.run_id for t in transitions for r in (t.last_green, t.first_red))

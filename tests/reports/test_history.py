@@ -241,8 +241,27 @@ def test_the_engine_under_test_parts_lineages_and_an_old_store_migrates(tmp_path
         history.ingest_dir(FIXTURE_RUNS)
         before = {r.run_id: (r.engine, r.lineage) for r in history.runs()}
     assert all(f" · {engine} · " in lineage for engine, lineage in before.values())
-    with sqlite3.connect(db) as conn:  # as schema 4 stored them: no engine in the lineage
+    with sqlite3.connect(db) as conn:  # as schema 4 stored them: no engine in the lineage, no not_evidence
         conn.execute("UPDATE runs SET lineage = replace(lineage, ' · ' || engine || ' · ', ' · ')")
-        conn.execute(f"PRAGMA user_version = {history_module.SCHEMA_VERSION - 1}")
+        conn.execute("ALTER TABLE runs DROP COLUMN not_evidence")
+        conn.execute("PRAGMA user_version = 4")
+    assert history_module.SCHEMA_VERSION == 6
     with History.open(db) as history:
         assert {r.run_id: (r.engine, r.lineage) for r in history.runs()} == before
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"complete": False}, "interrupted (complete: false)"),
+    ({"planted_fault": "sinks_dropped"}, "a negative control: fault sinks_dropped planted in the engine"),
+    ({"narrowed_by": "-k 'tokenizer'"}, "narrowed by -k 'tokenizer'"),
+    ({"exit_status": 2}, "stopped (exit 2)"),
+    ({"evidence": False}, "not evidence (its results.json says so)"),
+    ({}, None),
+])
+def test_only_whole_judged_runs_of_the_stack_as_installed_are_evidence(change, reason) -> None:
+    from reports.history import not_evidence
+
+    record = json.loads(next(p for p in sorted(FIXTURE_RUNS.glob("*/results.json"))).read_text())
+    record |= {"complete": True, "exit_status": 0, "evidence": True} | change
+    record["checks"] = [c for c in record["checks"] if not c["id"].endswith("test_torch_build_matches_target")]
+    assert not_evidence(record) == reason

@@ -98,9 +98,14 @@ def test_device_runs_are_ingested_from_a_directory_given_on_the_command_line(
     with History.open(tmp_path / "h.sqlite") as history:
         data = collect(history)
         runs = history.runs()
-    assert {"cuda", "rocm"} <= {c.target for c in data.columns}
+    # the one ROCm run there is `--rocm` refused on a CUDA torch: listed, never a ROCm column
+    assert {c.target for c in data.columns} == {"cuda"}
+    refused = [r for r in data.not_counted if r.target == "rocm"]
+    assert [r.run_id for r in refused] == ["20261129T102148-rocm-bcf9b7"]
+    assert refused[0].not_evidence.startswith("refused: the installed torch is no rocm build")
+    assert {c.key for c in data.columns} >= {"cuda H200 · transformers · installed"}
     for column in data.columns:
-        lineage = [r for r in runs if r.lineage == column.key]
+        lineage = [r for r in runs if r.lineage == column.key and r.not_evidence is None]
         shown = {c.tier: c.run_id for c in data.latest_checks[column.key]}
         for tier, run_id in shown.items():  # each tier's checks come from the newest run of that tier
             assert run_id == max((r for r in lineage if tier in r.tiers), key=lambda r: r.started_at).run_id
