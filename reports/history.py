@@ -183,7 +183,8 @@ def not_evidence(record: dict) -> str | None:
         return f"a negative control: fault {record['planted_fault']} planted in the engine"
     if record.get("narrowed_by"):
         return f"narrowed by {record['narrowed_by']}"
-    refused = [c for c in record["checks"] if c["id"].endswith(TORCH_BUILD_CHECK) and c["outcome"] in ("failed", "error")]
+    refused = [c for c in record["checks"]
+               if c["id"].endswith(TORCH_BUILD_CHECK) and c["outcome"] in ("failed", "error")]
     if refused:
         return f"refused: the installed torch is no {record['target']} build (a usage mistake, not a platform result)"
     if record.get("exit_status") not in (None, 0, 1):
