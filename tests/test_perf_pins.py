@@ -175,7 +175,8 @@ def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
     with pytest.raises(SystemExit, match=r"only 5 accepted run\(s\) .* fewer than --runs 6"):
         _promote(store, "cuda", "--runs", "6", "--check", CHECK)
     with pytest.raises(SystemExit, match="nothing to promote"):
-        cli_main(["baseline", "promote", "--db", str(store), "--lineage", "rocm gfx942 · vllm · other", "--model", MODEL])
+        cli_main(["baseline", "promote", "--db", str(store), "--lineage", "rocm gfx942 · vllm · other",
+                  "--model", MODEL])
     assert cli_main(["baseline", "list", "--db", str(store)]) == 0
     assert f"--lineage {lineage!r} --model {MODEL!r}: 5 accepted run(s); pinned baseline promoted" in \
         capsys.readouterr().out
