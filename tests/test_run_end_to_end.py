@@ -105,10 +105,10 @@ def test_damaged_model_dir_is_one_clear_error(tmp_path, tiny):
     bad = tmp_path / "model"
     shutil.copytree(tiny.path, bad)
     (bad / "config.json").write_text("{not json")
-    proc = conformance_run(tmp_path / "runs", "--tier", "p0", "--model", str(bad), "-k", "engine_starts")
-    assert proc.returncode == 1
-    (check,) = only_run(tmp_path / "runs")["checks"]
-    assert check["outcome"] == "error" and "config.json is not valid JSON" in check["message"]
+    proc = conformance_run(tmp_path / "runs", "--tier", "p0", "--model", str(bad))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "config.json is not valid JSON" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing recorded
 
 
 def test_check_without_metadata_is_refused(tmp_path):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conformance.engines import openai_api
+from conformance.engines import openai_api, vllm_server
 from conformance.run import capabilities, expectations, machine_health, run_options, run_target, runrecord, targets
 from conformance.run.cpu_features import amx as _cpu_amx
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
@@ -88,6 +88,11 @@ def pytest_configure(config: pytest.Config) -> None:
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
     signal.signal(signal.SIGTERM, _sigterm)
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
+    from conformance.run import preflight  # every argument, once, before any check, engine or server starts
+
+    bad = preflight.problems(opt, target.resolved, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
+    if bad:
+        raise pytest.UsageError("\n".join(bad))
     capabilities.register(config)  # the `needs` marker: what a check needs of the engine (data/engines.toml)
     for value, env in ((opt.tokenizer_vocab, "CONFORMANCE_TOKENIZER_VOCAB"), (opt.eval_data, "CONFORMANCE_EVAL_DATA"),
                        (opt.history_db, "CONFORMANCE_HISTORY_DB")):

@@ -1,0 +1,100 @@
+"""Preflight: what is knowable from a run's arguments, checked once before any check, engine or server starts.
+
+A bad argument costs one sentence that names it and its fix (pytest.UsageError: `conformance run` exits 2), never a
+tier of repeated errors, and leaves no run behind to be read as platform evidence. Each function returns the
+sentence, or None when the argument holds."""
+
+from __future__ import annotations
+
+import http.client
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
+from conformance.verdicts import settings
+
+MATRIX = Path(__file__).resolve().parents[2] / "ci" / "matrix.toml"  # in a checkout; a wheel carries no matrix
+
+
+def model(arg: str | None) -> str | None:
+    if not arg:
+        return None
+    try:
+        inspect_model_dir(Path(arg))
+    except ModelDirError as exc:
+        return str(exc)
+    return None
+
+
+def dtype(arg: str | None) -> str | None:
+    """A dtype the suite has limits for (tolerances.toml [logprobs.<dtype>]): any other could only error per check."""
+    if not arg:
+        return None
+    known = sorted(settings.load_toml(settings.DATA / "tolerances.toml")["logprobs"])
+    if arg not in known:
+        return f"--dtype {arg}: the suite judges {', '.join(known)} (tolerances.toml); pick one of those."
+    return None
+
+
+def combo(arg: str | None, matrix_file: Path = MATRIX) -> str | None:
+    if not arg or not matrix_file.is_file():
+        return None
+    from conformance.run.matrix import MatrixError, load_matrix
+
+    try:
+        ids = [c.id for c in load_matrix(matrix_file).combos]
+    except MatrixError as exc:
+        return f"--combo {arg}: {exc}"
+    if arg not in ids:
+        return f"--combo {arg} is no combination of ci/matrix.toml (it has {', '.join(ids)}): use one of its ids."
+    return None
+
+
+def health_policy(arg: str | None, target: str) -> str | None:
+    if not arg:
+        return None
+    path = Path(arg)
+    if not path.is_file():
+        return f"--health-policy {arg} is not a file: give a policy TOML (the suite's own is data/health.toml)."
+    from conformance.run.machine_health import load_policy
+
+    try:
+        load_policy(target, path)
+    except (settings.DataError, ValueError, OSError) as exc:
+        return f"--health-policy {arg}: {exc}"
+    return None
+
+
+def reports_dir(arg: str) -> str | None:
+    path = Path(arg)
+    if path.exists() and not path.is_dir():
+        return f"--reports-dir {arg} is a file, not a directory: runs are written into a directory; pick another."
+    return None
+
+
+def server(url: str | None, timeout_s: float = 5.0) -> str | None:
+    """The server answers at all (GET /v1/models): a refused connection is known before a tier runs against it."""
+    if not url:
+        return None
+    parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"--server {url} is not an http(s) URL: give e.g. http://127.0.0.1:8000/v1."
+    cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parsed.hostname, parsed.port, timeout=timeout_s)
+    try:
+        conn.request("GET", parsed.path.rstrip("/").removesuffix("/v1") + "/v1/models")
+        conn.getresponse().read()
+    except OSError as exc:
+        return (f"--server {url}: nothing answers there ({exc.strerror or type(exc).__name__}): start the server "
+                "or fix the URL.")
+    finally:
+        conn.close()
+    return None
+
+
+def problems(opt: Any, target: str, server_url: str | None) -> list[str]:
+    """Every preflight sentence for these pytest options (conformance/run/plugin.py)."""
+    found = [model(opt.model), dtype(opt.dtype), combo(opt.combo), health_policy(opt.health_policy, target),
+             reports_dir(opt.reports_dir), server(server_url)]
+    return [p for p in found if p]

@@ -1,0 +1,59 @@
+"""Preflight (conformance/run/preflight.py): a bad argument is one sentence and exit 2 before any check, engine or
+server starts; nothing is recorded and the runs already there stay byte-identical."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.run import preflight
+
+pytestmark = pytest.mark.slow
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when this returns: nothing listens there
+
+
+def _earlier_run(reports: Path) -> dict[Path, bytes]:
+    run = reports / "20260101T000000-cpu-000000"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text('{"run_id": "20260101T000000-cpu-000000"}\n')
+    return {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(("args", "sentence"), [
+    (["--engine", "transformers", "--dtype", "fp8"], "--dtype fp8: the suite judges"),
+    (["--combo", "bogus"], "--combo bogus is no combination of ci/matrix.toml"),
+    (["--health-policy", "/nonexistent/policy.toml"], "--health-policy /nonexistent/policy.toml is not a file"),
+    (["--model", "/nonexistent"], "--model /nonexistent is not a directory"),
+    (["--server", "http://127.0.0.1:{port}/v1"], "nothing answers there"),
+])
+def test_a_bad_argument_is_one_sentence_and_exit_2_with_nothing_started_or_recorded(tmp_path, args, sentence):
+    reports = tmp_path / "runs"
+    before = _earlier_run(reports)
+    args = [a.replace("{port}", str(_closed_port())) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--tier", "p0", "--reports-dir", str(reports),
+                           *args], capture_output=True, text=True, timeout=300, env=os.environ)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert sentence in out and "Traceback" not in out
+    assert "engine" not in proc.stdout.lower() or "engine #" not in proc.stdout  # no engine started
+    assert {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()} == before
+
+
+def test_reports_dir_that_is_a_file_and_the_arguments_that_hold(tmp_path):
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    assert preflight.reports_dir(str(file)).startswith(f"--reports-dir {file} is a file, not a directory")
+    assert preflight.reports_dir(str(tmp_path / "new")) is None
+    assert preflight.dtype("bfloat16") is None and preflight.dtype(None) is None
+    assert preflight.server("ftp://x").startswith("--server ftp://x is not an http(s) URL")
+    assert preflight.combo("anything", tmp_path / "no-matrix.toml") is None  # an installed wheel has no matrix
