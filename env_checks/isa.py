@@ -325,13 +325,14 @@ class IsaVerdict:
 
 
 def verdict(scans: list[tuple[Library, CodeObjects | ProbeFailure]], device: str, arch_list: list[str] | None,
-            strict: Iterable[str] = ("torch", "vllm")) -> IsaVerdict:
+            strict: Iterable[str] = ("torch", "vllm"), other_generation: dict[str, str] | None = None) -> IsaVerdict:
     """Every library with device code carries code that runs on `device`; the primary ones carry device code.
-    Unreadable torch libraries fall back on torch's arch list; others fail closed."""
-    v, strict = IsaVerdict(), set(strict)
+    Unreadable torch libraries fall back on torch's arch list; others fail closed. `other_generation`: libraries
+    (label -> why) built for another GPU generation on purpose, whose findings are advisories."""
+    v, strict, other = IsaVerdict(), set(strict), dict(other_generation or {})
     for lib, res in scans:
         found: list[str] = []
-        sink = v.problems if lib.package in strict else v.advisories
+        sink = v.problems if lib.package in strict and lib.label not in other else v.advisories
         if isinstance(res, ProbeFailure) and res.kind == ABSENT:
             if lib.primary:
                 sink.append(f"{lib.label} does not exist: this {lib.package} cannot run kernels on {device}")

@@ -65,6 +65,19 @@ def test_library_isa_rejects_an_sm80_only_cuda_build():
     assert verdict.problems and "none that runs on sm_90" in verdict.problems[0]
 
 
+def test_a_library_built_for_another_generation_only_advises_and_others_still_fail():
+    """First contact with vLLM 0.26.0 on the H200: `_qutlass_C` carries sm_100 code only (Blackwell FP4 GEMMs), which
+    data/devices.toml names; the same build's `_C` without sm_90 code still fails the check."""
+    scan = _scan_of({"torch/lib/libtorch_cuda.so": {"sm_90": 5}, "vllm/_qutlass_C.abi3.so": {"sm_100": 2},
+                     "vllm/_C_stable_libtorch.abi3.so": {"sm_90": 9}})
+    verdict = device.library_isa(H200_INFO, "vllm", scan=scan)
+    assert not verdict.problems and "vllm/_qutlass_C.abi3.so carries code for sm_100" in verdict.advisories[0]
+    bad = _scan_of({"torch/lib/libtorch_cuda.so": {"sm_90": 5}, "vllm/_qutlass_C.abi3.so": {"sm_100": 2},
+                    "vllm/_C_stable_libtorch.abi3.so": {"sm_100": 9}})
+    verdict = device.library_isa(H200_INFO, "vllm", scan=bad)
+    assert len(verdict.problems) == 1 and "_C_stable_libtorch.abi3.so carries code for sm_100" in verdict.problems[0]
+
+
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(128, 1024, generator=gen), torch.randn(1024, 128, generator=gen)

@@ -123,6 +123,18 @@ class RunTarget:
         return dict(self.engine_options.get(kind, {}))
 
 
+def environment(row: Mapping[str, Any]) -> dict[str, str]:
+    """The engines' environment: [<target>.env], plus [<target>.env_without_modules.MODULE] where MODULE is not
+    installed (found, not imported): vLLM's default path on CUDA imports FlashInfer's sampler, which a node may lack."""
+    import importlib.util
+
+    env = dict(row.get("env", {}))
+    for module, extra in row.get("env_without_modules", {}).items():
+        if importlib.util.find_spec(module) is None:
+            env |= dict(extra)
+    return env
+
+
 def build(name: str, engine: str | None = None, dtype: str | None = None, report: TargetReport | None = None,
           requested: str | None = None) -> RunTarget:
     """The RunTarget of target `name` with the run's --engine / --dtype (None: the target's defaults)."""
@@ -140,7 +152,7 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
             engine=engine or str(row["default_engine"]), dtype=dtype or str(row["dtype"]),
             exact_dtype=row.get("exact_dtype"), engine_start=str(row["engine_start"]),
             engine_start_by_kind=_frozen(row.get("engine_start_by_kind", {})),
-            env=_frozen(row.get("env", {})),
+            env=_frozen(environment(row)),
             engine_options=_frozen({k: row.get(k, {}) for k in OPTION_TABLES}),
             timeouts=timeouts, table=_frozen(row),
             suite=_frozen({k: v for k, v in data.items() if isinstance(v, dict) and k not in names()}),

@@ -51,7 +51,9 @@ def library_isa(info: dict[str, Any], engine: str, scan: Any = None) -> isa.IsaV
     device = info.get("isa_full") or info.get("isa") or ""
     scans, facts = (scan or isa.scan_installed)(ISA_KIND[info["platform"]], timeout_s=float(cfg["tool_timeout_s"]))
     strict = ("torch", "vllm") if engine == "vllm" else ("torch",)
-    v = isa.verdict(scans, device, info.get("arch_list") or None, strict=strict)
+    other = dict(cfg.get("other_generation", {}))  # data: libraries vLLM builds for another GPU generation only
+    v = isa.verdict(scans, device, info.get("arch_list") or None, strict=strict, other_generation=other)
+    v.notes += [f"{label}: {why}" for label, why in other.items()]
     v.notes = facts + v.notes
     return v
 
