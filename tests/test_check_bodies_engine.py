@@ -368,3 +368,42 @@ def test_engine_kill_check_accepts_a_prompt_death_report():
     engines = ScriptedEngines(ScriptedEngine(), lambda o: Dying())
     reliability.test_engine_killed_mid_request_is_reported_promptly(engines, PROMPTS, figures)
     assert math.isfinite(figures.values["seconds_to_error"])
+
+
+def _lagging_engine(config: dict, layout: KVLayout, lag: int, async_scheduling: bool) -> ScriptedEngine:
+    """A request whose sliding group frees the blocks behind the window `lag` decode steps late."""
+    from conformance.reference import kv_model
+
+    length = int(config["sliding_window"]) + 2 * layout.block_size + layout.block_size // 2
+    computed = {"n": 0}
+
+    def need(kind: str, c: int) -> int:
+        window = int(config["sliding_window"]) if kind == "sliding" else None
+        return kv_model.blocks_needed(kind, c, layout.block_size, window, after_decode=c > length)
+
+    def request_blocks(rid):
+        c = length + computed["n"]
+        computed["n"] += 1
+        held = [need("sliding", max(length, c - lag)) if "Sliding" in g.kind else need("full", c)
+                for g in layout.groups]
+        return RequestBlocks(rid, c, c + 1, held, layout.num_blocks - 1 - sum(held))
+    during = KVState(layout.num_blocks, layout.num_blocks - 20, layout.block_size)
+    after = KVState(layout.num_blocks, layout.num_blocks - 1, layout.block_size)
+    return ScriptedEngine({"kv_layout": layout, "scheduler_limits": {"max_model_len": 4096}, "add_request": "r1",
+                           "step": None, "request_blocks": request_blocks, "kv_state": sequence(during, after)},
+                          block_size=layout.block_size, async_scheduling=async_scheduling)
+
+
+def test_request_blocks_check_allows_an_async_scheduler_one_step_of_lag_and_no_more(tiny_config):
+    """First contact with vLLM 0.26.0 on the H200 (asynchronous scheduling): with 169 of a 168-token prompt's tokens
+    computed the sliding group still held 11 blocks where its length needs 9, and 9 from the next step on."""
+    layout = layout_of(tiny_config, 256)
+    model = SimpleNamespace(config=tiny_config)
+    kv_accounting.test_request_holds_blocks_per_group(_lagging_engine(tiny_config, layout, 1, True), model, 1.0,
+                                                     Figures())
+    with pytest.raises(FAILED, match="sliding group holds"):  # the same lag where the engine schedules in step
+        kv_accounting.test_request_holds_blocks_per_group(_lagging_engine(tiny_config, layout, 1, False), model, 1.0,
+                                                         Figures())
+    with pytest.raises(FAILED, match="sliding group holds"):  # two steps late is a fault even when asynchronous
+        kv_accounting.test_request_holds_blocks_per_group(_lagging_engine(tiny_config, layout, 2, True), model, 1.0,
+                                                         Figures())

@@ -92,7 +92,9 @@ def test_request_holds_blocks_per_group(engine, model_under_test, call_timeout_s
     layout = engine.call("kv_layout", timeout_s=call_timeout_s)
     config = model_under_test.config
     length, samples, during, after = _held_while_decoding(engine, layout, config, call_timeout_s)
-    held = compare.request_blocks_match(samples, layout, length)
+    # an engine that schedules asynchronously (vLLM on GPUs) frees blocks behind the window one step later
+    lag = 1 if engine.info.get("async_scheduling") else 0
+    held = compare.request_blocks_match(samples, layout, length, release_lag=lag)
     released = compare.kv_blocks_released(during, after, min_used_during=1)
     _record(record_figure, held)
     record_figure("prompt_tokens", length)
@@ -158,7 +160,9 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
     count = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, run))
     config = model_under_test.config
     length, samples, during, after = _held_while_decoding(proc, layout, config, call_timeout_s)
-    held = compare.request_blocks_match(samples, layout, length)
+    # an engine that schedules asynchronously (vLLM on GPUs) frees blocks behind the window one step later
+    lag = 1 if engine.info.get("async_scheduling") else 0
+    held = compare.request_blocks_match(samples, layout, length, release_lag=lag)
     _record(record_figure, count, held)
     record_figure("requested_block_size", block_size)
     for report in (count, held, compare.kv_blocks_released(during, after, min_used_during=1)):

@@ -94,6 +94,7 @@ class VllmOffline:
             "platform": str(current_platform.device_type),
             "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
             "block_size": cfg.cache_config.block_size,
+            "async_scheduling": bool(getattr(cfg.scheduler_config, "async_scheduling", False)),
             "backends": self.llm.apply_model(backends)[0],
         }
 

@@ -147,7 +147,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         # start no engine (platform checks alone) does not import vLLM a second time for nothing
         forkserver.start(dict(target.env), vllm=target.start_method("vllm") == "forkserver",
                          more=target.table.get("forkserver_preload", ()))
-    if any("server" in getattr(item, "fixturenames", ()) for item in items):
+    prestart = bool(target.table.get("server_prestart", True))  # targets.toml: not beside a GPU engine's start
+    if prestart and any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.run.serving_fixtures import prestart_server
 
         prestart_server(ctx)

@@ -297,8 +297,11 @@ def kv_layout_matches(layout: KVLayout, want: kv_model.ExpectedKV) -> VerdictRep
 
 
 def request_blocks_match(samples: list[RequestBlocks], layout: KVLayout, prompt_len: int,
-                         only_request: bool = True) -> VerdictReport:
-    """At each sample a live request holds exactly the blocks its length needs in every group."""
+                         only_request: bool = True, release_lag: int = 0) -> VerdictReport:
+    """At each sample a live request holds exactly the blocks its length needs in every group. `release_lag`: decode
+    steps by which an engine that schedules asynchronously frees the blocks behind the window (vLLM on GPUs
+    schedules step N+1 before step N's output is in: the sliding group then holds, for that many steps, what the
+    length of that many tokens earlier needed, never more)."""
     r = VerdictReport("blocks held by a request")
     decode_samples = 0
     for s in samples:
@@ -312,6 +315,10 @@ def request_blocks_match(samples: list[RequestBlocks], layout: KVLayout, prompt_
                                           after_decode=c > prompt_len)
             low = kv_model.blocks_needed(kind, c, layout.block_size, g.sliding_window, after_decode=True)
             ok = held == need if c > prompt_len or kind != "sliding" else low <= held <= need
+            if not ok and kind == "sliding" and c > prompt_len and release_lag:
+                earlier = {kv_model.blocks_needed(kind, c - k, layout.block_size, g.sliding_window,
+                                                  after_decode=c - k > prompt_len) for k in range(1, release_lag + 1)}
+                ok = held in earlier
             r.details.append(f"{c} tokens computed: {kind} group holds {held}, needs {need}")
             if not ok:
                 r.problems.append(f"with {c} tokens computed the {kind} group holds {held} blocks, its "
