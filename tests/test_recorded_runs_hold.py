@@ -72,3 +72,41 @@ def test_healthy_h200_p1_moe_blocks_pass_todays_limits(run_id: str) -> None:
     moe = [c for c in record["checks"] if "test_moe_block_matches_reference[" in c["id"]]
     assert len(moe) == 5 and all(c["outcome"] == "passed" for c in moe)
     assert all(c["figures"]["moe_max_rel_err"] <= limit for c in moe), f"{run_id} would false-fail today"
+
+
+VLLM_GPU = {  # run id -> what ran: vLLM 0.26.0 (the offline wheelhouse, trimmed for Hopper) on the H200, P0
+    "20261203T120710-cuda-dc2a2b": "tiny, bfloat16, production profile (torch.compile, CUDA graphs); the run was "
+                                   "stopped at its device budget after 16 checks",
+}
+FIRST_CONTACT = {  # run id -> the first-contact failure it recorded, fixed since (docs/wheelhouse.md)
+    "20261203T115147-cuda-2d9224": "No module named 'flashinfer'",
+    "20261203T115425-cuda-f33d2e": "No module named 'flashinfer'",
+}
+
+
+@pytest.mark.parametrize("run_id", sorted(VLLM_GPU))
+def test_vllm_on_the_h200_passes_todays_greedy_parity_limits(run_id: str) -> None:
+    """The first vLLM runs on a GPU: greedy parity in bf16 against the fp64 reference holds under today's limits,
+    and the record says what ran (vLLM's version with the wheelhouse's trim label) and that it is no evidence."""
+    record = json.loads((RUNS / run_id / "results.json").read_text())
+    assert record["engine"] == "vllm" and record["fingerprint"]["packages"]["vllm"] == "0.26.0+hopper"
+    assert record["evidence"] is False and record["complete"] is False  # stopped, so never a platform result
+    dtype, figures = _parity(run_id)
+    assert over_limits(dtype, figures) == [], f"{run_id} ({VLLM_GPU[run_id]}) would false-fail today"
+    assert figures["greedy_divergences"] == 0
+
+
+@pytest.mark.parametrize("run_id", sorted(FIRST_CONTACT))
+def test_first_contact_failures_are_what_today_s_data_answers(run_id: str) -> None:
+    """Every vLLM engine of the first H200 run died importing FlashInfer's sampler; targets.toml now turns that
+    sampler off where flashinfer is not installed, and keeps it where it is."""
+    from conformance.run import run_target
+
+    record = json.loads((RUNS / run_id / "results.json").read_text())
+    starts = [c for c in record["checks"] if c["id"].endswith("test_engine_starts_and_generates")]
+    assert starts and FIRST_CONTACT[run_id] in starts[0]["message"]
+    row = run_target._table()["cuda"]
+    absent = run_target.environment(row | {"env_without_modules": {"no_such_module_here": {"X": "1"}}})
+    assert absent["X"] == "1"
+    present = run_target.environment(row | {"env_without_modules": {"json": {"X": "1"}}})
+    assert "X" not in present
