@@ -160,8 +160,7 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
     count = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, run))
     config = model_under_test.config
     length, samples, during, after = _held_while_decoding(proc, layout, config, call_timeout_s)
-    # an engine that schedules asynchronously (vLLM on GPUs) frees blocks behind the window one step later
-    lag = 1 if engine.info.get("async_scheduling") else 0
+    lag = 1 if proc.info.get("async_scheduling") else 0  # as in test_request_holds_blocks_per_group
     held = compare.request_blocks_match(samples, layout, length, release_lag=lag)
     _record(record_figure, count, held)
     record_figure("requested_block_size", block_size)
