@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import installs, wheelhouse
+from conformance.run import installs, wheelhouse, wheelhouse_node
 from conformance.run.wheelhouse import Item, WheelhouseError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,9 +86,9 @@ def _house(tmp_path: Path, part_size: int) -> Path:
     extra = house / "wheels" / "pad-1.0-py3-none-any.whl"
     extra.write_bytes(os.urandom(10_000))
     wheels.append(extra)
-    manifest = {"wheels": [{"file": w.name, "bytes": w.stat().st_size, "sha256": wheelhouse.sha256(w)} for w in wheels],
-                "parts": wheelhouse.split(house, wheels, part_size)}
-    (house / wheelhouse.MANIFEST).write_text(json.dumps(manifest))
+    manifest = {"wheels": [{"file": w.name, "bytes": w.stat().st_size, "sha256": wheelhouse_node.sha256(w)} for w in wheels],
+                "parts": wheelhouse_node.split(house, wheels, part_size)}
+    (house / wheelhouse_node.MANIFEST).write_text(json.dumps(manifest))
     return house
 
 
@@ -98,22 +98,22 @@ def test_parts_join_into_the_wheels_and_a_damaged_or_missing_part_is_named(tmp_p
     assert len(parts) >= 4 and all(p.stat().st_size <= 4096 for p in parts)
     carried = tmp_path / "node"
     (carried / "parts").mkdir(parents=True)
-    shutil.copy(house / wheelhouse.MANIFEST, carried)
+    shutil.copy(house / wheelhouse_node.MANIFEST, carried)
     for part in parts[1:]:
         shutil.copy(part, carried / "parts")
     here = rf"lacks {parts[0].name} \({len(parts) - 1} of {len(parts)} parts here\)"
     with pytest.raises(WheelhouseError, match=here):
-        wheelhouse.assemble(carried, log=lambda _: None)
+        wheelhouse_node.assemble(carried, log=lambda _: None)
     damaged = bytearray(parts[0].read_bytes())
     damaged[100] ^= 0xFF
     (carried / "parts" / parts[0].name).write_bytes(bytes(damaged))
     with pytest.raises(WheelhouseError, match=f"part {parts[0].name} does not match its sha256: carry it again"):
-        wheelhouse.assemble(carried, log=lambda _: None)
+        wheelhouse_node.assemble(carried, log=lambda _: None)
     shutil.copy(parts[0], carried / "parts")
     said = []
-    manifest = wheelhouse.assemble(carried, log=said.append)
+    manifest = wheelhouse_node.assemble(carried, log=said.append)
     assert said == [f"assembled 2 wheels from {len(parts)} parts, every sha256 as the manifest says"]
-    assert all(wheelhouse.sha256(carried / "wheels" / w["file"]) == w["sha256"] for w in manifest["wheels"])
+    assert all(wheelhouse_node.sha256(carried / "wheels" / w["file"]) == w["sha256"] for w in manifest["wheels"])
 
 
 def test_not_a_wheelhouse_is_one_sentence(tmp_path, capsys):

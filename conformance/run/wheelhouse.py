@@ -18,19 +18,26 @@ installed, from the checkout (docs/wheelhouse.md).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from conformance.run.wheelhouse_node import (  # the node's side: parts, assembly, install
+    MANIFEST,
+    WheelhouseError,
+    assemble,
+    install,
+    sha256,
+    split,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,12 +46,6 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "wheelhouse.toml"
-MANIFEST = "manifest.json"
-BUNDLE = "wheels.tar"
-
-
-class WheelhouseError(RuntimeError):
-    """One sentence that says what is wrong with the wheelhouse, its input or the node."""
 
 
 def normal(name: str) -> str:
@@ -210,14 +211,6 @@ def plan(requirements: Sequence[str], items: list[Item], held: dict[str, str], l
     return Plan(carry, {n: r for n, r in leave_out.items() if normal(n) in present}, sorted(only), keeps)
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def download(items: list[Item], row: dict, python: str, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     local = [i for i in items if i.url.startswith("file:")]
@@ -260,28 +253,6 @@ def trim_wheel(wheel: Path, drop: Sequence[str], label: str) -> Path:
                 dst.writestr(zipfile.ZipInfo(target, info.date_time), data, compress_type=info.compress_type)
     wheel.unlink()
     return out
-
-
-def split(out: Path, wheels: list[Path], part_size: int) -> list[dict]:
-    """One uncompressed tar of the wheels (they are compressed already), cut into parts of `part_size` bytes."""
-    parts_dir = out / "parts"
-    shutil.rmtree(parts_dir, ignore_errors=True)
-    parts_dir.mkdir()
-    bundle = out / BUNDLE
-    with tarfile.open(bundle, "w") as tar:
-        for wheel in sorted(wheels):
-            tar.add(wheel, arcname=wheel.name)
-    parts = []
-    with open(bundle, "rb") as f:
-        for index in range(10**4):
-            chunk = f.read(part_size)
-            if not chunk:
-                break
-            path = parts_dir / f"{BUNDLE}.{index:03d}"
-            path.write_bytes(chunk)
-            parts.append({"file": path.name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
-    bundle.unlink()
-    return parts
 
 
 def build(target: str, python: str, constraint: Path, out: Path, part_size: int | None, trim: str | None,
@@ -333,85 +304,6 @@ def build(target: str, python: str, constraint: Path, out: Path, part_size: int 
     log(f"wrote {out / MANIFEST}: {len(wheels)} wheels, {manifest['bytes'] / 2**20:.1f} MiB"
         + (f" in {len(manifest['parts'])} parts" if part_size else "") + f" ({time.monotonic() - started:.0f} s)")
     return manifest
-
-
-def read_manifest(where: Path) -> dict:
-    path = Path(where) / MANIFEST
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise WheelhouseError(f"{where} holds no readable {MANIFEST} ({exc.strerror}): not a wheelhouse") from exc
-    except ValueError as exc:
-        raise WheelhouseError(f"{path} is not valid JSON ({exc}): the wheelhouse is damaged") from exc
-
-
-def _wheels_ok(where: Path, manifest: dict) -> list[str]:
-    bad = []
-    for wheel in manifest["wheels"]:
-        path = where / "wheels" / wheel["file"]
-        if not path.exists():
-            bad.append(f"{wheel['file']} is missing")
-        elif path.stat().st_size != wheel["bytes"] or sha256(path) != wheel["sha256"]:
-            bad.append(f"{wheel['file']} does not match its sha256")
-    return bad
-
-
-def assemble(where: Path, log=print) -> dict:
-    """The wheels of the wheelhouse at `where`, each checked against the manifest; joined from the parts if needed."""
-    where = Path(where)
-    manifest = read_manifest(where)
-    if not _wheels_ok(where, manifest):
-        return manifest
-    parts = manifest.get("parts")
-    if not parts:
-        raise WheelhouseError(f"{where}: {_wheels_ok(where, manifest)[0]}, and the wheelhouse has no parts to join")
-    found = [p for p in parts if (where / "parts" / p["file"]).exists()]
-    if len(found) < len(parts):
-        missing = [p["file"] for p in parts if p not in found]
-        raise WheelhouseError(f"{where}/parts lacks {', '.join(missing)} ({len(found)} of {len(parts)} parts here)")
-    for part in parts:
-        path = where / "parts" / part["file"]
-        if path.stat().st_size != part["bytes"] or sha256(path) != part["sha256"]:
-            raise WheelhouseError(f"part {part['file']} does not match its sha256: carry it again")
-    bundle = where / BUNDLE
-    with open(bundle, "wb") as out:
-        for part in parts:
-            with open(where / "parts" / part["file"], "rb") as f:
-                shutil.copyfileobj(f, out)
-    (where / "wheels").mkdir(exist_ok=True)
-    with tarfile.open(bundle) as tar:
-        tar.extractall(where / "wheels", filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(
-            where / "wheels")
-    bundle.unlink()
-    bad = _wheels_ok(where, manifest)
-    if bad:
-        raise WheelhouseError(f"{where}: {bad[0]} after joining the parts")
-    log(f"assembled {len(manifest['wheels'])} wheels from {len(parts)} parts, every sha256 as the manifest says")
-    return manifest
-
-
-def install_commands(where: Path, manifest: dict, python: str, suite_root: Path | None) -> list[list[str]]:
-    """No index, no dependency resolution: exactly the wheels carried; then the suite from its checkout, built by the
-    node's own setuptools (no build isolation, which would need an index)."""
-    wheels = [str(Path(where) / "wheels" / w["file"]) for w in manifest["wheels"]]
-    pip = [python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-cache-dir"]
-    commands = [[*pip, *wheels]]
-    if suite_root is not None:
-        commands.append([*pip, "--no-build-isolation", "-e", str(suite_root)])
-    return commands
-
-
-def install(where: Path, python: str, suite_root: Path | None, log=print) -> None:
-    manifest = assemble(where, log)
-    for command in install_commands(where, manifest, python, suite_root):
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise WheelhouseError(f"installing from {where} failed (exit {done.returncode}): "
-                                  f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
-    keeps = ", ".join(f"{k['name']} {k['node']} (the stack pins {k['stack_wants']})" for k in manifest["node_keeps"]
-                      if k["node"].split("+")[0] != k["stack_wants"].split("+")[0])
-    log(f"installed {len(manifest['wheels'])} wheels with no index" + (f"; the node keeps its own {keeps}"
-                                                                        if keeps else ""))
 
 
 def _size(text: str) -> int:
