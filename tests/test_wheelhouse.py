@@ -86,8 +86,8 @@ def _house(tmp_path: Path, part_size: int) -> Path:
     extra = house / "wheels" / "pad-1.0-py3-none-any.whl"
     extra.write_bytes(os.urandom(10_000))
     wheels.append(extra)
-    manifest = {"wheels": [{"file": w.name, "bytes": w.stat().st_size, "sha256": wheelhouse_node.sha256(w)} for w in wheels],
-                "parts": wheelhouse_node.split(house, wheels, part_size)}
+    entries = [{"file": w.name, "bytes": w.stat().st_size, "sha256": wheelhouse_node.sha256(w)} for w in wheels]
+    manifest = {"wheels": entries, "parts": wheelhouse_node.split(house, wheels, part_size)}
     (house / wheelhouse_node.MANIFEST).write_text(json.dumps(manifest))
     return house
 
