@@ -11,15 +11,18 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from env_checks import textforms as amd
 from env_checks import textforms_more as more
-from env_checks.signatures import Match, match
+from env_checks.signatures import Match, default_signatures, match
 
-MAX_BYTES = 4 * 1024 * 1024  # a kernel ring buffer is ~1 MiB; beyond this the scan would take minutes
+# The input is read whole, in windows of this many bytes cut at line ends (memory stays bounded): the tool readers and
+# their facts see the first window, every signature is searched in every window (a kernel log's newest lines,
+# at its end, are its most important).
+MAX_BYTES = 4 * 1024 * 1024
 
 # (kind, detector, reader): every detector that fires contributes its reader's facts, in this order.
 _KERNEL_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\w{3} +\d+ [\d:]+ \S+ kernel:"
@@ -168,14 +171,54 @@ def build_parser(prog: str = "conformance diagnose") -> argparse.ArgumentParser:
     return parser
 
 
-def _read_input(name: str) -> tuple[str, bool]:
-    """The text (decoded leniently) and whether it was cut at MAX_BYTES."""
-    if name == "-":
-        data = sys.stdin.buffer.read(MAX_BYTES + 1)
-    else:
-        with open(name, "rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-    return data[:MAX_BYTES].decode("utf-8", errors="replace"), len(data) > MAX_BYTES
+def _windows(handle: Any, size: int = 0) -> Any:
+    """(text, lines before it) of consecutive windows of about `size` bytes, each cut after a line end."""
+    size = size or MAX_BYTES
+    carry, lines_before = b"", 0
+    while True:
+        block = handle.read(size)
+        data = carry + block
+        if not block:
+            if data:
+                yield data.decode("utf-8", errors="replace"), lines_before
+            return
+        cut = data.rfind(b"\n") + 1 if len(data) >= size else 0
+        if cut <= 0:
+            carry = data
+            continue
+        window, carry = data[:cut], data[cut:]
+        yield window.decode("utf-8", errors="replace"), lines_before
+        lines_before += window.count(b"\n")
+
+
+def _merge_matches(into: dict[str, Match], found: list[Match], lines_before: int) -> None:
+    for m in found:
+        if m.id in into:
+            into[m.id] = replace(into[m.id], count=into[m.id].count + m.count)
+        else:
+            into[m.id] = replace(m, lineno=m.lineno + lines_before)
+
+
+def diagnose_stream(handle: Any, window_bytes: int = 0) -> tuple[Report | None, int]:
+    """The report of a whole input read window by window (None when it is empty), and the bytes read."""
+    report, matches, read, windows = None, {}, 0, 0
+    for text, lines_before in _windows(handle, window_bytes):
+        read += len(text.encode("utf-8", errors="replace"))
+        windows += 1
+        if report is None:
+            if not text.strip():
+                continue
+            report = diagnose_text(text)
+            _merge_matches(matches, report.matches, 0)
+        else:
+            _merge_matches(matches, match(text.replace("\r\n", "\n").replace("\x00", "")), lines_before)
+    if report is not None:
+        order = {s.id: i for i, s in enumerate(default_signatures())}
+        report.matches = sorted(matches.values(), key=lambda m: order.get(m.id, len(order)))
+        if windows > 1:
+            report.unread.append(f"The input is {read / 2**20:.0f} MiB: every signature was searched in all of it, "
+                                 f"the tool readers read its first {(window_bytes or MAX_BYTES) // 2**20} MiB.")
+    return report, read
 
 
 def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> int:
@@ -185,17 +228,16 @@ def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> i
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     try:
-        text, cut = _read_input(ns.file)
+        if ns.file == "-":
+            report, _ = diagnose_stream(sys.stdin.buffer)
+        else:
+            with open(ns.file, "rb") as handle:
+                report, _ = diagnose_stream(handle)
     except OSError as exc:
         print(f"{prog}: cannot read {ns.file}: {exc.strerror or exc}.", file=sys.stderr)
         return 2
-    if not text.strip():
+    if report is None:
         report = Report([], {}, ["The input is empty."])
-    else:
-        report = diagnose_text(text)
-        if cut:
-            report.unread.append(f"The input is larger than {MAX_BYTES // 2**20} MiB; only its first "
-                                 f"{MAX_BYTES // 2**20} MiB were read.")
     if ns.json:
         print(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
     else:
