@@ -126,6 +126,7 @@ def test_check_without_metadata_is_refused(tmp_path):
 def test_a_run_with_no_checks_is_a_failure(tmp_path):
     proc = conformance_run(tmp_path, "--tier", "p0", "-k", "no_check_has_this_name")
     assert proc.returncode == 1
+    assert "no check ran: -k 'no_check_has_this_name' selects none of the tiers' checks" in proc.stdout
     record = only_run(tmp_path)
     assert record["complete"] is False and record["checks"] == []
 
