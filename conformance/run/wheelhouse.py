@@ -92,7 +92,7 @@ def _stub_environment(where: Path, held: dict[str, str]) -> Path:
     return where / "bin" / "python"
 
 
-def _pip(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def _pip(*args: str) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join(line for line in (done.stderr or done.stdout).splitlines()
