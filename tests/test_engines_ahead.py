@@ -169,3 +169,20 @@ def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):
         for check, arguments in entries:
             assert callable(getattr(module, check.split("[")[0], None)), f"{module.__name__} plans for {check}"
             assert set(arguments) - {"model", "kind"} <= set(EngineFactory(run, model).options(**arguments)), check
+
+
+@pytest.mark.parametrize("target", ["cuda", "rocm"])
+def test_float32_engines_of_gpu_targets_get_ieee_triton_dots(target, tiny, tmp_path, monkeypatch):
+    """First contact on the H200: vLLM's float32 engine ran its Triton kernels with TF32 dots (Triton's default) and
+    the exact verdict failed (max |dlogprob| 1.06 against 0.002); targets.toml [<target>.env_by_dtype.float32] now
+    gives float32 engines TRITON_F32_DEFAULT=ieee, and engines of other dtypes keep Triton's default."""
+    from conformance.run import fixtures
+
+    started: dict[str, dict[str, str]] = {}
+    monkeypatch.setattr(fixtures, "EngineProcess",
+                        lambda kind, model, options, env, log, **_: started.setdefault(options["dtype"], env))
+    factory = _factory(tiny, tmp_path, [], target=target, depth=0)
+    for dtype in ("float32", "bfloat16"):
+        factory._start("vllm", str(tiny.path), {"dtype": dtype})
+    assert started["float32"]["TRITON_F32_DEFAULT"] == "ieee"
+    assert "TRITON_F32_DEFAULT" not in started["bfloat16"]

@@ -55,6 +55,15 @@ def test_an_unknown_gpu_runs_targets_toml_as_is():
     assert p.name == "cuda-default" and p.engine_options() == {}
 
 
+@pytest.mark.parametrize("dtype,row", [("bfloat16", "cuda-auto"), ("float16", "cuda-triton"),
+                                       ("float32", "cuda-auto")])
+def test_the_h200_default_row_is_the_first_that_serves_the_dtype(dtype, row):
+    """First contact on the H200: vLLM's own choice there (FlashAttention 3) refused fp16 ("We only support bf16
+    dtype for S aux": FA3 takes attention sinks in bf16 only); an fp16 run takes the Triton row instead."""
+    p = profiles.select(None, "cuda", ["NVIDIA H200"], "tiny", dtype)
+    assert (p.name, p.backend.name) == ("h200-tiny", row)
+
+
 def test_model_key_from_config():
     assert profiles.model_key({"hidden_size": 2880, "num_local_experts": 128}) == "gpt-oss-120b"
     assert profiles.model_key({"hidden_size": 2880, "num_local_experts": 32}) == "gpt-oss-20b"
@@ -66,7 +75,8 @@ def test_model_key_from_config():
     ("no-such", "cpu", "float32", "there is no serving profile 'no-such'"),
     ("mi300x-gpt-oss-120b", "cpu", "float32", "is for the rocm target"),
     ("mi300x-gpt-oss-120b:cuda-flash-attn", "rocm", "bfloat16", "has no backend row 'cuda-flash-attn'"),
-    ("h200-gpt-oss-120b", "cuda", "float32", "serves bfloat16, float16, not float32"),
+    ("h200-gpt-oss-120b:cuda-flash-attn", "cuda", "float32", "serves bfloat16, not float32"),
+    ("h200-gpt-oss-120b:cuda-flash-attn", "cuda", "float16", "serves bfloat16, not float16"),
 ])
 def test_bad_profile_choices_fail_in_one_sentence(requested, target, dtype, words):
     with pytest.raises(profiles.ProfileError, match=words) as err:

@@ -24,8 +24,10 @@ def _rebuild_vllm_cache(rot: Any, positions: torch.Tensor | None = None, round_i
     inv = torch.atan2(table[1, half:], table[1, :half])
     if round_inv_freq:
         inv = inv.float().to(torch.bfloat16).double()
+    # on the cache's device: a GPU engine's table lives there (first contact on the H200: "Expected all tensors to
+    # be on the same device" from positions built on the CPU)
     pos = torch.arange(table.shape[0], dtype=torch.float64) if positions is None else positions
-    angles = pos[:, None] * inv[None, :]
+    angles = pos.to(table.device)[:, None] * inv[None, :]
     # in place: a GPU engine's captured graphs and compiled code read this very storage (a new tensor would be missed)
     cache.copy_(torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype))
 

@@ -156,6 +156,7 @@ class EngineFactory:
     def _start(self, kind: str, model_dir: str, options: dict[str, Any], wait: bool = True) -> EngineProcess:
         target = self.run.spec
         env = dict(target.env) | (profiles.of(self.run).engine_env() if kind == "vllm" else {})
+        env |= target.table.get("env_by_dtype", {}).get(options.get("dtype"), {})  # data/targets.toml
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
         return EngineProcess(kind, model_dir, options, env, log,
                              start_timeout_s=target.timeouts.engine_start_s, start_method=target.start_method(kind),

@@ -78,7 +78,10 @@ def backend(name: str, table: dict[str, Any] | None = None) -> Backend:
                    tuple(row.get("dtypes", ())))
 
 
-def profile(name: str, backend_name: str | None = None, table: dict[str, Any] | None = None) -> Profile:
+def profile(name: str, backend_name: str | None = None, table: dict[str, Any] | None = None,
+            dtype: str | None = None) -> Profile:
+    """Profile `name` on row `backend_name`; without one, the first row of its matrix that serves `dtype` (the
+    first row when `dtype` is None or no row serves it: `select` then names the mismatch)."""
     table = table or data()
     profiles = table["profile"]
     if name not in profiles:
@@ -86,7 +89,8 @@ def profile(name: str, backend_name: str | None = None, table: dict[str, Any] | 
                            "(data/profiles.toml)")
     row = profiles[name]
     matrix = tuple(row["matrix"])
-    chosen = backend_name or matrix[0]
+    serving = [b for b in matrix if dtype is None or dtype in backend(b, table).dtypes or not backend(b, table).dtypes]
+    chosen = backend_name or (serving or matrix)[0]
     if chosen not in matrix:
         raise ProfileError(f"profile {name!r} has no backend row {chosen!r}: its matrix is {', '.join(matrix)}")
     sku = table["sku"][row["sku"]]
@@ -133,7 +137,7 @@ def select(requested: str | None, target: str, devices: list[str], model: str, d
     table = table or data()
     if requested:
         name, _, row = requested.partition(":")
-        chosen = profile(name, row or None, table)
+        chosen = profile(name, row or None, table, dtype)
         if chosen.target != target:
             raise ProfileError(f"profile {name!r} is for the {chosen.target} target ({chosen.sku}), but this run "
                                f"tests {target}: drop --profile or pick a {target} profile")
@@ -145,7 +149,7 @@ def select(requested: str | None, target: str, devices: list[str], model: str, d
                    and r["production"]]
         if not matches:
             return default_profile(target)
-        chosen = profile(matches[0], None, table)
+        chosen = profile(matches[0], None, table, dtype)
     if dtype is not None and chosen.backend.dtypes and dtype not in chosen.backend.dtypes:
         raise ProfileError(f"backend {chosen.backend.name!r} ({chosen.backend.label}) of profile {chosen.name!r} "
                            f"serves {', '.join(chosen.backend.dtypes)}, not {dtype}: pick another --dtype or row")
