@@ -20,8 +20,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from reports.history import CheckRow, RunInfo
-from reports.stack import FingerprintChange, diff_fingerprints
+from reports.records import CheckRow, RunInfo, diff_runs
+from reports.stack import FingerprintChange
 
 PASSING = frozenset({"passed", "xpassed"})
 NOT_RUN = frozenset({"skipped"})
@@ -56,10 +56,10 @@ class Matrix:
 
 
 def latest_per_lineage(runs: list[RunInfo]) -> dict[str, RunInfo]:
-    """The newest run of each lineage (`runs` oldest first, as History.runs returns them)."""
+    """The newest run of each lineage (`RunInfo.series`; `runs` oldest first, as History.runs returns them)."""
     latest: dict[str, RunInfo] = {}
     for run in runs:
-        latest[run.lineage] = run
+        latest[run.series] = run
     return latest
 
 
@@ -69,7 +69,7 @@ def latest_per_lineage_tier(runs: list[RunInfo]) -> dict[str, dict[str, RunInfo]
     latest: dict[str, dict[str, RunInfo]] = defaultdict(dict)
     for run in runs:
         for tier in run.tiers:
-            latest[run.lineage][tier] = run
+            latest[run.series][tier] = run
     return dict(latest)
 
 
@@ -139,16 +139,45 @@ class Disagreement:
     rocm: dict[str, str]
 
 
+# What makes a CUDA column the like-for-like reference of a ROCm one (the profile names a SKU, so it differs).
+LIKE_FOR_LIKE = ("engine", "model", "dtype")
+
+
+def differences(run: RunInfo | None, other: RunInfo | None) -> list[str]:
+    """The like-for-like fields in which `other` differs from `run`: ``["dtype float32, not bfloat16"]``."""
+    if run is None or other is None:
+        return []
+    return [f"{name} {getattr(other, name) or '?'}, not {getattr(run, name) or '?'}" for name in LIKE_FOR_LIKE
+            if getattr(other, name) != getattr(run, name)]
+
+
+def counterparts(matrix: Matrix, key: str, reference_target: str = "cuda") -> tuple[list[str], bool]:
+    """The `reference_target` columns a column is compared with, and whether they are like for like: those of the
+    same engine, model and dtype; where there is none, every `reference_target` column (False)."""
+    runs = {c.key: c.run for c in matrix.columns}
+    refs = [c.key for c in matrix.columns if c.target == reference_target and c.key != key]
+    same = [k for k in refs if runs[k] is not None and runs[key] is not None and not differences(runs[key], runs[k])]
+    return (same, True) if same else (refs, runs[key] is None)
+
+
 def rocm_cuda_disagreements(matrix: Matrix) -> list[Disagreement]:
-    """Checks passing on every CUDA column that ran them but not on ROCm, in matrix row order."""
-    targets = {c.key: c.target for c in matrix.columns}
-    rocm_columns = [k for k, t in targets.items() if t == "rocm"]
+    """Checks passing on every CUDA column that ran them but not on ROCm, in matrix row order. Each ROCm column is
+    held against its like-for-like CUDA columns (`counterparts`), or against every CUDA column where none is."""
+    rocm_columns = [c.key for c in matrix.columns if c.target == "rocm"]
+    refs = {k: counterparts(matrix, k)[0] for k in rocm_columns}
     out = []
     for tier, area, check_id in matrix.rows:
         outcomes = matrix.outcomes(check_id)
-        cuda = {k: o for k, o in outcomes.items() if targets[k] == "cuda"}
-        rocm = {k: o for k, o in outcomes.items() if targets[k] == "rocm"}
-        if not rocm_columns or passes_everywhere(cuda) is not True:
+        cuda: dict[str, str] = {}
+        rocm: dict[str, str] = {}
+        for key in rocm_columns:
+            ref = {k: outcomes[k] for k in refs[key] if k in outcomes}
+            if passes_everywhere(ref) is not True:
+                continue
+            cuda.update(ref)
+            if key in outcomes:
+                rocm[key] = outcomes[key]
+        if not cuda:
             continue
         if any(o not in PASSING and o not in NOT_RUN for o in rocm.values()):
             out.append(Disagreement(check_id, tier, area, "failed", cuda, rocm))
@@ -213,14 +242,14 @@ def what_changed(runs: list[RunInfo]) -> list[Transition]:
     `runs` must be oldest first (as History.runs returns them)."""
     by_lineage: dict[str, list[RunInfo]] = defaultdict(list)
     for run in runs:
-        by_lineage[run.lineage].append(run)
+        by_lineage[run.series].append(run)
     out = []
     for lineage, series in sorted(by_lineage.items()):
         for index in range(len(series) - 1, 0, -1):
             before, after = series[index - 1], series[index]
             if before.green and not after.green:
                 still_red = not any(r.green for r in series[index:])
-                changes = diff_fingerprints(before.fingerprint, after.fingerprint)
+                changes = diff_runs(before, after)
                 out.append(Transition(lineage, before, after, still_red, changes))
                 break
     return out

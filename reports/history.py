@@ -18,93 +18,18 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any
 
+from reports.history_schema import MIGRATIONS, SCHEMA_VERSION
+from reports.records import CheckRow, RunInfo, not_evidence
 from reports.results import OUTCOMES, RESULTS_FILE, ResultsError, load_run, parse_time
 from reports.stack import identify
+
+# Re-exported: the reports and env_checks.baselines import these from here.
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "CheckRow", "History", "HistoryError", "IngestReport", "RunInfo",
+           "history_error", "not_evidence"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
 
-# Each entry upgrades the schema by one version; never edit a released entry, append a new one.
-MIGRATIONS: tuple[str, ...] = (
-    # 1: runs, checks, figures.
-    """
-    CREATE TABLE runs (
-        run_id TEXT PRIMARY KEY,
-        started_at TEXT NOT NULL,
-        finished_at TEXT,
-        target TEXT NOT NULL,
-        engine TEXT NOT NULL,
-        combo TEXT,
-        tiers TEXT NOT NULL,
-        complete INTEGER NOT NULL,
-        model TEXT NOT NULL,
-        model_hash TEXT,
-        fingerprint TEXT NOT NULL,
-        platform TEXT NOT NULL,
-        passed INTEGER NOT NULL, failed INTEGER NOT NULL, error INTEGER NOT NULL,
-        skipped INTEGER NOT NULL, xfailed INTEGER NOT NULL, xpassed INTEGER NOT NULL
-    );
-    CREATE TABLE checks (
-        run_id TEXT NOT NULL REFERENCES runs(run_id),
-        id TEXT NOT NULL,
-        tier TEXT NOT NULL,
-        area TEXT NOT NULL,
-        outcome TEXT NOT NULL,
-        duration REAL NOT NULL,
-        message TEXT NOT NULL,
-        failure_class TEXT,
-        bug_link TEXT,
-        PRIMARY KEY (run_id, id)
-    );
-    CREATE TABLE figures (
-        run_id TEXT NOT NULL REFERENCES runs(run_id),
-        check_id TEXT NOT NULL,
-        name TEXT NOT NULL,
-        value REAL,
-        PRIMARY KEY (run_id, check_id, name)
-    );
-    """,
-    # 2: the lineage a run belongs to (trends and "what changed" follow it), the check's reference,
-    #    where the run was read from, and indexes for the dashboard's queries.
-    """
-    ALTER TABLE runs ADD COLUMN lineage TEXT NOT NULL DEFAULT '';
-    ALTER TABLE runs ADD COLUMN source TEXT;
-    ALTER TABLE checks ADD COLUMN reference TEXT NOT NULL DEFAULT '';
-    CREATE INDEX runs_by_lineage ON runs (lineage, started_at);
-    CREATE INDEX figures_by_check ON figures (check_id, name);
-    """,
-    # 3: the run's phase timings (results.json `phases`: wall, floor, engine and server starts ...).
-    """
-    CREATE TABLE phases (
-        run_id TEXT NOT NULL REFERENCES runs(run_id),
-        name TEXT NOT NULL,
-        seconds REAL NOT NULL,
-        PRIMARY KEY (run_id, name)
-    );
-    """,
-    # 4: the run's machine health verdict and its GPU telemetry series (results.json `machine_health`,
-    #    `telemetry`), for the per-run telemetry plots.
-    """
-    CREATE TABLE run_health (
-        run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
-        verdict TEXT,
-        telemetry TEXT NOT NULL
-    );
-    """,
-    # 5: the engine under test joins the lineage ("cuda H200 · vllm · installed"): runs of the transformers engine
-    #    and of vLLM on one platform are separate series, and parity compares vLLM with vLLM.
-    """
-    UPDATE runs SET lineage = substr(lineage, 1, instr(lineage, ' · ') - 1) || ' · ' || engine
-        || substr(lineage, instr(lineage, ' · ')) WHERE instr(lineage, ' · ') > 0;
-    """,
-    # 6: why a run is no platform evidence (interrupted, refused, narrowed, a planted fault), NULL when it is;
-    #    runs stored before are judged again from their files when they are ingested again.
-    """
-    ALTER TABLE runs ADD COLUMN not_evidence TEXT;
-    UPDATE runs SET not_evidence = 'interrupted (complete: false)' WHERE complete = 0;
-    """,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def _retry_locked(step: Any) -> Any:
@@ -123,30 +48,6 @@ def _retry_locked(step: Any) -> Any:
 
 class HistoryError(RuntimeError):
     """The history database cannot be used; the message names the file and what to do."""
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One stored run (the `runs` row), with its summary counts."""
-
-    run_id: str
-    started_at: str
-    target: str
-    engine: str
-    combo: str | None
-    tiers: tuple[str, ...]
-    complete: bool
-    model: str
-    platform: str
-    lineage: str
-    fingerprint: dict
-    summary: dict[str, int]
-    not_evidence: str | None = None  # why the run is no platform result (None: it is one)
-
-    @property
-    def green(self) -> bool:
-        """Complete and nothing failed or errored (known bugs, xfailed, do not make a run red)."""
-        return self.complete and self.summary["failed"] == 0 and self.summary["error"] == 0
 
 
 @dataclass
@@ -169,29 +70,6 @@ def history_error(path: Path | str, exc: sqlite3.Error) -> HistoryError:
         return HistoryError(f"{path} stayed locked by another process for over {BUSY_TIMEOUT_MS // 1000} s "
                             f"({exc}); run the dashboard again when the other ingest has finished.")
     return _broken(Path(str(path)), str(exc))
-
-
-TORCH_BUILD_CHECK = "test_torch_build_matches_target"
-
-
-def not_evidence(record: dict) -> str | None:
-    """Why a run may not count towards a release decision, in a few words; None when it may. Records written before
-    results.json said so (`evidence`) are judged from what they hold."""
-    if not record["complete"]:
-        return "interrupted (complete: false)"
-    if record.get("planted_fault"):
-        return f"a negative control: fault {record['planted_fault']} planted in the engine"
-    if record.get("narrowed_by"):
-        return f"narrowed by {record['narrowed_by']}"
-    refused = [c for c in record["checks"]
-               if c["id"].endswith(TORCH_BUILD_CHECK) and c["outcome"] in ("failed", "error")]
-    if refused:
-        return f"refused: the installed torch is no {record['target']} build (a usage mistake, not a platform result)"
-    if record.get("exit_status") not in (None, 0, 1):
-        return f"stopped (exit {record['exit_status']})"
-    if record.get("evidence") is False:
-        return "not evidence (its results.json says so)"
-    return None
 
 
 class History:
@@ -268,9 +146,12 @@ class History:
 
     # -- writing -------------------------------------------------------------------------------------
 
-    def has_run(self, run_id: str, complete_only: bool = False) -> bool:
-        row = self.conn.execute("SELECT complete FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return row is not None and (bool(row[0]) or not complete_only)
+    def has_run(self, run_id: str, complete_only: bool = False, current: bool = False) -> bool:
+        """Whether the run is stored (complete, with `complete_only`; its derived columns written by this schema's
+        rules, with `current`: a row stored by an older schema is read again from its files)."""
+        row = self.conn.execute("SELECT complete, derived_by FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return (row is not None and (bool(row[0]) or not complete_only)
+                and (not current or row[1] >= SCHEMA_VERSION))
 
     def ingest_record(self, record: dict, source: str | None = None) -> bool:
         """Store one validated record; False (and nothing written) when its run id is already stored.
@@ -290,22 +171,23 @@ class History:
             if stored is not None and not stored[0] and tuple(stored) != newer:
                 for table in ("run_health", "phases", "figures", "checks", "runs"):
                     self.conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (record["run_id"],))
+            derived = _derived(record)
             cursor = self.conn.execute(
                 "INSERT OR IGNORE INTO runs (run_id, started_at, finished_at, target, engine, combo, "
                 "tiers, complete, model, model_hash, fingerprint, platform, passed, failed, error, skipped, "
-                "xfailed, xpassed, lineage, source, not_evidence) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"xfailed, xpassed, source, {', '.join(derived)}) "
+                f"VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?{',?' * len(derived)})",
                 (record["run_id"], _utc(record["started_at"]), record["finished_at"], record["target"],
                  record["engine"], record["combo"], json.dumps(record["tiers"]), int(record["complete"]),
                  record["model"]["name"], record["model"].get("content_hash"),
                  json.dumps(record["fingerprint"], sort_keys=True), ident.label,
                  summary["passed"], summary["failed"], summary["error"], summary["skipped"],
-                 summary["xfailed"], summary["xpassed"], ident.lineage(record["combo"], record.get("engine")), source,
-                 not_evidence(record)))
+                 summary["xfailed"], summary["xpassed"], source, *derived.values()))
             if cursor.rowcount == 0:
                 self.conn.execute("ROLLBACK")
-                # a run stored by an older suite is judged again: whether it is platform evidence
-                self.conn.execute("UPDATE runs SET not_evidence = ? WHERE run_id = ? AND not_evidence IS NOT ?",
-                                  (not_evidence(record), record["run_id"], not_evidence(record)))
+                # a run stored by an older suite is read again: its lineage, options and whether it is evidence
+                self.conn.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in derived)} WHERE run_id = ?",
+                                  (*derived.values(), record["run_id"]))
                 return False
             self.conn.executemany(
                 "INSERT INTO checks (run_id, id, tier, area, outcome, duration, message, failure_class, "
@@ -339,7 +221,7 @@ class History:
         for run_dir in run_dirs:
             name = run_dir.name
             # Run dirs are named by run id, so a stored complete run is not parsed and validated again.
-            if self.has_run(name, complete_only=True):
+            if self.has_run(name, complete_only=True, current=True):
                 report.already.append(name)
                 continue
             if not (run_dir / RESULTS_FILE).exists():
@@ -365,10 +247,10 @@ class History:
         """Every run, oldest first."""
         rows = self.conn.execute(
             "SELECT run_id, started_at, target, engine, combo, tiers, complete, model, platform, lineage, "
-            "fingerprint, passed, failed, error, skipped, xfailed, xpassed, not_evidence FROM runs "
-            "ORDER BY started_at, run_id")
+            "fingerprint, passed, failed, error, skipped, xfailed, xpassed, not_evidence, dtype, profile, "
+            "planted_fault, narrowed_by, exit_status, model_hash, source FROM runs ORDER BY started_at, run_id")
         return [RunInfo(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), bool(r[6]), r[7], r[8], r[9],
-                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)), r[17])
+                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)), *r[17:])
                 for r in rows]
 
     def checks(self, run_ids: Iterable[str]) -> dict[str, list[CheckRow]]:
@@ -416,32 +298,25 @@ class History:
         return out
 
     def figure_points(self) -> list[tuple[str, str, str, str, float]]:
-        """(check id, figure name, lineage, started_at, value) for every numeric figure, oldest first."""
+        """(check id, figure name, run id, started_at, value) for every numeric figure, oldest first."""
         return list(self.conn.execute(
-            "SELECT f.check_id, f.name, r.lineage, r.started_at, f.value FROM figures f JOIN runs r "
+            "SELECT f.check_id, f.name, r.run_id, r.started_at, f.value FROM figures f JOIN runs r "
             "ON r.run_id = f.run_id WHERE f.value IS NOT NULL ORDER BY f.check_id, f.name, r.started_at"))
-
-
-@dataclass(frozen=True)
-class CheckRow:
-    """One stored check result."""
-
-    run_id: str
-    id: str
-    tier: str
-    area: str
-    outcome: str
-    duration: float = 0.0
-    message: str = ""
-    failure_class: str | None = None
-    bug_link: str | None = None
-    reference: str = ""
-    figures: dict = field(default_factory=dict)
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
+
+
+def _derived(record: dict) -> dict[str, Any]:
+    """The columns derived from a record by this schema's rules: written on ingest, rewritten when a run stored by an
+    older schema is read again."""
+    ident = identify(record["target"], record["fingerprint"])
+    return {"lineage": ident.lineage(record["combo"], record.get("engine")), "not_evidence": not_evidence(record),
+            "dtype": record.get("dtype"), "profile": record.get("profile"),
+            "planted_fault": record.get("planted_fault"), "narrowed_by": record.get("narrowed_by"),
+            "exit_status": record.get("exit_status"), "derived_by": SCHEMA_VERSION}
 
 
 def _utc(stamp: str) -> str:

@@ -114,7 +114,7 @@ def sample_runs(tmp_path_factory: pytest.TempPathFactory) -> History:
 def test_what_changed_finds_the_rocm_upgrade(sample_runs: History) -> None:
     transitions = analysis.what_changed(sample_runs.runs())
     assert [(t.lineage, t.last_green.run_id, t.first_red.run_id, t.still_red) for t in transitions] == [
-        ("rocm gfx942 · vllm · rocm-latest", ROCM_GREEN, ROCM_RED, True)]
+        ("rocm gfx942 · vllm · rocm-latest · gpt-oss-120b · bfloat16", ROCM_GREEN, ROCM_RED, True)]
     changes = {c.path: (c.before, c.after) for c in transitions[0].changes}
     assert changes["platform.rocm_version"] == ("6.4.1", "7.0.0")
     assert changes["packages.torch"] == ("2.7.1+rocm6.4", "2.8.0+rocm7.0")
@@ -122,7 +122,8 @@ def test_what_changed_finds_the_rocm_upgrade(sample_runs: History) -> None:
     assert changes["runtime.target.hip_version"] == ("6.4.43483", "7.0.51831")
     assert "collected_at" not in changes and "duration_s" not in changes  # volatile keys are not "changes"
     assert "platform.kernel_release" not in changes  # unchanged keys are not listed
-    assert len(changes) == 10
+    assert changes["run.exit_status"] == ("0", "1")  # the run's options are diffed too
+    assert len(changes) == 11
 
 
 def test_what_changed_reports_recovery_and_ignores_all_green() -> None:

@@ -103,9 +103,13 @@ def test_device_runs_are_ingested_from_a_directory_given_on_the_command_line(
     refused = [r for r in data.not_counted if r.target == "rocm"]
     assert [r.run_id for r in refused] == ["20261129T102148-rocm-bcf9b7"]
     assert refused[0].not_evidence.startswith("refused: the installed torch is no rocm build")
-    assert {c.key for c in data.columns} >= {"cuda H200 · transformers · installed"}
+    assert {c.run.lineage for c in data.columns} >= {"cuda H200 · transformers · installed"}
+    # the dashboard's lineages part runs by model, dtype and profile too
+    tiny = "cuda H200 · transformers · installed · tiny-gpt-oss"
+    assert {c.key for c in data.columns} >= {f"{tiny} · bfloat16 · profile h200-tiny",
+                                            f"{tiny} · float32 · profile h200-tiny"}
     for column in data.columns:
-        lineage = [r for r in runs if r.lineage == column.key and r.not_evidence is None]
+        lineage = [r for r in runs if r.series == column.key and r.not_evidence is None]
         shown = {c.tier: c.run_id for c in data.latest_checks[column.key]}
         for tier, run_id in shown.items():  # each tier's checks come from the newest run of that tier
             assert run_id == max((r for r in lineage if tier in r.tiers), key=lambda r: r.started_at).run_id
