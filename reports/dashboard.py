@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from reports.history import History, HistoryError, IngestReport, history_error
+from reports.pages import write_pages
 from reports.render import render_page
 from reports.sitedata import collect
 
@@ -81,11 +82,12 @@ def build(runs_dir: Path | Sequence[Path], db_path: Path | str, out_dir: Path,
             history = History.open(":memory:")
             report = _ingest_all(history, runs_dirs)
         data = collect(history, now=now)
-    data.skipped_inputs = report.skipped
-    data.notices = [f"History store not used: {msg} This page was built from the run files alone."
-                    for msg in errors]
-    index = Path(out_dir) / "index.html"
-    _write_atomic(index, render_page(data))
+        data.skipped_inputs = report.skipped
+        data.notices = [f"History store not used: {msg} This page was built from the run files alone."
+                        for msg in errors]
+        index = Path(out_dir) / "index.html"
+        _write_atomic(index, render_page(data))
+        write_pages(history, data, runs_dirs, Path(out_dir))
     return BuildResult(index, report, errors)
 
 

@@ -6,6 +6,7 @@ Every string that comes from a run (check ids, messages, fingerprint values, lin
 
 from __future__ import annotations
 
+import hashlib
 import re
 from html import escape
 from urllib.parse import urlparse
@@ -70,8 +71,25 @@ def short_check(check_id: str) -> str:
     return f"{module} › {name.replace('::', ' › ')}" if name else module
 
 
-def check_cell(check_id: str) -> str:
-    return f'<span class="check" title="{e(check_id)}">{e(short_check(check_id))}</span>'
+def check_page(check_id: str) -> str:
+    """The file name of a check's page under `checks/`: readable, and unique through a hash of the full id."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", short_check(check_id)).strip("_")[:80]
+    return f"{readable}-{hashlib.sha1(check_id.encode()).hexdigest()[:10]}.html"
+
+
+def check_cell(check_id: str, base: str = "") -> str:
+    """A check's short name, linked to its page (`base`: the way from this page to the site's root)."""
+    return (f'<a class="check" href="{e(base)}checks/{e(check_page(check_id))}" title="{e(check_id)}">'
+            f"{e(short_check(check_id))}</a>")
+
+
+def run_link(run_id: str, base: str = "") -> str:
+    """A run id, linked to the run's page."""
+    return f'<a class="run" href="{e(base)}runs/{e(run_id)}.html"><code>{e(run_id)}</code></a>'
+
+
+def verdict_badge(state: str) -> str:
+    return f'<span class="verdict v-{e(state.replace(" ", "-"))}" data-verdict="{e(state)}">{e(state)}</span>'
 
 
 def clip(text: str, limit: int = 400) -> str:

@@ -9,26 +9,28 @@ from __future__ import annotations
 
 from importlib import resources
 
-from reports import analysis, render_detail
+from reports import analysis, render_detail, verdict
 from reports.analysis import ALL, Column
-from reports.htmlbits import check_cell, e, pct, pill, score_style, section, table, target_badge
+from reports.htmlbits import check_cell, e, pct, pill, run_link, score_style, section, table, target_badge
 from reports.numbers import short_number
+from reports.render_decision import decision
 from reports.sitedata import SiteData
 from reports.telemetry_view import machine_section
 
 TEMPLATES = resources.files("reports") / "templates"  # package data
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
-NAV = (("overview", "Overview"), ("platforms", "Platforms"), ("parity", "Parity"), ("matrix", "Matrix"),
-       ("rocm-cuda", "ROCm vs CUDA"), ("combos", "Combinations"), ("failures", "Failures"),
+NAV = (("overview", "Overview"), ("decision", "Decision"), ("platforms", "Platforms"), ("parity", "Parity"),
+       ("matrix", "Matrix"), ("rocm-cuda", "ROCm vs CUDA"), ("combos", "Combinations"), ("failures", "Failures"),
        ("changes", "What changed"), ("trends", "Trends"), ("runs", "Runs"), ("machine", "Machine"),
        ("diagnosis", "Diagnosis"))
 
 
 def column_head(column: Column) -> str:
-    combo = column.run.combo if column.run else None
-    return (f'<div class="colhead">{target_badge(column.target)}<b>{e(column.label)}</b>'
-            f'<small>{e(combo or "installed stack")}</small></div>')
+    run = column.run
+    what = f"{run.engine} · {run.model} · {run.dtype or 'dtype ?'}" if run else ""
+    return (f'<div class="colhead" title="{e(column.key)}">{target_badge(column.target)}<b>{e(column.label)}</b>'
+            f'<small>{e(run.combo if run and run.combo else "installed stack")}</small><small>{e(what)}</small></div>')
 
 
 def _tiles(data: SiteData) -> str:
@@ -60,6 +62,7 @@ def _platforms(data: SiteData) -> str:
     rows = []
     for column in data.columns:
         counts = analysis.tier_counts(data.latest_checks.get(column.key, []))
+        coverage = verdict.coverage(data.latest_checks.get(column.key, []), data.universe)
         cells = []
         for tier in [*tiers, ALL]:
             tally = counts.get(tier, {})
@@ -68,15 +71,19 @@ def _platforms(data: SiteData) -> str:
             passing = sum(tally.get(o, 0) for o in analysis.PASSING)
             bar = (f'<span class="bar"><i style="width:{rate * 100:.0f}%"></i></span>'
                    if rate is not None else "")
+            cov = coverage.get(tier)
+            cov_html = (f'<small class="cov" data-coverage="{cov.passed}/{cov.failed}/{cov.skipped}/{cov.not_run}">'
+                        f"{e(cov.text())}</small>") if cov else ""
             cells.append(f'<td class="num" {score_style(rate)}>{pct(rate)} <small>{passing}/{ran}</small>'
-                         f"{bar}</td>" if tally else '<td class="num muted">–</td>')
+                         f"{bar}{cov_html}</td>" if tally else f'<td class="num muted">–{cov_html}</td>')
         rows.append(f"<tr><th>{column_head(column)}</th>{''.join(cells)}"
                     f"<td>{_source_runs(column, data.tier_runs.get(column.key, {}))}</td></tr>")
     head = ["Platform (latest run of each tier)", *[e(t.upper()) for t in tiers], "All", "Runs"]
     return section("platforms", "Pass rate per platform and tier", table(head, rows, "rates"),
                    "Each tier's figures come from the latest run of that tier on the platform lineage (a P1 "
                    "run does not hide the P0 results before it). Pass rate = passed or xpassed ÷ checks that "
-                   "ran (skipped checks are not applicable and do not count).")
+                   "ran; beside it, what it stands on: passed, failed (or errored), skipped (not applicable, "
+                   "with their reasons in the decision view) and not run (checks other lineages ran).")
 
 
 def _source_runs(column: Column, tier_runs: dict) -> str:
@@ -90,7 +97,7 @@ def _source_runs(column: Column, tier_runs: dict) -> str:
     for run in sorted(runs.values(), key=lambda r: r.started_at, reverse=True):
         status = "" if run.complete else ' <span class="badge c-crash">incomplete</span>'
         tiers = f' <small class="tiers">{e(" ".join(tiers_of[run.run_id]))}</small>' if len(runs) > 1 else ""
-        parts.append(f'<code>{e(run.run_id)}</code>{tiers}{status}<br><small>{e(run.started_at)}</small>')
+        parts.append(f'{run_link(run.run_id)}{tiers}{status}<br><small>{e(run.started_at)}</small>')
     return "<br>".join(parts)
 
 
@@ -161,8 +168,6 @@ def _matrix(data: SiteData) -> str:
 
 def render_page(data: SiteData) -> str:
     """The whole self-contained index.html."""
-    css = (TEMPLATES / "site.css").read_text(encoding="utf-8")
-    js = (TEMPLATES / "site.js").read_text(encoding="utf-8")
     nav = "".join(f'<a href="#{anchor}">{e(name)}</a>' for anchor, name in NAV)
     notices = "".join(f'<div class="notice">{e(n)}</div>' for n in data.notices)
     if data.skipped_inputs:
@@ -171,18 +176,28 @@ def render_page(data: SiteData) -> str:
                     f"director{'y was' if len(data.skipped_inputs) == 1 else 'ies were'} skipped</b> "
                     f"(left in place, not ingested):<ul>{items}</ul></div>")
     if data.not_counted:
-        items = "".join(f"<li><code>{e(r.run_id)}</code> ({e(r.platform)}, {e(r.engine)}) — {e(r.not_evidence)}</li>"
+        items = "".join(f"<li>{run_link(r.run_id)} ({e(r.platform)}, {e(r.engine)}) — {e(r.not_evidence)}</li>"
                         for r in data.not_counted)
         notices += (f'<div class="notice" id="not-counted"><b>{len(data.not_counted)} run'
                     f"{'' if len(data.not_counted) == 1 else 's'} not counted as platform evidence</b> "
-                    f"(shown here only):<ul>{items}</ul></div>")
+                    f"(shown here and in the decision view only):<ul>{items}</ul></div>")
     body = "".join([
-        _tiles(data), _platforms(data), _parity(data), _matrix(data),
+        _tiles(data), decision(data), _platforms(data), _parity(data), _matrix(data),
         render_detail.disagreements(data), render_detail.combinations(data), render_detail.failures(data),
         render_detail.what_changed(data), render_detail.trends(data), render_detail.runs(data),
         machine_section(data), render_detail.catalogue(),
     ])
     title = "Inference stack conformance — parity dashboard"
+    sub = (f"Generated {data.generated_at} from {len(data.runs)} runs · ROCm, CUDA and CPU stacks compared check "
+           "by check")
+    return page(title, sub, nav, notices + body)
+
+
+def page(title: str, sub: str, nav: str, body: str, base: str = "") -> str:
+    """A whole self-contained HTML page (CSS and JS inline, a CSP that forbids every fetch); `base` is the way from
+    the page to the site's root, for the links in the footer."""
+    css = (TEMPLATES / "site.css").read_text(encoding="utf-8")
+    js = (TEMPLATES / "site.js").read_text(encoding="utf-8")
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
@@ -191,10 +206,9 @@ def render_page(data: SiteData) -> str:
         '<link rel="icon" href="data:,">'
         f"<title>{e(title)}</title><style>{css}</style></head>"
         f'<body><header class="top"><div class="wrap"><h1>{e(title)}</h1>'
-        f'<p class="sub">Generated {e(data.generated_at)} from {len(data.runs)} runs · ROCm, CUDA and CPU '
-        f"stacks compared check by check</p><nav>{nav}</nav></div></header>"
-        f'<main class="wrap">{notices}{body}</main>'
+        f'<p class="sub">{e(sub)}</p><nav>{nav}</nav></div></header>'
+        f'<main class="wrap">{body}</main>'
         f'<footer class="wrap muted">Built from reports/runs/*/results.json only. Check ids are pytest '
-        f"node ids; hover a shortened name for the full id.</footer>"
+        f'node ids; hover a shortened name for the full id. <a href="{e(base)}index.html">Dashboard</a></footer>'
         f"<script>{js}</script></body></html>\n"
     )

@@ -18,22 +18,24 @@ from reports.htmlbits import (
     e,
     first_line,
     link,
-    pct,
     pill,
     platform_short,
+    run_link,
     section,
     table,
     target_badge,
 )
 from reports.numbers import percent
+from reports.render_decision import coverage_html
 from reports.signatures import default_signatures
 from reports.sitedata import SiteData
 from reports.stack import identify
 from reports.svg import Series, legend, line_chart
+from reports.verdict import coverage
 
 MAX_RUNS_LISTED = 60
 # "What changed" lists the machine first, then the Python stack, then how the run was set up.
-CHANGE_SECTIONS = {"platform": 0, "packages": 1, "runtime": 2}
+CHANGE_SECTIONS = {"run": -1, "platform": 0, "packages": 1, "runtime": 2}
 
 
 def _diagnosis_html(data: SiteData, check: CheckRow) -> str:
@@ -67,7 +69,26 @@ def disagreements(data: SiteData) -> str:
     body = (table(["Check", "Tier", "Area", "Kind", "CUDA", "ROCm", "ROCm message and diagnosis"], rows,
                   "list", 'id="rocm-cuda-table"')
             if rows else '<p class="ok">ROCm agrees with CUDA on every check both ran.</p>')
-    return section("rocm-cuda", "ROCm vs CUDA", body, intro)
+    return section("rocm-cuda", "ROCm vs CUDA", _compared(data) + body, intro)
+
+
+def _compared(data: SiteData) -> str:
+    """Which CUDA columns each ROCm column was held against: like for like (engine, model, dtype), or what differs."""
+    runs = {c.key: c.run for c in data.columns}
+    items = []
+    for column in data.columns:
+        if column.target != "rocm":
+            continue
+        refs, like = analysis.counterparts(data.matrix, column.key)
+        if not refs:
+            items.append(f"<li>{e(column.key)}: no CUDA lineage to compare with</li>")
+            continue
+        differs = sorted({d for k in refs for d in analysis.differences(runs[column.key], runs[k])})
+        what = ("same engine, model and dtype" if like else
+                "no CUDA lineage of the same engine, model and dtype; differs: " + "; ".join(differs))
+        items.append(f'<li data-compared="{e(column.key)}">{e(column.key)} against {e(", ".join(refs))} '
+                     f"({e(what)})</li>")
+    return f'<ul class="compared">{"".join(items)}</ul>' if items else ""
 
 
 def combinations(data: SiteData) -> str:
@@ -78,11 +99,10 @@ def combinations(data: SiteData) -> str:
         if run is None:
             continue
         ident = identify(run.target, run.fingerprint)
-        counts = analysis.tier_counts(data.latest_checks.get(column.key, []))
+        cov = coverage(data.latest_checks.get(column.key, []), data.universe)
         cells = []
         for tier in [*tiers, ALL]:
-            tally = counts.get(tier, {})
-            cells.append(f'<td class="num">{pct(analysis.pass_rate(tally))}</td>')
+            cells.append(f'<td class="num">{coverage_html(cov.get(tier))}</td>')
         agree, compared = analysis.agreement(data.matrix, column.key)
         agree_html = f"{agree}/{compared}" if compared else '<span class="muted">–</span>'
         rows.append(f"<tr><td>{e(run.combo or 'installed')}</td><td>{target_badge(run.target)} "
@@ -137,20 +157,21 @@ def what_changed(data: SiteData) -> str:
                        f'<td class="before">{e(c.before or "(absent)")}</td>'
                        f'<td class="after">{e(c.after or "(absent)")}</td></tr>'
                        for c in sorted(t.changes, key=lambda c: CHANGE_SECTIONS.get(c.path.split(".")[0], 9))]
-        changes = (table(["Fingerprint key", "Last green", "First red"], change_rows, "diff")
-                   if change_rows else '<p class="muted">The fingerprints are identical: suspect the checks, '
-                                        "the model or flakiness.</p>")
+        changes = (table(["Option or fingerprint key", "Last green", "First red"], change_rows, "diff")
+                   if change_rows else '<p class="muted">The runs\' options and fingerprints are identical: '
+                                        "suspect the checks or flakiness.</p>")
         flipped = "".join(f"<li>{check_cell(red.id)}: {pill(old.outcome) if old else 'new'} → "
                           f'{pill(red.outcome)} <span class="muted">{e(first_line(red.message))}</span></li>'
                           for old, red in view.flipped)
         cards.append(
             f'<div class="card change" data-lineage="{e(t.lineage)}"><h3>{e(t.lineage)} {state}</h3>'
-            f'<p>Last green <code>{e(t.last_green.run_id)}</code> ({e(t.last_green.started_at)}) → first red '
-            f'<code>{e(t.first_red.run_id)}</code> ({e(t.first_red.started_at)})</p>{changes}'
+            f"<p>Last green {run_link(t.last_green.run_id)} ({e(t.last_green.started_at)}) → first red "
+            f"{run_link(t.first_red.run_id)} ({e(t.first_red.started_at)})</p>{changes}"
             f'<h4>Checks that stopped passing</h4><ul class="flips">{flipped or "<li>none recorded</li>"}'
             "</ul></div>")
-    intro = ("Fingerprints of the last green and the first red run of each lineage, flattened to key paths "
-             "and diffed.")
+    intro = ("The options (run.engine, run.dtype, run.profile, run.model, run.planted_fault, run.narrowed_by …) and "
+             "fingerprints of the last green and the first red run of each lineage, flattened to key paths and "
+             "diffed.")
     return section("changes", "What changed", "".join(cards), intro)
 
 
@@ -165,14 +186,19 @@ def trends(data: SiteData) -> str:
         chart = line_chart(tier_series, label=f"{tier} pass rate", y_format=percent, y_range=(0, 1))
         parts.append(f'<div class="card"><h3>Pass rate, {e(tier.upper())}</h3>{chart}</div>')
     parts.append("</div><h3 class=\"sub\">Measured figures per check</h3><div class=\"charts\">")
-    for (check_id, name), by_lineage in data.figure_trend.items():
-        fig_series = [Series(k, data.colors.get(k, "#444"), pts) for k, pts in by_lineage.items()]
-        parts.append(f'<div class="card" data-figure="{e(name)}"><h3><code>{e(name)}</code></h3>'
-                     f"<p class=\"figcheck\">{check_cell(check_id)}</p>"
-                     f"{line_chart(fig_series, label=f'{name} of {check_id}')}</div>")
+    for trend in data.figure_trends:
+        fig_series = [Series(k, data.colors.get(k, "#444"), pts) for k, pts in trend.lineages.items()]
+        limit = trend.limit
+        chart = line_chart(fig_series, label=f"{trend.name} of {trend.check_id}",
+                           limits=[(limit.value, f"limit {limit.describe()}")])
+        parts.append(f'<div class="card" data-figure="{e(trend.name)}" data-limit="{limit.value:g}">'
+                     f"<h3><code>{e(trend.name)}</code> <small>{e(limit.describe())}</small></h3>"
+                     f'<p class="figcheck">{check_cell(trend.check_id)}</p>{chart}</div>')
     parts.append("</div>")
-    intro = ("Every run of each lineage over time; hover a dot for its value. Figures spanning decades use a "
-             "log axis.")
+    intro = ("Every counted run of each lineage over time; hover a dot for its value. Figures are plotted only "
+             "where they have a limit (the dashed line, from the suite's data files: docs/dashboard.md), against "
+             "it; inputs and counts (seeds, shapes, steps compared) are on the run and check pages. Figures "
+             "spanning decades use a log axis.")
     return section("trends", "Trends", "".join(parts), intro)
 
 
@@ -182,7 +208,7 @@ def runs(data: SiteData) -> str:
         s = run.summary
         verdict = ('<span class="pill o-passed">green</span>' if run.green
                    else '<span class="pill o-failed">red</span>')
-        rows.append(f"<tr><td><code>{e(run.run_id)}</code></td><td>{e(run.started_at)}</td>"
+        rows.append(f"<tr><td>{run_link(run.run_id)}</td><td>{e(run.started_at)}</td>"
                     f"<td>{target_badge(run.target)} {e(run.platform)}</td>"
                     f"<td>{e(run.combo or 'installed')}</td>"
                     f"<td>{e(', '.join(t.upper() for t in run.tiers))}</td><td>{verdict}"

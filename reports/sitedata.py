@@ -10,9 +10,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from reports import analysis
+from reports import analysis, verdict
 from reports.analysis import Column, Disagreement, Matrix, ParityScore, Transition
 from reports.history import CheckRow, History, RunInfo
+from reports.limits import Limit, limit_of
 from reports.signatures import Diagnosis, diagnose
 from reports.svg import PALETTE
 
@@ -26,6 +27,16 @@ class TransitionView:
 
     transition: Transition
     flipped: list[tuple[CheckRow | None, CheckRow]]
+
+
+@dataclass(frozen=True)
+class FigureTrend:
+    """One figure of one check over time, per lineage, against the limit those lineages share."""
+
+    check_id: str
+    name: str
+    limit: Limit
+    lineages: dict[str, list[tuple[str, float]]]
 
 
 @dataclass
@@ -43,7 +54,8 @@ class SiteData:
     transitions: list[TransitionView] = field(default_factory=list)
     pass_trend: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     tier_trend: dict[tuple[str, str], list[tuple[str, float]]] = field(default_factory=dict)
-    figure_trend: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = field(default_factory=dict)
+    # figures that have a limit (reports/limits.py), evidence runs only; inputs and counts are left out
+    figure_trends: list[FigureTrend] = field(default_factory=list)
     diagnoses: dict[tuple[str, str], Diagnosis] = field(default_factory=dict)
     skipped_inputs: list[tuple[str, str]] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
@@ -55,6 +67,9 @@ class SiteData:
     health: dict[str, tuple[str | None, dict]] = field(default_factory=dict)
     # runs that are no platform evidence (RunInfo.not_evidence says why): listed, never counted
     not_counted: list[RunInfo] = field(default_factory=list)
+    # the release decision per lineage (reports/verdict.py), ROCm first, and tier -> every check id seen
+    verdicts: list[verdict.Verdict] = field(default_factory=list)
+    universe: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def tiers(self) -> list[str]:
@@ -119,16 +134,33 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
     for run in runs:
         rate = analysis.pass_rate(run.summary)
         if rate is not None:
-            data.pass_trend.setdefault(run.lineage, []).append((run.started_at, rate))
+            data.pass_trend.setdefault(run.series, []).append((run.started_at, rate))
         for tier in run.tiers:
             tier_rate = analysis.pass_rate(tiers.get((run.run_id, tier), {}))
             if tier_rate is not None:
-                data.tier_trend.setdefault((tier, run.lineage), []).append((run.started_at, tier_rate))
-    figure_trend: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = defaultdict(dict)
-    for check_id, name, lineage, started_at, value in history.figure_points():
-        figure_trend[(check_id, name)].setdefault(lineage, []).append((started_at, value))
-    data.figure_trend = dict(sorted(figure_trend.items(), key=lambda kv: _figure_order(*kv[0])))
+                data.tier_trend.setdefault((tier, run.series), []).append((run.started_at, tier_rate))
+    data.figure_trends = figure_trends(history.figure_points(), {r.run_id: r for r in runs})
     for lineage, started_at, seconds in history.phase_points("wall", tier="p0"):
         data.p0_wall_trend.setdefault(lineage, []).append((started_at, seconds))
     data.health = history.health(run.run_id for run in latest.values())
+    data.universe = verdict.universe_of(matrix)
+    data.verdicts = verdict.verdicts(every, latest_checks, data.universe)
     return data
+
+
+def figure_trends(points: list[tuple[str, str, str, str, float]], runs: dict[str, RunInfo]) -> list[FigureTrend]:
+    """`History.figure_points` of the runs in `runs` (the evidence) grouped into one trend per check, figure and
+    limit; a figure without a known limit (an input, a count) has no trend."""
+    grouped: dict[tuple[str, str, Limit], dict[str, list[tuple[str, float]]]] = defaultdict(dict)
+    limits: dict[tuple[str, str, str], Limit | None] = {}
+    for check_id, name, run_id, started_at, value in points:
+        run = runs.get(run_id)
+        if run is None:
+            continue
+        key = (check_id, name, run.series)
+        if key not in limits:
+            limits[key] = limit_of(check_id, name, run)
+        if limits[key] is not None:
+            grouped[(check_id, name, limits[key])].setdefault(run.series, []).append((started_at, value))
+    ordered = sorted(grouped.items(), key=lambda kv: (*_figure_order(kv[0][0], kv[0][1]), kv[0][2].value))
+    return [FigureTrend(check_id, name, limit, lineages) for (check_id, name, limit), lineages in ordered]

@@ -48,12 +48,15 @@ def _nice_ticks(low: float, high: float, count: int = 4) -> list[float]:
 
 
 def line_chart(series: list[Series], *, label: str, y_format: Callable[[float], str] = tick_number,
-               y_range: tuple[float, float] | None = None, width: int = 520, height: int = 180) -> str:
-    """Render `series` as an inline <svg>; `label` is the accessible name (and the y-axis meaning)."""
+               y_range: tuple[float, float] | None = None, width: int = 520, height: int = 180,
+               limits: list[tuple[float, str]] | None = None) -> str:
+    """Render `series` as an inline <svg>; `label` is the accessible name (and the y-axis meaning). Each of `limits`
+    (value, text) is drawn as a dashed horizontal line the y-axis always includes."""
     points = [(parse_time(t).timestamp(), v, s) for s in series for t, v in s.points if v is not None]
     if not points:
         return f'<p class="muted">No data for {escape(label)}.</p>'
-    values = [v for _, v, _ in points]
+    limits = limits or []
+    values = [v for _, v, _ in points] + [value for value, _ in limits]
     log = y_range is None and min(values) > 0 and max(values) / min(values) > 1e3
     tr = math.log10 if log else (lambda v: v)
     y_low, y_high = y_range if y_range else (min(values), max(values))
@@ -94,6 +97,11 @@ def line_chart(series: list[Series], *, label: str, y_format: Callable[[float], 
                                                       "end" if index == len(x_ticks) - 1 else "middle")
         out.append(f'<text class="tick" x="{x_at(tick):.1f}" y="{height - 8}" text-anchor="{anchor}">'
                    f"{text}</text>")
+    for value, text in limits:
+        y = y_at(value)
+        out.append(f'<line class="limit" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'stroke-dasharray="6 4"><title>{escape(text)}</title></line>'
+                   f'<text class="limit" x="{width - right}" y="{y - 3:.1f}" text-anchor="end">{escape(text)}</text>')
     base = top + plot_h
     out.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{top}" y2="{base}"/>'
                f'<line class="axis" x1="{left}" x2="{width - right}" y1="{base}" y2="{base}"/>')

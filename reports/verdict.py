@@ -1,0 +1,181 @@
+"""The release decision the dashboard carries, per lineage (one ROCm × PyTorch × vLLM combo, or the installed stack
+of a platform, with one engine, model, dtype and profile): **production-safe**, **not safe** or **not enough
+evidence**, with its reasons and the coverage behind every pass rate.
+
+Only platform evidence decides (`RunInfo.not_evidence` is None): refused, interrupted, narrowed and planted-fault
+runs are named among the reasons and change nothing else. Of the evidence, each tier is judged on the newest run
+that ran it (`analysis.checks_of_latest_tiers`).
+
+* **not safe**: a check failed or errored (could not run, timed out, crashed: fail closed) in the newest evidence of
+  its tier; the P0 gate's failures are named first;
+* **not enough evidence**: nothing failed, but P0 (the gate) or P1 (production) has no judged check in an evidence
+  run: it never ran, ran only in runs that do not count, or every one of its checks was skipped;
+* **production-safe**: P0 and P1 judged and nothing failed in any tier. A known bug (xfail with its link) does not
+  block; it is listed, as are the skips with their reasons and the tiers (P2, P3) that never ran.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from reports import analysis
+from reports.analysis import ALL
+from reports.htmlbits import first_line, short_check
+from reports.records import CheckRow, RunInfo
+
+SAFE, NOT_SAFE, NOT_ENOUGH = "production-safe", "not safe", "not enough evidence"
+REQUIRED_TIERS = ("p0", "p1")
+TIERS = ("p0", "p1", "p2", "p3")  # as results.schema.json enumerates them
+FAILING = frozenset({"failed", "error"})
+DECISION_ORDER = {"rocm": 0, "cuda": 1, "cpu": 2}  # ROCm combos first, each with its CUDA counterpart beside it
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What a pass rate stands on: checks passed (or xpassed), failed (or errored), known bugs (xfailed), skipped,
+    and not run (checks of the tier that other lineages ran and this one did not)."""
+
+    passed: int = 0
+    failed: int = 0
+    known: int = 0
+    skipped: int = 0
+    not_run: int = 0
+
+    @property
+    def judged(self) -> int:
+        return self.passed + self.failed + self.known
+
+    @property
+    def rate(self) -> float | None:
+        return self.passed / self.judged if self.judged else None
+
+    def text(self) -> str:
+        known = f" · {self.known} known bug{'s' * (self.known != 1)}" if self.known else ""
+        return (f"{self.passed} passed · {self.failed} failed{known} · {self.skipped} skipped · "
+                f"{self.not_run} not run")
+
+
+def coverage(checks: list[CheckRow], universe: dict[str, set[str]]) -> dict[str, Coverage]:
+    """Coverage per tier and for all tiers ("all") of `checks`, against `universe` (tier → every check id seen)."""
+    out: dict[str, Coverage] = {}
+    tiers = sorted(set(universe) | {c.tier for c in checks})
+    for tier in [*tiers, ALL]:
+        mine = [c for c in checks if tier in (ALL, c.tier)]
+        every = set().union(*universe.values()) if tier == ALL else universe.get(tier, set())
+        count = Counter(c.outcome for c in mine)
+        out[tier] = Coverage(count["passed"] + count["xpassed"], count["failed"] + count["error"], count["xfailed"],
+                             count["skipped"], len(every - {c.id for c in mine}))
+    return out
+
+
+@dataclass
+class Verdict:
+    """The decision on one lineage and everything it rests on."""
+
+    key: str
+    target: str
+    combo: str | None
+    state: str
+    run: RunInfo | None  # the newest evidence run (None: no run of the lineage counts)
+    reasons: list[str] = field(default_factory=list)
+    failures: list[CheckRow] = field(default_factory=list)
+    skipped: list[CheckRow] = field(default_factory=list)
+    known: list[CheckRow] = field(default_factory=list)
+    missing_tiers: list[str] = field(default_factory=list)
+    not_counted: list[RunInfo] = field(default_factory=list)
+    coverage: dict[str, Coverage] = field(default_factory=dict)
+    counterpart: Verdict | None = None
+    counterpart_differs: list[str] = field(default_factory=list)
+
+    @property
+    def any_run(self) -> RunInfo:
+        return self.run or self.not_counted[-1]
+
+
+def _names(checks: list[CheckRow], limit: int = 6) -> str:
+    shown = ", ".join(short_check(c.id) for c in checks[:limit])
+    return shown + (f" and {len(checks) - limit} more" if len(checks) > limit else "")
+
+
+def decide(key: str, checks: list[CheckRow], evidence: list[RunInfo], not_counted: list[RunInfo],
+           universe: dict[str, set[str]]) -> Verdict:
+    """The verdict of lineage `key` from its newest checks per tier (`checks`), its evidence runs and the runs of it
+    that do not count (each oldest first)."""
+    newest = evidence[-1] if evidence else None
+    some = newest or not_counted[-1]
+    verdict = Verdict(key, some.target, some.combo, NOT_ENOUGH, newest, not_counted=list(not_counted),
+                      coverage=coverage(checks, universe))
+    judged = {c.tier for c in checks if c.outcome != "skipped"}
+    ran = {c.tier for c in checks}
+    verdict.failures = sorted((c for c in checks if c.outcome in FAILING), key=lambda c: (c.tier, c.id))
+    verdict.skipped = [c for c in checks if c.outcome == "skipped"]
+    verdict.known = [c for c in checks if c.outcome == "xfailed"]
+    every_tier = sorted(set(universe) | set(TIERS))
+    verdict.missing_tiers = [t for t in every_tier if t not in judged]
+    reasons = verdict.reasons
+    if newest is None:
+        reasons.append("no run of this lineage counts as evidence")
+    by_tier: dict[str, list[CheckRow]] = defaultdict(list)
+    for check in verdict.failures:
+        by_tier[check.tier].append(check)
+    for tier, failed in sorted(by_tier.items()):
+        what = "the gate" if tier == "p0" else "production" if tier == "p1" else "not passing"
+        reasons.append(f"{tier.upper()} ({what}): {len(failed)} check{'s' * (len(failed) != 1)} failed or errored: "
+                       f"{_names(failed)}")
+    for tier in verdict.missing_tiers:
+        how = "ran but every check was skipped" if tier in ran else "never ran in a counted run"
+        reasons.append(f"{tier.upper()} {how}" + (" (needed for a decision)" if tier in REQUIRED_TIERS else ""))
+    if verdict.known:
+        reasons.append(f"{len(verdict.known)} known bug{'s' * (len(verdict.known) != 1)} (xfail, not blocking): "
+                       f"{_names(verdict.known)}")
+    if verdict.skipped:
+        why = Counter(first_line(c.message, 120) or "no reason recorded" for c in verdict.skipped)
+        listed = "; ".join(f"{n} × {text}" for text, n in why.most_common(4))
+        more = f"; {len(why) - 4} other reasons" if len(why) > 4 else ""
+        reasons.append(f"{len(verdict.skipped)} skipped: {listed}{more}")
+    if not_counted:
+        runs = ", ".join(f"{r.run_id} ({r.not_evidence})" for r in not_counted[-3:])
+        more = f" and {len(not_counted) - 3} more" if len(not_counted) > 3 else ""
+        reasons.append(f"{len(not_counted)} run{'s' * (len(not_counted) != 1)} not counted: {runs}{more}")
+    if verdict.failures:
+        verdict.state = NOT_SAFE
+    elif newest is not None and not any(t in verdict.missing_tiers for t in REQUIRED_TIERS):
+        verdict.state = SAFE
+    return verdict
+
+
+def _closest(verdict: Verdict, references: list[Verdict]) -> tuple[Verdict | None, list[str]]:
+    """The reference verdict of the same engine, model and dtype (one with evidence first), or the nearest one and
+    what differs."""
+    ranked = sorted(references, key=lambda v: (len(analysis.differences(verdict.any_run, v.any_run)),
+                                               v.run is None, v.key))
+    if not ranked:
+        return None, []
+    return ranked[0], analysis.differences(verdict.any_run, ranked[0].any_run)
+
+
+def verdicts(every: list[RunInfo], latest_checks: dict[str, list[CheckRow]],
+             universe: dict[str, set[str]]) -> list[Verdict]:
+    """One verdict per lineage that has any run (`every`: all runs, oldest first; `latest_checks`: each lineage's
+    newest evidence checks per tier), ROCm first, each non-CUDA one with its CUDA counterpart."""
+    evidence: dict[str, list[RunInfo]] = defaultdict(list)
+    partial: dict[str, list[RunInfo]] = defaultdict(list)
+    for run in every:
+        (evidence if run.not_evidence is None else partial)[run.series].append(run)
+    keys = set(evidence) | set(partial)
+    out = [decide(k, latest_checks.get(k, []), evidence.get(k, []), partial.get(k, []), universe) for k in keys]
+    out.sort(key=lambda v: (DECISION_ORDER.get(v.target, 9), v.combo is None, v.combo or "", v.key))
+    cuda = [v for v in out if v.target == "cuda"]
+    for verdict in out:
+        if verdict.target != "cuda":
+            verdict.counterpart, verdict.counterpart_differs = _closest(verdict, cuda)
+    return out
+
+
+def universe_of(matrix: analysis.Matrix) -> dict[str, set[str]]:
+    """tier → every check id any lineage's latest evidence ran in it."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for tier, _area, check_id in matrix.rows:
+        out[tier].add(check_id)
+    return dict(out)
