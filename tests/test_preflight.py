@@ -4,6 +4,7 @@ server starts; nothing is recorded and the runs already there stay byte-identica
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import preflight
+from conformance.run import preflight, targets
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +36,11 @@ def _earlier_run(reports: Path) -> dict[Path, bytes]:
     (["--health-policy", "/nonexistent/policy.toml"], "--health-policy /nonexistent/policy.toml is not a file"),
     (["--model", "/nonexistent"], "--model /nonexistent is not a directory"),
     (["--server", "http://127.0.0.1:{port}/v1"], "nothing answers there"),
+    # a CPU torch here: the flag, the torch installed and the fix, instead of a failed P0 of could-not-run errors
+    (["--rocm"], "--rocm was requested but the installed torch 2."),
+    (["--cuda"], "--cuda was requested but the installed torch 2."),
+    # a -k that keeps none of the tier's checks: said after collection, with nothing started and nothing recorded
+    (["-k", "no_check_has_this_name"], "-k 'no_check_has_this_name' selects none of the 2"),
 ])
 def test_a_bad_argument_is_one_sentence_and_exit_2_with_nothing_started_or_recorded(tmp_path, args, sentence):
     reports = tmp_path / "runs"
@@ -44,7 +50,7 @@ def test_a_bad_argument_is_one_sentence_and_exit_2_with_nothing_started_or_recor
                            *args], capture_output=True, text=True, timeout=300, env=os.environ)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
-    assert sentence in out and "Traceback" not in out
+    assert sentence in out and "Traceback" not in out and "verdict:" not in out
     assert "engine" not in proc.stdout.lower() or "engine #" not in proc.stdout  # no engine started
     assert {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()} == before
 
@@ -74,3 +80,30 @@ def test_a_torchvision_built_for_another_torch_is_named_before_any_engine_starts
     assert "torchvision (RuntimeError: operator torchvision::nms does not exist)" in out
     assert "pip uninstall -y torchvision" in out and "Traceback" not in out
     assert not reports.exists() or not any(reports.iterdir())
+
+
+def test_a_refusal_after_collection_leaves_no_reports_folder_it_made(tmp_path):
+    """pytest's junit.xml is written into the run's folder at the end of any session: a run refused once its
+    checks are collected removes it, and the reports folder the run made, so nothing is left to ingest."""
+    reports = tmp_path / "new" / "runs"
+    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--tier", "p0", "--tier", "p1", "--reports-dir",
+                           str(reports), "--", "-m", "p3 and p0"], capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert re.search(r"-m 'p3 and p0' selects none of the \d+ checks of tiers p0, p1; nothing ran\.", out), out
+    assert not reports.exists() and (tmp_path / "new").is_dir()
+
+
+def test_the_torch_build_sentence_is_the_checks_own():
+    """The refusal and test_torch_build_matches_target say the same (targets.resolve), and only for the flavour:
+    a torch of the right flavour that sees no GPU is left to the check, which records it."""
+    facts = {"torch_version": "2.9.0+cpu", "torch_flavour": "cpu", "hip_version": None, "cuda_version": None,
+             "devices": [], "gcn_arch": []}
+    wrong = targets.resolve("rocm", facts)
+    assert preflight.torch_build(wrong) == wrong.sentence() and wrong.sentence().startswith("--rocm was requested")
+    blind = targets.resolve("cuda", facts | {"torch_flavour": "cuda", "cuda_version": "12.8"})
+    assert blind.problems and preflight.torch_build(blind) is None
+    assert preflight.torch_build(targets.resolve("cpu", facts)) is None
+    missing = targets.resolve("auto", {"error": "torch cannot be imported (No module named 'torch')"})
+    assert preflight.torch_build(missing).startswith("torch cannot be imported")
+    assert preflight.selection("-k 'x'", 3, 25, ("p0",)) is None and preflight.selection(None, 0, 25, ("p0",)) is None

@@ -84,21 +84,6 @@ def assert_no_secret_in(runs: Path, output: str, work: Path) -> None:
             assert not any(value in text for value in SECRETS.values()), f"a secret leaked into {page.name}"
 
 
-def test_rocm_on_a_cpu_torch_fails_p0_with_one_sentence(tmp_path):
-    """Negative control of test_torch_build_matches_target, through the real CLI and torch; the engine check
-    after it cannot run (the rest of P0 is left out: it asserts nothing here and cost ~10 s of CPU)."""
-    proc = conformance_run(tmp_path, "--tier", "p0", "--rocm", "-k", "torch_build or greedy_logprobs_match")
-    assert proc.returncode == 1
-    record = only_run(tmp_path)
-    by_name = {c["id"].split("::")[-1]: c for c in record["checks"]}
-    identity = by_name["test_torch_build_matches_target"]
-    assert identity["outcome"] == "failed"
-    assert "--rocm was requested but the installed torch" in identity["message"]
-    assert by_name["test_greedy_logprobs_match_reference"]["outcome"] == "error"
-    assert by_name["test_greedy_logprobs_match_reference"]["failure_class"] == "could_not_run"
-    assert "verdict: FAIL" in proc.stdout
-
-
 def test_damaged_model_dir_is_one_clear_error(tmp_path, tiny):
     import shutil
 
@@ -121,14 +106,7 @@ def test_check_without_metadata_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=120,
                           env=os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert proc.returncode != 0 and "without required metadata" in proc.stdout + proc.stderr
-
-
-def test_a_run_with_no_checks_is_a_failure(tmp_path):
-    proc = conformance_run(tmp_path, "--tier", "p0", "-k", "no_check_has_this_name")
-    assert proc.returncode == 1
-    assert "no check ran: -k 'no_check_has_this_name' selects none of the tiers' checks" in proc.stdout
-    record = only_run(tmp_path)
-    assert record["complete"] is False and record["checks"] == []
+    assert not (tmp_path / "runs").exists()  # refused: no run folder, no record to ingest
 
 
 def test_startup_line_sums_per_kind_largest_first():

@@ -5,9 +5,11 @@ Loaded with `-p conformance.run.plugin` (the `conformance` CLI and the nox sessi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
 
 _CONFIG: dict[str, pytest.Config] = {}  # pytest_runtest_logreport is given no config
+TIER_CHECKS = pytest.StashKey[int]()  # how many checks the run's tiers hold, before a -k / -m narrows them
+REPORTS_EXISTED = pytest.StashKey[bool]()  # whether --reports-dir was there before the run
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
     run_dir = Path(opt.reports_dir) / run_id
     if run_dir.exists():
         raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
+    config.stash[REPORTS_EXISTED] = run_dir.parent.exists()
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
                      opt.combo)
     ctx.target = target
@@ -90,7 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     from conformance.run import preflight  # every argument, once, before any check, engine or server starts
 
-    bad = preflight.problems(opt, target.resolved, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
+    bad = preflight.problems(opt, target, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
     if bad:
         raise pytest.UsageError("\n".join(bad))
     capabilities.register(config)  # the `needs` marker: what a check needs of the engine (data/engines.toml)
@@ -127,11 +132,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
     run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
+    config.stash[TIER_CHECKS] = len(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Records for the checks that will run (after -k / -m deselection)."""
+    if sys.exc_info()[0] is not None:  # pytest calls this as collection fails too (a UsageError on its way out)
+        return  # nothing is recorded or started for a run that is refused
     ctx, items = ctx_of(session.config), session.items
+    from conformance.run import preflight
+
+    none = preflight.selection(ctx.narrowed_by, len(items), session.config.stash.get(TIER_CHECKS, 0),
+                               run_options.selected_tiers(session.config))
+    if none:
+        raise pytest.UsageError(none)  # pytest_sessionfinish records nothing
     for item in items:
         tier = next(m.name for m in item.iter_markers() if m.name in runrecord.TIERS)
         ref = runrecord.docstring_field(item.function, "Reference") or ""
@@ -244,6 +258,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     serving_fixtures.discard_prestarted()
     ctx = ctx_of(session.config)
+    if exitstatus == pytest.ExitCode.USAGE_ERROR:  # refused once the session began (-k selecting none): no run
+        machine_health.finish()  # its telemetry stopped; its record goes nowhere
+        _discard(ctx.run_dir, session.config)
+        return
     ran = [r for r in ctx.records.values() if r.duration_s > 0]
     if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # zero executed checks is a failure
@@ -258,7 +276,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     recorder.write(ctx, int(session.exitstatus), complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))
 
 
+def _discard(run_dir: Path, config: pytest.Config) -> None:
+    """What a refused session left (pytest's junit.xml, in the run's folder, which did not exist before it, and
+    the reports folder if the run made it): the reports folder stays as it was."""
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if not config.stash[REPORTS_EXISTED]:
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()  # only if empty
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if exitstatus == pytest.ExitCode.USAGE_ERROR:
+        return  # a refused run: its one sentence, no table and no verdict
     from conformance.run import recorder
 
     recorder.print_summary(terminalreporter, ctx_of(config))

@@ -12,9 +12,28 @@ from pathlib import Path
 from typing import Any
 
 from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
+from conformance.run.targets import TargetReport
 from conformance.verdicts import settings
 
 MATRIX = Path(__file__).resolve().parents[2] / "ci" / "matrix.toml"  # in a checkout; a wheel carries no matrix
+
+
+def torch_build(target: TargetReport) -> str | None:
+    """`--rocm`/`--cuda` on a torch of another flavour, or no torch at all: every check would be about the wrong
+    stack. The flavour and the sentence are targets.resolve's (torch.version against targets.toml
+    `torch_flavours`), as test_torch_build_matches_target judges them; a right build that sees no GPU is left
+    to that check (a machine's state, not an argument)."""
+    if target.torch_flavour in settings.targets()[target.resolved]["torch_flavours"]:
+        return None
+    return target.sentence() or None
+
+
+def selection(narrowed_by: str | None, selected: int, of_tiers: int, tiers: tuple[str, ...]) -> str | None:
+    """A -k / -m that leaves none of the tiers' checks: said once, instead of a run that judged nothing."""
+    if selected or not narrowed_by:
+        return None
+    return (f"{narrowed_by} selects none of the {of_tiers} checks of tier{'s' if len(tiers) > 1 else ''} "
+            f"{', '.join(tiers)}; nothing ran.")
 
 
 def model(arg: str | None) -> str | None:
@@ -133,8 +152,10 @@ def stack_imports(modules: tuple[str, ...] = IMPORT_BREAKERS, timeout_s: float =
     return None
 
 
-def problems(opt: Any, target: str, server_url: str | None) -> list[str]:
+def problems(opt: Any, target: TargetReport, server_url: str | None) -> list[str]:
     """Every preflight sentence for these pytest options (conformance/run/plugin.py)."""
-    found = [model(opt.model), dtype(opt.dtype), combo(opt.combo), health_policy(opt.health_policy, target),
-             reports_dir(opt.reports_dir), server(server_url), stack_imports()]
+    build = torch_build(target)  # no torch, or the wrong one: an import beside it says nothing more
+    found = [build, model(opt.model), dtype(opt.dtype), combo(opt.combo),
+             health_policy(opt.health_policy, target.resolved), reports_dir(opt.reports_dir), server(server_url),
+             None if build else stack_imports()]
     return [p for p in found if p]

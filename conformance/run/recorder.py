@@ -137,10 +137,8 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
     shortfall = getattr(ctx, "shortfall", None)  # conformance/run/run_minimum.py: what the run lacks to be a pass
     if shortfall:
         tr.write_line(f"not a pass: {shortfall}", red=True)
-    if not records:
-        narrowed = getattr(ctx, "narrowed_by", None)
-        tr.write_line(f"no check ran: {narrowed} selects none of the tiers' checks" if narrowed else
-                      "no check ran: nothing was judged", red=True)
+    if not records:  # a -k / -m that selects none is refused before this (preflight.selection)
+        tr.write_line("no check ran: nothing was judged", red=True)
     verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 and not machine_health.failed() \
         and not shortfall else "FAIL"
     tr.write_line(f"verdict: {verdict}   run written to {ctx.run_dir}/", bold=True,
