@@ -32,7 +32,53 @@ def _rebuild_vllm_cache(rot: Any, positions: torch.Tensor | None = None, round_i
     cache.copy_(torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype))
 
 
+def _vllm_sampler(name: str) -> None:
+    """Faults of vLLM's sampler and stop rule, planted in the classes and modules the in-process engine core calls
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0: this process): each is a mistake that shipped in some serving stack."""
+    import dataclasses
+
+    from vllm.v1.core.sched import scheduler
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    if name == "temperature_ignored":
+        sampler.Sampler.apply_temperature = staticmethod(lambda logits, temp, all_random: logits)
+    elif name in ("nucleus_not_applied", "top_k_off_by_one"):
+        apply = ops.apply_top_k_top_p
+
+        def truncate(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+            if name == "nucleus_not_applied":
+                return apply(logits, k, None)
+            return apply(logits, None if k is None else k + 1, p)
+        ops.apply_top_k_top_p = truncate
+    elif name == "seed_dropped":
+        sample = sampler.Sampler.sample
+
+        def unseeded(self: Any, logits: torch.Tensor, metadata: Any, *args: Any, **kwargs: Any) -> Any:
+            return sample(self, logits, dataclasses.replace(metadata, generators={}), *args, **kwargs)
+        sampler.Sampler.sample = unseeded
+    elif name == "max_tokens_off_by_one":
+        check_stop = scheduler.check_stop
+
+        def late(request: Any, *args: Any, **kwargs: Any) -> Any:
+            request.max_tokens += 1
+            try:
+                return check_stop(request, *args, **kwargs)
+            finally:
+                request.max_tokens -= 1
+        scheduler.check_stop = late
+    else:
+        raise ValueError(f"unknown planted fault {name!r} for vLLM")
+
+
+SAMPLER_FAULTS = ("temperature_ignored", "nucleus_not_applied", "top_k_off_by_one", "seed_dropped",
+                  "max_tokens_off_by_one")
+
+
 def _vllm(engine: Any, name: str) -> None:
+    if name in SAMPLER_FAULTS:
+        return _vllm_sampler(name)
+
     def edit(model: Any) -> None:
         for layer in model.model.layers:
             rot = layer.attn.rotary_emb
@@ -82,7 +128,7 @@ def _transformers(engine: Any, name: str) -> None:
 
 
 FAULTS = ("rope_bf16_positions", "rope_bf16_inv_freq", "sinks_dropped", "routing_not_renormalised",
-          "expert_bias_dropped")
+          "expert_bias_dropped")  # model math; SAMPLER_FAULTS are vLLM's sampler and stop rule
 
 
 def plant(engine: Any, name: str) -> None:

@@ -118,6 +118,22 @@ class VllmOffline:
         )
         return [_completion(prompt, out, prompt_logprobs) for prompt, out in zip(prompts, outs)]
 
+    def generate_sampled(self, prompts: list[list[int]], params: dict[str, Any] | list[dict[str, Any]],
+                         top_k: int = 20) -> list[list[dict]]:
+        """Each prompt sampled as `params` say (one dict for all, or one per prompt; SamplingParams fields:
+        temperature, top_p, top_k, min_p, seed, n, max_tokens, min_tokens, stop_token_ids, ignore_eos): per prompt,
+        per output, its token ids, finish and stop reason, and the raw top-k logprobs at each generated position
+        (vLLM's default `raw_logprobs`: the model's own distribution, before temperature and truncation)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        sampling = [SamplingParams(**({"detokenize": False, "logprobs": top_k} | p)) for p in each]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
+        return [[{"token_ids": list(o.token_ids), "finish_reason": o.finish_reason, "stop_reason": o.stop_reason,
+                  "logprobs": [{int(t): float(lp.logprob) for t, lp in (e or {}).items()} for e in (o.logprobs or [])]}
+                 for o in out.outputs] for out in outs]
+
     def kv_state(self) -> KVState:
         core = self._core()
         pool = core.scheduler.kv_cache_manager.block_pool

@@ -1,0 +1,135 @@
+"""Sampled requests: what a client gets when it does not ask for greedy decoding (gpt-oss is served at temperature
+1.0): the draws follow the requested distribution, seeds reproduce, and a request stops where it says."""
+
+import pytest
+
+from conformance.engines.worker import EngineError
+from conformance.verdicts import sampling
+from conformance.verdicts.verdict import CheckFailed
+
+AREA = "sampling"
+# Draws per case. Temperature alone: 6,000 give power 0.99 against a temperature 10 % off at the 1e-6 test (0.35 at
+# 2,000; tests/test_sampling_controls.py measures it); a truncation is caught by draws outside its support.
+DRAWS = {"temperature": 6000}
+DRAWS_TRUNCATED = 2000
+SEED = 20261203  # the draws are reproducible run to run; tests/test_sampling_controls.py varies it
+
+
+def _call(engine, method, *args, timeout_s, **kwargs):
+    try:
+        return engine.call(method, *args, timeout_s=timeout_s, **kwargs)
+    except EngineError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.mark.p0
+@pytest.mark.needs("sampling")
+def test_sampled_tokens_follow_the_requested_distribution(engine, reference, prompts, tolerance, call_timeout_s,
+                                                          record_figure):
+    """At the first generated position of a prompt, 6,000 draws at temperature 0.7 and 2,000 per truncation (top_k,
+    min_p and top_p at 1.0, each cut in the widest gap of the position's top logprobs) follow the distribution vLLM's
+    sampling parameters define, computed from the engine's own raw logprobs of that position — which must agree
+    with the fp64 reference within the run's dtype limits. Chi-square goodness of fit at a false-failure rate of
+    1e-6 per case, rare tokens pooled; one draw outside a truncated support fails.
+
+    Catches: a sampler that ignores the request's temperature, a nucleus (top_p) or min_p not applied, top_k off by
+    one, logprobs reported after temperature instead of the model's own.
+    Reference: vLLM v1/sample/sampler.py and ops/topk_topp_sampler.py (temperature, min_p, top-k, top-p order);
+      https://platform.openai.com/docs/api-reference/chat/create (temperature, top_p); docs/verdicts.md "Sampling"
+    Controls: tests/test_sampling_controls.py::test_sampling_check_fails_on_planted_sampler_faults
+    """
+    prompt = prompts.prompts[0]
+    (greedy,) = _call(engine, "generate_greedy", [prompt], 1, 20, timeout_s=call_timeout_s)
+    raw = sampling.top(greedy.steps[0].top, 20)
+    want = reference.score(prompt, [greedy.token_ids[0]], 25).steps[0].top
+    tol, _ = tolerance
+    err = max(abs(lp - want[t]) for t, lp in raw if t in want) if all(t in want for t, _ in raw[:5]) else float("inf")
+    record_figure("raw_logprob_max_abs_err", err)
+    if not err <= tol.max_abs:
+        raise CheckFailed(f"the engine's raw logprobs at the sampled position are {err:.3g} off the fp64 reference "
+                          f"(limit {tol.max_abs}): the distribution the sampler draws from is not the model's")
+    problems = []
+    for case in sampling.cases_for(raw):
+        draws = DRAWS.get(case.name, DRAWS_TRUNCATED)
+        request = case.params() | {"n": draws, "max_tokens": 1, "seed": SEED}
+        (outs,) = _call(engine, "generate_sampled", [prompt], request, timeout_s=call_timeout_s)
+        report = sampling.judge([(o["token_ids"][0], o["logprobs"][0]) for o in outs], case)
+        for name, value in report.figures().items():
+            record_figure(name, value)
+        if not report.ok:
+            problems.append(report.failure_message())
+    if problems:
+        raise CheckFailed("\n".join(problems))
+
+
+@pytest.mark.p0
+@pytest.mark.needs("sampling")
+def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, call_timeout_s, record_figure):
+    """A seeded request at temperature 1.0 gives the same tokens when sent again and when batched beside other
+    seeded requests; four different seeds do not all give one output.
+
+    Catches: a request's seed dropped or shared across a batch (the global generator used instead), sampling that
+    depends on a request's batch neighbours.
+    Reference: OpenAI API `seed`; vLLM SamplingParams.seed (per-request torch.Generator in v1/sample)
+    Controls: tests/test_sampling_controls.py::test_seed_check_fails_when_the_seed_is_dropped
+    """
+    params = {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True}
+    batch = prompts.prompts[:3]
+
+    def draw(ps, seeds):
+        outs = _call(engine, "generate_sampled", ps, [params | {"seed": s} for s in seeds], timeout_s=call_timeout_s)
+        return [o[0]["token_ids"] for o in outs]
+
+    alone = draw(batch[:1], [7])[0]
+    again = draw(batch[:1], [7])[0]
+    batched = draw(batch, [7, 8, 9])[0]
+    others = {tuple(t) for t in draw(batch[:1] * 4, [1, 2, 3, 4])}
+    record_figure("distinct_outputs_of_4_seeds", len(others))
+    problems = []
+    if again != alone:
+        problems.append(f"seed 7 sent twice gave {alone} then {again}")
+    if batched != alone:
+        problems.append(f"seed 7 alone gave {alone}, batched with two other requests {batched}")
+    if len(others) < 2:
+        problems.append("four different seeds gave one and the same output: the seed does not reach the sampler")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+
+
+@pytest.mark.p1
+@pytest.mark.needs("sampling")
+def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_figure):
+    """max_tokens is exact (1 and 5: that many tokens, finish_reason "length"); a stop token id ends the output at
+    its first occurrence (finish_reason "stop", stop_reason the token); min_tokens holds the stop token back.
+
+    Catches: max_tokens off by one, a stop token id ignored or reported with the wrong reason, min_tokens ignored.
+    Reference: vLLM SamplingParams (max_tokens, stop_token_ids, min_tokens) and v1/core/sched/utils.py check_stop;
+      OpenAI API `max_tokens`/`max_completion_tokens`, `finish_reason`
+    Controls: tests/test_sampling_controls.py::test_stop_check_fails_on_max_tokens_off_by_one
+    """
+    prompt, base = prompts.prompts[0], {"temperature": 1.0, "seed": 11, "ignore_eos": True}
+
+    def one(**params):
+        (outs,) = _call(engine, "generate_sampled", [prompt], base | params, timeout_s=call_timeout_s)
+        return outs[0]
+
+    problems = []
+    for n in (1, 5):
+        out = one(max_tokens=n)
+        if len(out["token_ids"]) != n or out["finish_reason"] != "length":
+            problems.append(f"max_tokens {n}: {len(out['token_ids'])} tokens, finish_reason {out['finish_reason']!r}")
+    free = one(max_tokens=16)["token_ids"]
+    at = next((i for i in range(3, len(free)) if free[i] not in free[:i]), None)
+    if at is None:
+        pytest.fail(f"no token of {free} occurs first after position 3: no stop token to test", pytrace=False)
+    stop = free[at]
+    out = one(max_tokens=16, stop_token_ids=[stop])
+    if out["token_ids"] != free[: at + 1] or out["finish_reason"] != "stop" or out["stop_reason"] != stop:
+        problems.append(f"stop_token_ids [{stop}]: got {out['token_ids']} ({out['finish_reason']!r}, stop_reason "
+                        f"{out['stop_reason']!r}), want {free[: at + 1]} ('stop', {stop})")
+    held = one(max_tokens=16, stop_token_ids=[stop], min_tokens=at + 3)
+    if stop in held["token_ids"][: at + 3] or len(held["token_ids"]) < at + 3:
+        problems.append(f"min_tokens {at + 3} with stop token {stop}: got {held['token_ids']}")
+    record_figure("stop_position", at)
+    if problems:
+        raise CheckFailed("; ".join(problems))

@@ -1,0 +1,177 @@
+"""Sampled requests judged against the distribution the request asks for.
+
+vLLM's sampler applies, in this order: temperature (logits / T), min_p (drop tokens whose probability is below
+min_p times the largest), top_k (keep the k largest logits, ties kept), top_p (on what is left, renormalised: drop
+the tokens whose mass, summed from the least likely up, is at most 1 - top_p), then draws. `expected` computes that
+distribution from the engine's own raw top-k logprobs of the position (vLLM's default `raw_logprobs`, which the
+check holds against the fp64 reference), so the verdict on the sampler is exact in every dtype: the noise of bf16
+logits is in both sides alike. Without a truncation the whole vocabulary is in play, and the test is conditional on
+the draw landing in the top-k the engine returned.
+
+`judge` is a Pearson goodness-of-fit test with tokens of expected count under MIN_EXPECTED pooled into one bin
+(rare tokens), and a count of impossible draws (a token outside a truncated support: one is a failure)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+ALPHA = 1e-6          # false-failure rate of the goodness-of-fit test per case
+MIN_EXPECTED = 10.0   # expected count under which tokens are pooled (the chi-square tail holds from there)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One request's sampling parameters (0 / 1.0 / 0.0: not applied), named for the report."""
+
+    name: str
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def truncated(self) -> bool:
+        return self.top_k > 0 or self.min_p > 0.0
+
+    def params(self) -> dict[str, float | int]:
+        params: dict[str, float | int] = {"temperature": self.temperature}
+        if self.top_k:
+            params["top_k"] = self.top_k
+        if self.top_p < 1.0:
+            params["top_p"] = self.top_p
+        if self.min_p:
+            params["min_p"] = self.min_p
+        return params
+
+
+def top(raw: dict[int, float], k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens of a logprob dict, most likely first (vLLM adds the drawn token to its top-k)."""
+    return sorted(raw.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+def expected(raw: list[tuple[int, float]], case: Case) -> dict[int, float]:
+    """The distribution `case` asks for over the tokens of `raw` (most likely first): exact where the case truncates
+    inside them, else conditional on drawing one of them."""
+    if case.top_p < 1.0 and not case.truncated:
+        raise ValueError(f"case {case.name}: top_p without top_k or min_p needs the whole vocabulary; add a top_k")
+    scaled = [(t, lp / case.temperature) for t, lp in raw]
+    best = scaled[0][1]
+    if case.min_p:
+        scaled = [(t, s) for t, s in scaled if s - best >= math.log(case.min_p)]
+    if case.top_k:
+        kth = scaled[min(case.top_k, len(scaled)) - 1][1]
+        scaled = [(t, s) for t, s in scaled if s >= kth]
+    weights = [(t, math.exp(s - best)) for t, s in scaled]
+    total = sum(w for _, w in weights)
+    probs = [(t, w / total) for t, w in weights]
+    if case.top_p < 1.0:
+        kept, below = [], 0.0
+        for t, p in reversed(probs):  # least likely first, as vLLM's ascending sort
+            below += p
+            if below > 1.0 - case.top_p:
+                kept.append((t, p))
+        kept = kept or [probs[0]]
+        total = sum(p for _, p in kept)
+        probs = [(t, p / total) for t, p in kept]
+    return dict(probs)
+
+
+def chi2_sf(x: float, dof: int) -> float:
+    """P(X >= x) for X ~ chi-square(dof): the regularised upper incomplete gamma (torch's, in float64)."""
+    import torch
+
+    if dof <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(x / 2, dtype=torch.float64)))
+
+
+@dataclass
+class SamplingReport:
+    case: Case
+    samples: int = 0               # draws the test used
+    outside_top: int = 0           # untruncated: draws outside the engine's top-k (conditioned out)
+    impossible: int = 0            # truncated: draws outside the support
+    chi2: float = 0.0
+    dof: int = 0
+    p_value: float = 1.0
+    bins: list[tuple[str, int, float]] = field(default_factory=list)   # (token or "rare", observed, expected)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def figures(self) -> dict[str, float]:
+        c = self.case.name
+        return {f"{c}_chi2": self.chi2, f"{c}_dof": float(self.dof), f"{c}_p_value": self.p_value,
+                f"{c}_samples": float(self.samples), f"{c}_impossible": float(self.impossible)}
+
+    def failure_message(self) -> str:
+        table = ", ".join(f"{tok}: {o} seen / {e:.1f} expected" for tok, o, e in self.bins[:8])
+        return "; ".join(self.problems) + f" [{table}]"
+
+
+def judge(draws: list[tuple[int, dict[int, float]]], case: Case, k: int = 20, min_samples: int = 500,
+          alpha: float = ALPHA) -> SamplingReport:
+    """Goodness of fit of `draws` (each: the token drawn and the raw top-k logprobs it was drawn from)."""
+    report = SamplingReport(case)
+    observed: Counter[int] = Counter()
+    want: dict[int, float] = defaultdict(float)
+    memo: dict[tuple, dict[int, float]] = {}  # the draws of one position share their logprobs
+    for token, raw in draws:
+        key = tuple(sorted(raw.items()))
+        dist = memo[key] if key in memo else memo.setdefault(key, expected(top(raw, k), case))
+        if token not in dist:
+            if case.truncated:
+                report.impossible += 1
+            else:
+                report.outside_top += 1
+            continue
+        report.samples += 1
+        observed[token] += 1
+        for t, p in dist.items():
+            want[t] += p
+    if report.impossible:
+        report.problems.append(f"{case.name} ({_describe(case)}): {report.impossible} of {len(draws)} draws fell "
+                               "outside the support the request allows")
+    if report.samples < min_samples:
+        report.problems.append(f"{case.name}: only {report.samples} usable draws of {len(draws)} (at least "
+                               f"{min_samples} needed to judge)")
+        return report
+    rare_o, rare_e = 0, 0.0
+    for t, e in sorted(want.items(), key=lambda kv: -kv[1]):
+        if e >= MIN_EXPECTED:
+            report.bins.append((str(t), observed[t], e))
+        else:
+            rare_o, rare_e = rare_o + observed[t], rare_e + e
+    if rare_e > 0:
+        report.bins.append(("rare", rare_o, rare_e))
+    report.chi2 = sum((o - e) ** 2 / e for _, o, e in report.bins if e > 0)
+    report.dof = len(report.bins) - 1
+    report.p_value = chi2_sf(report.chi2, report.dof)
+    if report.p_value < alpha:
+        report.problems.append(f"{case.name} ({_describe(case)}): {report.samples} draws do not follow the "
+                               f"requested distribution: chi-square {report.chi2:.1f} on {report.dof} degrees of "
+                               f"freedom, p {report.p_value:.2g} < {alpha:g}")
+    return report
+
+
+def _describe(case: Case) -> str:
+    return ", ".join(f"{k} {v}" for k, v in case.params().items())
+
+
+def cases_for(raw: list[tuple[int, float]]) -> list[Case]:
+    """The P0 cases for one position, truncations placed in the widest gaps of its top logprobs so that the support
+    does not hinge on a near-tie: temperature alone, top_k, min_p and top_p (on top_k 20)."""
+    lps = [lp for _, lp in raw]
+    k = max(range(2, min(8, len(lps) - 1) + 1), key=lambda i: (lps[i - 1] - lps[i], -i))
+    gap_mid = (lps[k - 1] + lps[k]) / 2 - lps[0]
+    probs = [math.exp(lp - lps[0]) for lp in lps]
+    total = sum(probs)
+    cum = [sum(probs[: i + 1]) / total for i in range(len(probs))]
+    n = max(range(1, min(6, len(probs) - 1) + 1), key=lambda i: (probs[i] / total, -i))  # the largest step
+    return [Case("temperature", 0.7), Case("top_k", 1.0, top_k=k), Case("min_p", 1.0, min_p=math.exp(gap_mid)),
+            Case("top_p", 1.0, top_k=len(lps), top_p=round((cum[n - 1] + cum[n]) / 2, 4))]
