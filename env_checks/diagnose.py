@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from env_checks import textforms as amd
+from env_checks import textforms_enrich
 from env_checks import textforms_more as more
 from env_checks.signatures import Match, default_signatures, match
 
@@ -56,6 +57,7 @@ DETECTORS: list[tuple[str, Callable[[str], bool], Callable[[str], amd.Reading]]]
     ("error trace", lambda t: "Traceback (most recent call last)" in t
      or bool(re.search(r"\b[A-Z]\w*(Error|Exception): ", t)), more.read_trace),
 ]
+DETECTORS = textforms_enrich.extend(DETECTORS)  # issue 39: more tools, facts the base readers leave unread
 LIST_FACTS = ("gpu_models", "gfx_targets", "device_ids", "cpu_models", "compute_units")
 
 
