@@ -9,6 +9,7 @@ import torch
 
 from conformance.checkpoints import gptoss_config
 from conformance.checkpoints.crafted import crafted
+from conformance.checks import call_or_fail
 from conformance.engines.engine_configs import LIMITED_SCHEDULER
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
@@ -28,13 +29,6 @@ def engines_ahead(engines):
     for variant in SINK_VARIANTS:
         yield f"test_attention_sinks_at_extremes[{variant}]", {"model": crafted(variant)}
     yield "test_sliding_window_boundary[chunked-prefill]", WINDOW_CHUNKED
-
-
-def _call(engine, method, *args, timeout_s, **kwargs):
-    try:
-        return engine.call(method, *args, timeout_s=timeout_s, **kwargs)
-    except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.mark.p0
@@ -70,7 +64,7 @@ def test_rope_tables_match_reference(engine, reference, run, call_timeout_s, rec
     Controls: tests/test_check_bodies_math.py::test_rope_check_fails_on_an_engine_with_rounded_yarn
     """
     positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
-    got = _call(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
+    got = call_or_fail(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
     try:
         tol = settings.rope_tolerance(run.dtype_name)
     except settings.DataError as exc:
@@ -102,7 +96,7 @@ def test_moe_block_matches_reference(m, engine, reference, run, call_timeout_s, 
     record_figure("moe_tokens_redrawn", float(redrawn))
     worst = 0.0
     for layer in (0, 1):
-        got = _call(engine, "components:moe_block", layer, x.float(), timeout_s=call_timeout_s)
+        got = call_or_fail(engine, "components:moe_block", layer, x.float(), timeout_s=call_timeout_s)
         report = mathcheck.moe_close(got, reference.moe(layer, x), tol, f"layer {layer}, M={m}")
         worst = max(worst, report.figures.get("moe_max_rel_err", float("inf")))
         report.raise_if_failed()

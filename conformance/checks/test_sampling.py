@@ -3,7 +3,7 @@
 
 import pytest
 
-from conformance.engines.worker import EngineError
+from conformance.checks import call_or_fail
 from conformance.verdicts import sampling
 from conformance.verdicts.verdict import CheckFailed
 
@@ -13,13 +13,6 @@ AREA = "sampling"
 DRAWS = {"temperature": 6000}
 DRAWS_TRUNCATED = 2000
 SEED = 20261203  # the draws are reproducible run to run; tests/test_sampling_controls.py varies it
-
-
-def _call(engine, method, *args, timeout_s, **kwargs):
-    try:
-        return engine.call(method, *args, timeout_s=timeout_s, **kwargs)
-    except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.mark.p0
@@ -39,7 +32,7 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
     Controls: tests/test_sampling_controls.py::test_sampling_check_fails_on_planted_sampler_faults
     """
     prompt = prompts.prompts[0]
-    (greedy,) = _call(engine, "generate_greedy", [prompt], 1, 20, timeout_s=call_timeout_s)
+    (greedy,) = call_or_fail(engine, "generate_greedy", [prompt], 1, 20, timeout_s=call_timeout_s)
     raw = sampling.top(greedy.steps[0].top, 20)
     want = reference.score(prompt, [greedy.token_ids[0]], 25).steps[0].top
     tol, _ = tolerance
@@ -52,7 +45,7 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
     for case in sampling.cases_for(raw):
         draws = DRAWS.get(case.name, DRAWS_TRUNCATED)
         request = case.params() | {"n": draws, "max_tokens": 1, "seed": SEED}
-        (outs,) = _call(engine, "generate_sampled", [prompt], request, timeout_s=call_timeout_s)
+        (outs,) = call_or_fail(engine, "generate_sampled", [prompt], request, timeout_s=call_timeout_s)
         report = sampling.judge([(o["token_ids"][0], o["logprobs"][0]) for o in outs], case)
         for name, value in report.figures().items():
             record_figure(name, value)
@@ -77,7 +70,8 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, call_ti
     batch = prompts.prompts[:3]
 
     def draw(ps, seeds):
-        outs = _call(engine, "generate_sampled", ps, [params | {"seed": s} for s in seeds], timeout_s=call_timeout_s)
+        requests = [params | {"seed": s} for s in seeds]
+        outs = call_or_fail(engine, "generate_sampled", ps, requests, timeout_s=call_timeout_s)
         return [o[0]["token_ids"] for o in outs]
 
     alone = draw(batch[:1], [7])[0]
@@ -110,7 +104,7 @@ def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_fi
     prompt, base = prompts.prompts[0], {"temperature": 1.0, "seed": 11, "ignore_eos": True}
 
     def one(**params):
-        (outs,) = _call(engine, "generate_sampled", [prompt], base | params, timeout_s=call_timeout_s)
+        (outs,) = call_or_fail(engine, "generate_sampled", [prompt], base | params, timeout_s=call_timeout_s)
         return outs[0]
 
     problems = []
