@@ -15,14 +15,17 @@ nothing), `--reuse-venv=no` (a fresh venv). uv makes the venvs where it is insta
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -147,6 +150,9 @@ def _install(session: nox.Session, *args: str) -> None:
     session.install(*args)
 
 
+# How long an interrupted tier run has to stop its engines and server and write its record before nox sends it
+# SIGTERM (then, 10 s on, SIGKILL): a full P0 on two cores took 1-3 s from Ctrl-C to exit.
+RECORD_GRACE_S = 60.0
 # The shared stack venv of this nox invocation: set by the `stack` session, used by the tier sessions.
 _STACK: dict[str, str] = {}
 
@@ -196,8 +202,35 @@ def _conformance(session: nox.Session, tier: str) -> None:
     if tier == "p3":
         _install_eval(session, python)
     env = {"PATH": _STACK["bin"] + os.pathsep + os.environ.get("PATH", ""), "VIRTUAL_ENV": _STACK["location"]}
-    session.run(str(Path(_STACK["bin"]) / "conformance"), "run", "--tier", tier, *session.posargs, env=env,
-                external=True)
+    _run_interruptible(session, str(Path(_STACK["bin"]) / "conformance"), "run", "--tier", tier, *session.posargs,
+                       env=env, external=True)
+
+
+def _run_interruptible(session: nox.Session, *args: str, **kwargs: Any) -> None:
+    """A `conformance run` that, interrupted (Ctrl-C, SIGTERM), writes itself incomplete and exits 2, and nox with
+    it. nox waited 0.3 s, then 0.2 s after SIGTERM, and killed the run before its record and its engines' stop;
+    and it passes no signal on (SIGTERM killed nox alone, its run orphaned): each is passed on to the run here."""
+    interrupted: list[int] = []
+
+    def pass_on(signum: int, frame: Any) -> None:
+        mine = os.getpid()  # nox's children (Linux /proc): the run; a second signal is passed on, nothing more
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == mine:
+                    os.kill(int(stat.parent.name), signum)
+        if not interrupted:
+            interrupted.append(signum)
+            raise KeyboardInterrupt
+
+    before = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        session.run(*args, interrupt_timeout=RECORD_GRACE_S, terminate_timeout=10.0, **kwargs)
+    except KeyboardInterrupt:
+        session.warn("interrupted: the run is written with complete: false")
+        raise SystemExit(2) from None  # the run's own exit code (nox's would be 130)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _tier_session(tier: str, default: bool) -> None:
@@ -379,7 +412,7 @@ def matrix(session: nox.Session, combo_id: str) -> None:
                 "CONFORMANCE_RUN_ARGS": json.dumps(args), "CONFORMANCE_TARGET": combo.target,
                 "CONFORMANCE_GPUS": str(request.gpus), "CONFORMANCE_TIMEOUT_S": str(timeout or "")})
         else:
-            session.run(*args)
+            _run_interruptible(session, *args)
     finally:
         if os.environ.get("GITHUB_STEP_SUMMARY"):  # reports.job_summary appends each run's verdict there
             for run_dir in sorted(set(runs_dir.glob("*")) - before):

@@ -61,11 +61,29 @@ def _new_run_id(target: str) -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{target}-{secrets.token_hex(3)}"
 
 
-def _sigterm(signum: int, frame: Any) -> None:
+# When the run was first interrupted (SIGINT or SIGTERM), and how long a repeat of it is taken for the same one:
+# Ctrl-C signals the whole process group and `nox` passes its own signal on, so the run gets it twice at once.
+_STOPPING: dict[str, float] = {}
+REPEAT_S = 3.0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C, a CI cancellation or nox passing either on: the run stops and still writes itself, incomplete
+    (exit 2). A repeat within REPEAT_S is ignored, so that it cannot cut the record short."""
+    now = time.monotonic()
+    if now - _STOPPING.get("at", -REPEAT_S) < REPEAT_S:
+        return
+    _STOPPING["at"] = now
     from conformance.engines import worker
 
     worker.CLOSE_TIMEOUT_S = 2.0
-    raise KeyboardInterrupt(f"signal {signum}")  # CI cancellations still write an incomplete run
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _catch_interrupts() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started with SIGINT ignored keeps it so
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -91,7 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
     if not getattr(opt, "xmlpath", None):
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
-    signal.signal(signal.SIGTERM, _sigterm)
+    _catch_interrupts()
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     from conformance.run import preflight  # every argument, once, before any check, engine or server starts
 
