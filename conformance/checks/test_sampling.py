@@ -63,7 +63,8 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, call_ti
 
     Catches: a request's seed dropped or shared across a batch (the global generator used instead), sampling that
     depends on a request's batch neighbours.
-    Reference: OpenAI API `seed`; vLLM SamplingParams.seed (per-request torch.Generator in v1/sample)
+    Reference: https://platform.openai.com/docs/api-reference/chat/create (`seed`); vLLM SamplingParams.seed,
+      https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
     Controls: tests/test_sampling_controls.py::test_seed_check_fails_when_the_seed_is_dropped
     """
     params = {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True}
@@ -97,8 +98,8 @@ def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_fi
     its first occurrence (finish_reason "stop", stop_reason the token); min_tokens holds the stop token back.
 
     Catches: max_tokens off by one, a stop token id ignored or reported with the wrong reason, min_tokens ignored.
-    Reference: vLLM SamplingParams (max_tokens, stop_token_ids, min_tokens) and v1/core/sched/utils.py check_stop;
-      OpenAI API `max_tokens`/`max_completion_tokens`, `finish_reason`
+    Reference: https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (max_tokens, stop_token_ids,
+      min_tokens; v1/core/sched/utils.py check_stop); OpenAI API `max_completion_tokens`, `finish_reason`
     Controls: tests/test_sampling_controls.py::test_stop_check_fails_on_max_tokens_off_by_one
     """
     prompt, base = prompts.prompts[0], {"temperature": 1.0, "seed": 11, "ignore_eos": True}
