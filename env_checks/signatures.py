@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from env_checks import prefilter
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, published as tomli
@@ -51,9 +53,14 @@ class Signature:
     source: str = "runtime"
     examples: tuple[str, ...] = field(default=(), compare=False)
     also: tuple[re.Pattern[str], ...] = ()
+    # what the pattern cannot match without (prefilter.needs): looked up in the folded text before any regex runs
+    needs: tuple = field(default=(), compare=False)
 
-    def search(self, text: str) -> re.Match[str] | None:
-        """The first match of the pattern, provided every `also` pattern occurs somewhere in the text."""
+    def search(self, text: str, folded: str | None = None) -> re.Match[str] | None:
+        """The first match of the pattern, provided every `also` pattern occurs somewhere in the text. `folded`
+        (prefilter.fold(text)), when given, rules the pattern out at once where a substring it needs is absent."""
+        if folded is not None and self.needs and not prefilter.holds(self.needs, folded):
+            return None
         found = self.pattern.search(text)
         if found and all(extra.search(text) for extra in self.also):
             return found
@@ -108,7 +115,7 @@ def _entry(entry: dict, index: int, where: str) -> Signature:
         examples = [examples]
     return Signature(entry["id"], pattern, entry["cause"], entry["remedy"], entry.get("link"),
                      entry.get("class"), entry.get("title") or entry["id"].replace("-", " "), severity, source,
-                     tuple(examples), also)
+                     tuple(examples), also, prefilter.needs(pattern))
 
 
 def load_signatures(path: Path = SIGNATURES_PATH) -> tuple[Signature, ...]:
@@ -142,10 +149,11 @@ def match(text: str, signatures: tuple[Signature, ...] | None = None, *,
     """Every signature found in `text` (once each, at its first occurrence, with the number of occurrences),
     in catalogue order; `source` keeps only the signatures of that source ("kernel", "runtime", "tool")."""
     found = []
+    folded = prefilter.fold(text)  # one pass; then most signatures are ruled out by a substring search or two
     for signature in default_signatures() if signatures is None else signatures:
         if source is not None and signature.source != source:
             continue
-        first = signature.search(text)
+        first = signature.search(text, folded)
         if first is None:
             continue
         hits = signature.pattern.finditer(text, first.end())

@@ -68,10 +68,11 @@ def test_a_truncated_copy_says_what_could_not_be_read() -> None:
     assert "virtualization" in out.stdout and "VF" in out.stdout
 
 
-def test_a_ras_fault_at_the_end_of_a_long_kernel_log_is_found(tmp_path, capsys):
-    """diagnose reads every byte, window by window: the newest line of a 24 MiB dmesg (six windows; a RAS fault) is
-    found and named, exit 1, while memory stays bounded by the window (the input is never held whole). A 100 MB log
-    took 216 s here on a busy 2-core host, peak 37 MiB traced: every signature is a regex scan of every window."""
+def test_a_ras_fault_at_the_end_of_a_100_mb_kernel_log_is_found_in_seconds(tmp_path, capsys):
+    """diagnose reads every byte, window by window: the newest line of a 100 MB dmesg (25 windows; a RAS fault) is
+    found and named, exit 1, while memory stays bounded by the window (the input is never held whole). It took 216 s
+    when every signature's regex scanned every window; the substrings each needs (env_checks/prefilter.py) rule
+    most out at once: ~5 s here (2 cores), ~7 s and 38 MiB traced peak under tracemalloc."""
     import time
     import tracemalloc
 
@@ -81,10 +82,11 @@ def test_a_ras_fault_at_the_end_of_a_long_kernel_log_is_found(tmp_path, capsys):
     line = b"[ 1234.567890] amdgpu 0000:1c:00.0: amdgpu: ring gfx_0.0.0 test passed, heartbeat ok\n"
     with open(log, "wb") as out:
         block = line * 20_000
-        while out.tell() < 24 * 2**20:
+        while out.tell() < 100 * 2**20:
             out.write(block)
         out.write(b"[99999.000001] amdgpu 0000:1c:00.0: {1}uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) "
                   b"detected!\n")
+    lines = log.read_bytes().count(b"\n")
     tracemalloc.start()
     started = time.perf_counter()
     code = diagnose_main([str(log), "--json"])
@@ -93,7 +95,9 @@ def test_a_ras_fault_at_the_end_of_a_long_kernel_log_is_found(tmp_path, capsys):
     tracemalloc.stop()
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and [s["id"] for s in report["signatures"]] == ["amdgpu-ras-uncorrectable"]
-    assert report["signatures"][0]["lineno"] == log.read_bytes().count(b"\n")  # the last line, by its number
+    assert report["signatures"][0]["lineno"] == lines  # the last line, by its number
     assert any("every signature was searched in all of it" in u for u in report["unread"])
-    assert peak < 64 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 24 MiB input"
-    print(f"24 MiB kernel log: {seconds:.1f} s, peak {peak / 2**20:.1f} MiB traced")
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 100 MB input"
+    assert seconds < 90, f"{seconds:.0f} s for a 100 MB input (every regex over every window again?)"
+    with capsys.disabled():
+        print(f"\n100 MB kernel log: {seconds:.1f} s, peak {peak / 2**20:.1f} MiB traced")
