@@ -57,9 +57,12 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
 
 @pytest.mark.p0
 @pytest.mark.needs("sampling")
-def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, call_timeout_s, record_figure):
+def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, tolerance, call_timeout_s, record_figure):
     """A seeded request at temperature 1.0 gives the same tokens when sent again and when batched beside other
-    seeded requests; four different seeds do not all give one output.
+    seeded requests; four different seeds do not all give one output. Batched beside others, a kernel may compute
+    the logits a little otherwise (vLLM promises batch invariance only in its batch-invariant mode): a batched
+    output may part from the lone one only where the logits moved enough to flip that very draw, by no more than the
+    dtype's noise (`sampling.flip_explained`, proven on its own in tests/test_sampling_controls.py).
 
     Catches: a request's seed dropped or shared across a batch (the global generator used instead), sampling that
     depends on a request's batch neighbours.
@@ -72,19 +75,21 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, call_ti
 
     def draw(ps, seeds):
         requests = [params | {"seed": s} for s in seeds]
-        outs = call_or_fail(engine, "generate_sampled", ps, requests, timeout_s=call_timeout_s)
-        return [o[0]["token_ids"] for o in outs]
+        return [o[0] for o in call_or_fail(engine, "generate_sampled", ps, requests, timeout_s=call_timeout_s)]
 
     alone = draw(batch[:1], [7])[0]
     again = draw(batch[:1], [7])[0]
     batched = draw(batch, [7, 8, 9])[0]
-    others = {tuple(t) for t in draw(batch[:1] * 4, [1, 2, 3, 4])}
+    others = {tuple(o["token_ids"]) for o in draw(batch[:1] * 4, [1, 2, 3, 4])}
     record_figure("distinct_outputs_of_4_seeds", len(others))
     problems = []
-    if again != alone:
-        problems.append(f"seed 7 sent twice gave {alone} then {again}")
-    if batched != alone:
-        problems.append(f"seed 7 alone gave {alone}, batched with two other requests {batched}")
+    if again["token_ids"] != alone["token_ids"]:
+        problems.append(f"seed 7 sent twice gave {alone['token_ids']} then {again['token_ids']}")
+    tol, _ = tolerance
+    why = sampling.flip_explained(alone, batched, params["temperature"], tol.p99 or tol.max_abs)
+    if why:
+        problems.append(f"seed 7 alone gave {alone['token_ids']}, batched with two other requests "
+                        f"{batched['token_ids']}: {why}")
     if len(others) < 2:
         problems.append("four different seeds gave one and the same output: the seed does not reach the sampler")
     if problems:

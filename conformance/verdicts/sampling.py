@@ -175,3 +175,25 @@ def cases_for(raw: list[tuple[int, float]]) -> list[Case]:
     n = max(range(1, min(6, len(probs) - 1) + 1), key=lambda i: (probs[i] / total, -i))  # the largest step
     return [Case("temperature", 0.7), Case("top_k", 1.0, top_k=k), Case("min_p", 1.0, min_p=math.exp(gap_mid)),
             Case("top_p", 1.0, top_k=len(lps), top_p=round((cum[n - 1] + cum[n]) / 2, 4))]
+
+
+def flip_explained(alone: dict, other: dict, temperature: float, noise: float) -> str | None:
+    """None when two outputs of one seeded request agree, or part only where the logits moved enough to flip that
+    draw; else why not. With one seed the draws' noise is the same on both sides, so where `alone` chose a and
+    `other` chose b at the first step they differ, the gap l_a - l_b must have shrunk from one run to the other
+    (by more than nothing, by no more than `noise`): unchanged logits cannot flip a seeded draw."""
+    a_ids, b_ids = alone["token_ids"], other["token_ids"]
+    step = next((i for i, (a, b) in enumerate(zip(a_ids, b_ids)) if a != b), None)
+    if step is None:
+        return None if len(a_ids) == len(b_ids) else f"{len(a_ids)} tokens against {len(b_ids)}"
+    a, b = a_ids[step], b_ids[step]
+    la, lb = alone["logprobs"][step], other["logprobs"][step]
+    if not all(t in lp for t in (a, b) for lp in (la, lb)):
+        return f"at step {step} the draws {a} and {b} are not both among each other's top logprobs"
+    moved = ((la[a] - la[b]) - (lb[a] - lb[b])) / temperature
+    if not 0.0 < moved <= noise:
+        return (f"at step {step} the draw flipped from {a} to {b} while their logprob gap moved by {moved:.3g} "
+                f"(a seeded draw flips only if it moves by more than 0 and, within the dtype's noise, at most "
+                f"{noise:g})")
+    return None
+
