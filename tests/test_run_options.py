@@ -66,11 +66,11 @@ def mini(tmp_path: Path) -> Path:
 
 def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """pytest with the suite's plugin over `checks`, as `conformance run` drives it (-q, the cache under the
-    reports folder, autoload off and the plugins it needs loaded by name); --rocm on this CPU box keeps the
-    forkserver and the server out of it."""
+    reports folder, autoload off and the plugins it needs loaded by name); its checks ask for no engine and no
+    server, so neither starts (--rocm on a CPU torch is refused by the preflight now)."""
     reports = checks.parent / "reports"
     plugins = [a for name in cli.NEEDED_PLUGINS for a in ("-p", name)]
-    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", *plugins, "-q", "--rocm",
+    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", *plugins, "-q", "--cpu",
            "--rootdir", str(checks), "--reports-dir", str(reports / "runs"),
            "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
@@ -163,7 +163,7 @@ def test_cli_passes_tiers_as_the_plugin_option_with_autoload_off(monkeypatch, tm
 def test_header_names_the_stack_under_q_and_is_printed_once(mini: Path):
     proc = run_plugin(mini, "--tier", "p0", "-m", "not slow")
     first = proc.stdout.splitlines()[:3]
-    assert first[0].startswith("conformance: target rocm (asked: rocm); torch ") and "vLLM " in first[0], first
+    assert first[0].startswith("conformance: target cpu (asked: cpu); torch ") and "vLLM " in first[0], first
     assert "transformers " in first[0] and first[1].startswith("conformance: engine vllm, dtype ")
     assert "profile " in first[1] and "tiers p0" in first[1]
     run_id = next((mini.parent / "reports" / "runs").iterdir()).name
