@@ -90,7 +90,8 @@ def _assert_incomplete_and_alone(reports: Path, code: int, out: str, took: float
     (results,) = reports.glob("*/results.json")
     record = json.loads(results.read_text())
     validate(record)
-    assert record["complete"] is False and record["exit_status"] == 2 and record["evidence"] is False
+    assert record["complete"] is False and record["exit_status"] == 2 and record["evidence"] is False, \
+        (record["complete"], record["exit_status"], record["summary"], out[-4000:])
     deadline = time.monotonic() + 15  # a child's exit is reaped by its parent a moment after
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -61,8 +61,9 @@ def _new_run_id(target: str) -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{target}-{secrets.token_hex(3)}"
 
 
-# When the run was first interrupted (SIGINT or SIGTERM), and how long a repeat of it is taken for the same one:
-# Ctrl-C signals the whole process group and `nox` passes its own signal on, so the run gets it twice at once.
+# When the run was first interrupted (SIGINT or SIGTERM; "at"), whether pytest has the KeyboardInterrupt ("taken"),
+# and how long a repeat is taken for the same one: Ctrl-C signals the whole process group and `nox` passes its own
+# signal on, so the run gets it twice at once.
 _STOPPING: dict[str, float] = {}
 REPEAT_S = 3.0
 
@@ -80,10 +81,14 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+_HANDLERS: dict[int, Any] = {}  # the handlers before the run's, put back at its end
+
+
 def _catch_interrupts() -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
+    _STOPPING.clear()  # a new session in this process (tests call `conformance run` in-process)
+    _HANDLERS[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started with SIGINT ignored keeps it so
-        signal.signal(signal.SIGINT, _interrupt)
+        _HANDLERS[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -211,7 +216,13 @@ def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
         factory.finished(nodeid)
 
 
+def pytest_keyboard_interrupt(excinfo: Any) -> None:
+    _STOPPING["taken"] = 1.0
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "at" in _STOPPING and "taken" not in _STOPPING:  # raised where Python only prints it (a finalizer, a gc
+        raise KeyboardInterrupt("a signal earlier in this check")  # callback): the run stops here instead
     config = _CONFIG.get("config")
     if config is None:
         return
@@ -280,6 +291,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         machine_health.finish()  # its telemetry stopped; its record goes nowhere
         _discard(ctx.run_dir, session.config)
         return
+    if "at" in _STOPPING:  # signalled, even if the KeyboardInterrupt got lost and the last check finished
+        session.exitstatus = exitstatus = pytest.ExitCode.INTERRUPTED
     ran = [r for r in ctx.records.values() if r.duration_s > 0]
     if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # zero executed checks is a failure
@@ -314,6 +327,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    while _HANDLERS:
+        signal.signal(*_HANDLERS.popitem())
     from conformance.engines import forkserver
 
     forkserver.stop()  # the engines and the server are closed by now
