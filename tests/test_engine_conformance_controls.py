@@ -12,9 +12,8 @@ import pytest
 
 from conformance.checkpoints.models import hf_config
 from conformance.checks.test_kv_accounting import _held_while_decoding
-from conformance.checks.test_scheduling import _preemptible_requests
 from conformance.engines.base import Completion
-from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE
+from conformance.engines.engine_configs import LIMITED_SCHEDULER, preemptible_requests
 from conformance.engines.observations import StepwiseRun, SubmitOutcome
 from conformance.engines.worker import EngineProcess
 from conformance.reference import kv_model
@@ -135,7 +134,7 @@ def test_equivalence_rejects_reordered_and_changed_outputs(cpu_engine, tiny_prom
 
 def test_preemption_check_rejects_a_cache_that_never_preempts(cpu_engine, tiny_prompts):
     """The default 256-block cache runs the preemption workload without preempting: the counter stays."""
-    reqs, max_tokens = _preemptible_requests(_Prompts(*tiny_prompts), SMALL_KV_CACHE["max_model_len"])
+    reqs, max_tokens = preemptible_requests(tiny_prompts[0])
     before = cpu_engine.call("metrics")
     cpu_engine.call("generate_greedy", reqs, max_tokens, 1)
     report = compare.counter_delta("vllm:num_preemptions", before, cpu_engine.call("metrics"), minimum=1)
