@@ -119,3 +119,15 @@ def test_a_batch_flip_is_explained_only_by_moved_logits():
     assert "moved by 0" in sampling.flip_explained(alone, unmoved, 1.0, 0.5)
     assert "not both among" in sampling.flip_explained(alone, {"token_ids": [5, 3, 8], "logprobs": [{5: -1.0},
                                                                    {3: -1.0}, {8: -1.0}]}, 1.0, 0.5)
+
+
+def test_seed_and_sampling_checks_fail_on_an_engine_that_returns_nothing(prompts):
+    """Fail closed: empty outputs must not agree into a pass, and missing draws are not fewer draws to judge."""
+    from tests.check_fakes import ScriptedEngine
+
+    empty = ScriptedEngine({"generate_sampled": lambda ps, params, **_: [[{"token_ids": [], "logprobs": []}]
+                                                                          for _ in ps]})
+    with pytest.raises(FAILED, match=r"asked for 12 tokens \(ignore_eos\), got \[0\]"):
+        checks.test_seeded_requests_reproduce_alone_and_in_a_batch(empty, prompts, settings.tolerance("float32"),
+                                                                   120.0, Figures())
+

@@ -47,6 +47,10 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
         draws = DRAWS.get(case.name, DRAWS_TRUNCATED)
         request = case.params() | {"n": draws, "max_tokens": 1, "seed": SEED}
         (outs,) = call_or_fail(engine, "generate_sampled", [prompt], request, timeout_s=call_timeout_s)
+        if len(outs) != draws or any(len(o["token_ids"]) != 1 for o in outs):
+            problems.append(f"{case.name}: asked for {draws} draws of one token, got {len(outs)} outputs of "
+                            f"{sorted({len(o['token_ids']) for o in outs})} tokens")
+            continue
         report = sampling.judge([(o["token_ids"][0], o["logprobs"][0]) for o in outs], case)
         for name, value in report.figures().items():
             record_figure(name, value)
@@ -54,6 +58,12 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
             problems.append(report.failure_message())
     if problems:
         raise CheckFailed("\n".join(problems))
+
+
+def _short(max_tokens: int, outputs: list[dict]) -> list[str]:
+    """Outputs of ignore_eos requests that are not max_tokens long: two empty outputs must not agree into a pass."""
+    lengths = sorted({len(o["token_ids"]) for o in outputs})
+    return [] if lengths == [max_tokens] else [f"asked for {max_tokens} tokens (ignore_eos), got {lengths}"]
 
 
 @pytest.mark.p0
@@ -81,9 +91,10 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, toleran
     alone = draw(batch[:1], [7])[0]
     again = draw(batch[:1], [7])[0]
     batched = draw(batch, [7, 8, 9])[0]
-    others = {tuple(o["token_ids"]) for o in draw(batch[:1] * 4, [1, 2, 3, 4])}
+    four = draw(batch[:1] * 4, [1, 2, 3, 4])
+    others = {tuple(o["token_ids"]) for o in four}
     record_figure("distinct_outputs_of_4_seeds", len(others))
-    problems = []
+    problems = _short(params["max_tokens"], [alone, again, batched, *four])
     if again["token_ids"] != alone["token_ids"]:
         problems.append(f"seed 7 sent twice gave {alone['token_ids']} then {again['token_ids']}")
     tol, _ = tolerance
@@ -166,10 +177,10 @@ def test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, promp
                                       call_or_fail(small, "metrics", timeout_s=call_timeout_s), minimum=1)
     restarted = sample(engines.get(seed=12345))  # another global seed: a second start of the same config
     tol, _ = tolerance
-    problems = [f"request {i} ({where}): {why}" for where, outs in (("preempted", preempted_outs),
-                                                                    ("engine started again", restarted))
-                for i, (a, b) in enumerate(zip(want, outs))
-                if (why := sampling.flip_explained(a, b, 1.0, tol.p99 or tol.max_abs))]
+    problems = _short(max_tokens, [*want, *preempted_outs, *restarted])
+    for where, outs in (("preempted", preempted_outs), ("engine started again", restarted)):
+        problems += [f"request {i} ({where}): {why}" for i, (a, b) in enumerate(zip(want, outs))
+                     if (why := sampling.flip_explained(a, b, 1.0, tol.p99 or tol.max_abs))]
     record_figure("requests_compared", float(len(reqs)))
     preempted.raise_if_failed()
     if problems:
