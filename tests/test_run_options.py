@@ -121,6 +121,14 @@ def test_xdist_is_a_usage_error_in_one_sentence(mini: Path):
     assert "KeyError" not in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_an_unknown_dtype_is_a_usage_error_in_one_sentence(mini: Path):
+    proc = run_plugin(mini, "--dtype", "bf16")
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--dtype 'bf16' is not a dtype the suite has limits for: use one of float32, bfloat16, float16." \
+        in proc.stderr
+    assert "KeyError" not in proc.stdout + proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_autoload_off_with_the_needed_plugins_loaded_by_name(mini: Path):
     """What `conformance run` does: no entry-point plugin autoloads, pytest-timeout still bounds a hanging
     check. Control: without `-p pytest_timeout` the timeout marker would be inert."""

@@ -101,6 +101,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if run_dir.exists():
         raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
     config.stash[REPORTS_EXISTED] = run_dir.parent.exists()
+    from conformance.verdicts import settings
+
+    dtypes = settings.judged_dtypes()
+    if opt.dtype is not None and opt.dtype not in dtypes:
+        raise pytest.UsageError(f"--dtype {opt.dtype!r} is not a dtype the suite has limits for: use one of "
+                                f"{', '.join(dtypes)}.")
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
                      opt.combo)
     ctx.target = target

@@ -47,6 +47,11 @@ def targets() -> dict[str, Any]:
     return load_toml(DATA / "targets.toml")
 
 
+def judged_dtypes() -> list[str]:
+    """The dtypes a run may take (`--dtype`): those tolerances.toml has logprob limits for."""
+    return list(load_toml(DATA / "tolerances.toml")["logprobs"])
+
+
 def tolerance(dtype: str) -> tuple[LogprobTolerance, int]:
     table = load_toml(DATA / "tolerances.toml")["logprobs"]
     if dtype not in table:
