@@ -1,6 +1,7 @@
 """The device: ISA support in the installed build and its native libraries, GEMM numerics per dtype (P0), and
 GEMM throughput and HBM bandwidth against per-SKU floors (P2). Device work runs in a child process like an
-engine; the fp64 references and the library scan run here."""
+engine; the fp64 references and the library scan run here. On a target without a GPU (targets.toml
+needs_device = false) the GPU-only checks are skipped by data/expectations/environment.toml."""
 
 from __future__ import annotations
 
@@ -25,12 +26,6 @@ def probe(engines):
         pytest.fail(str(exc), pytrace=False)
 
 
-def _gpu(probe) -> dict:
-    if probe.info["platform"] == "cpu":
-        pytest.skip("target cpu: no GPU device to check")
-    return probe.info
-
-
 @pytest.mark.p0
 def test_device_isa_in_build(probe, run, record_figure):
     """The GPU's ISA (gfx942 for MI300X, sm_90 for H100/H200) is the one its SKU needs; torch's arch list names
@@ -45,7 +40,7 @@ def test_device_isa_in_build(probe, run, record_figure):
       https://clang.llvm.org/docs/ClangOffloadBundler.html ; https://docs.nvidia.com/cuda/cuda-binary-utilities/
     Controls: tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x
     """
-    info = _gpu(probe)
+    info = probe.info
     sku = device.sku_for(info.get("name"))
     record_figure("arch_list_len", len(info.get("arch_list", [])))
     problems = device.isa_problems(info.get("isa"), info.get("arch_list", []), sku and sku["isa"])
@@ -105,7 +100,7 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
       bf16 552, fp16 523, fp8 981 TFLOP/s)
     Controls: tests/test_check_bodies_platform.py::test_gemm_throughput_check_fails_below_the_floor
     """
-    info = _gpu(probe)
+    info = probe.info
     sku = device.sku_for(info.get("name"))
     if not sku or dtype not in sku.get("floor_tflops", {}):
         pytest.skip(f"no {dtype} throughput floor for {info.get('name')} in devices.toml")
@@ -131,7 +126,7 @@ def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
     Controls: tests/test_check_bodies_platform.py::test_hbm_bandwidth_check_fails_below_the_floor,
       tests/test_check_bodies_platform.py::test_device_floors_fail_when_the_probe_errors
     """
-    info = _gpu(probe)
+    info = probe.info
     sku = device.sku_for(info.get("name"))
     if not sku:
         pytest.skip(f"no bandwidth floor for {info.get('name')} in devices.toml")

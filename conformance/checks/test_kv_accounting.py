@@ -55,6 +55,7 @@ def _record(record_figure, *reports) -> None:
 
 
 @pytest.mark.p0
+@pytest.mark.needs("paged_kv")
 def test_kv_block_count_matches_config(engine, engines, run, model_under_test, call_timeout_s, record_figure):
     """The engine's KV cache has the groups, page size and number of blocks its configuration implies:
     budget // (layers per group x 2 x block_size x kv_heads x head_dim x dtype bytes), sliding and full
@@ -67,8 +68,6 @@ def test_kv_block_count_matches_config(engine, engines, run, model_under_test, c
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py); conformance/reference/kv_model.py
     Controls: tests/test_check_bodies_engine.py::test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size
     """
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
     layout = engine.call("kv_layout", timeout_s=call_timeout_s)
     report = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, run))
     _record(record_figure, report)
@@ -76,6 +75,7 @@ def test_kv_block_count_matches_config(engine, engines, run, model_under_test, c
 
 
 @pytest.mark.p0
+@pytest.mark.needs("paged_kv")
 def test_request_holds_blocks_per_group(engine, model_under_test, call_timeout_s, record_figure):
     """A live request holds ceil(tokens / block_size) blocks in the full-attention group and, once it
     decodes, only the blocks touching the window in the sliding group; all are free when it finishes.
@@ -87,8 +87,6 @@ def test_request_holds_blocks_per_group(engine, model_under_test, call_timeout_s
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/single_type_kv_cache_manager.py)
     Controls: tests/test_check_bodies_engine.py::test_request_blocks_check_fails_when_the_sliding_group_never_frees
     """
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
     layout = engine.call("kv_layout", timeout_s=call_timeout_s)
     config = model_under_test.config
     length, samples, during, after = _held_while_decoding(engine, layout, config, call_timeout_s)
@@ -103,6 +101,7 @@ def test_request_holds_blocks_per_group(engine, model_under_test, call_timeout_s
 
 
 @pytest.mark.p0
+@pytest.mark.needs("paged_kv")
 def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figure):
     """Requests aborted in the middle of decoding, and one aborted before it was ever scheduled,
     give every KV block back at once.
@@ -113,8 +112,6 @@ def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figu
       v1/core/kv_cache_manager.py free
     Controls: tests/test_check_bodies_engine.py::test_kv_abort_check_fails_when_aborted_requests_keep_blocks
     """
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
     longest = sorted(prompts.prompts, key=len)[-2:]
     ids = [engine.call("add_request", p, 64, timeout_s=call_timeout_s) for p in longest]
     engine.call("step", 3, timeout_s=call_timeout_s)  # prefill and two decode steps
@@ -174,6 +171,7 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
 
 
 @pytest.mark.p1
+@pytest.mark.needs("paged_kv")
 def test_kv_blocks_do_not_leak_over_rounds(engine, prompts, call_timeout_s, record_figure):
     """Round after round of mixed traffic (staggered arrivals, finished and aborted requests) leaves
     the pool exactly as it started: every block free, nothing queued.
@@ -184,8 +182,6 @@ def test_kv_blocks_do_not_leak_over_rounds(engine, prompts, call_timeout_s, reco
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1/core/block_pool.py
     Controls: tests/test_check_bodies_engine.py::test_kv_rounds_check_fails_on_a_slow_leak
     """
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
     rounds = [engine.call("kv_state", timeout_s=call_timeout_s)]
     mix = prompts.prompts
     for n in range(6):

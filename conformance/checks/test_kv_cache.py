@@ -11,6 +11,7 @@ AREA = "kv-cache"
 
 
 @pytest.mark.p0
+@pytest.mark.needs("paged_kv")
 def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, call_timeout_s, record_figure):
     """A running request holds the blocks its length needs; after it and the prompt set finished,
     every KV-cache block the engine allocated is free again and nothing is left scheduled.
@@ -20,8 +21,6 @@ def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, call_
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1 core/block_pool.py
     Controls: tests/test_check_bodies_engine.py::test_kv_released_check_fails_on_a_leaking_pool
     """
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the {engine.info.get('engine')} engine has no paged KV cache to inspect")
     prompt = max(prompts.prompts, key=len)
     engine.call("add_request", prompt, 4, timeout_s=call_timeout_s)
     engine.call("step", 1, timeout_s=call_timeout_s)

@@ -57,8 +57,8 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
         # gptqmodel, compressed-tensors) is an absent capability, named, not a verdict. As the engine under
         # test, or for any other error (a crash whose traceback merely mentions ImportError), it fails.
         missing = _missing_package(str(exc))
-        if kind == "transformers" and run.engine != "transformers" and missing:
-            pytest.skip(f"capability absent: transformers cannot load {fmt} in this environment: {missing}")
+        if kind is not None and kind != run.engine and missing:
+            pytest.skip(f"capability absent: {kind} cannot load {fmt} in this environment: {missing}")
         _fail(str(exc))
     engine_name = str(engine.info.get("engine", kind or run.engine))
     record_figure("engine_is_" + engine_name, 1.0)

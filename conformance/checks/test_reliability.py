@@ -18,12 +18,8 @@ from conformance.verdicts.verdict import Problems, record_figures
 AREA = "reliability"
 
 
-def _vllm_only(engine) -> None:
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the {engine.info.get('engine')} engine has no scheduler to soak")
-
-
 @pytest.mark.p3
+@pytest.mark.needs("scheduler", "paged_kv")
 def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure, run):
     """Rounds of mixed-length requests: engine RSS, VRAM (GPU), open file descriptors and KV blocks in use after
     each round must not grow beyond bounds kept as data once the warm-up rounds are over.
@@ -33,7 +29,6 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; docs/architecture.md "Tiers"
     Controls: tests/test_check_bodies_engine.py::test_soak_check_fails_on_growing_memory
     """
-    _vllm_only(engine)
     cfg = settings.targets()["soak"]  # suite-wide, not the target's
     vocab = int(model_under_test.config["vocab_size"])
     samples = []
@@ -51,6 +46,7 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
 
 
 @pytest.mark.p3
+@pytest.mark.needs("scheduler", "sampling", "paged_kv")
 def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call_timeout_s, record_figure):
     """Hypothesis draws request mixes (lengths, max_tokens, stop tokens, temperature/top-p/top-k, seeds,
     batch sizes); every request finishes with a well-formed output and every KV block is free after.
@@ -60,7 +56,6 @@ def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call
     Reference: https://hypothesis.readthedocs.io/ ; https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
     Controls: tests/test_check_bodies_engine.py::test_random_mix_check_fails_on_out_of_vocab_samples
     """
-    _vllm_only(engine)
     vocab = int(model_under_test.config["vocab_size"])
     # the engine's own limit, whatever the target (the table of one target does not describe another's engine)
     max_len = int(engine.call("scheduler_limits", timeout_s=call_timeout_s)["max_model_len"])

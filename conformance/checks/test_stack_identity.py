@@ -20,6 +20,7 @@ def test_torch_build_matches_target(run, record_figure):
 
 
 @pytest.mark.p0
+@pytest.mark.needs("vllm_platform")
 def test_vllm_platform_matches_target(run, engine):
     """vLLM detected the platform the target requires (cpu / cuda / rocm).
 
@@ -28,8 +29,6 @@ def test_vllm_platform_matches_target(run, engine):
     Reference: https://docs.vllm.ai/en/latest/getting_started/installation/ (platform detection)
     Controls: tests/test_check_bodies_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
     """
-    if engine.info.get("engine") != "vllm":
-        pytest.skip(f"the engine under test is {engine.info.get('engine')}: no vLLM platform to check")
     want = run.spec.vllm_platform
     assert engine.info.get("platform") == want, (
         f"vLLM detected platform {engine.info.get('platform')!r} but target {run.spec.name} needs {want!r}")
@@ -46,9 +45,8 @@ def test_stack_versions_recorded(engine, fingerprint):
       tests/test_check_bodies_controls.py::test_versions_check_rejects_a_fingerprint_without_versions_or_backends
     """
     packages = fingerprint.get("packages", {})
-    missing = [name for name in ("torch", "transformers") if not packages.get(name)]
-    if engine.info.get("engine") == "vllm" and not packages.get("vllm"):
-        missing.append("vllm")
+    named = dict.fromkeys(("torch", "transformers", engine.info.get("engine")))  # an engine's name keys its package
+    missing = [name for name in named if name and not packages.get(name)]
     assert "error" not in fingerprint, fingerprint.get("error")
     assert not missing, f"the fingerprint has no version for {', '.join(missing)}"
     assert engine.info.get("backends"), "the engine reported no attention/MoE backends"

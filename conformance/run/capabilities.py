@@ -3,11 +3,17 @@
 A check that needs something only some engines have says so, `@pytest.mark.needs("paged_kv")`, instead of
 `if run.engine != "vllm": pytest.skip(...)`; a fixture calls `require(run, "paged_kv")`. On an engine without
 the capability the check is skipped, before any of its fixtures starts an engine, with the capability's
-`absent` sentence. The plugin registers this module (`register`)."""
+`absent` sentence. The plugin registers this module (`register`).
+
+No check module compares the engine's or the target's name with a string (`name_comparisons`, a lint the plugin runs
+at collection): what a check needs of the engine is a capability here, an environment gap (a GPU, an ISA, a module)
+an expectation (data/expectations/*.toml)."""
 
 from __future__ import annotations
 
+import ast
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -114,3 +120,47 @@ def pytest_runtest_setup(item: Any) -> None:
         pytest.fail(str(exc), pytrace=False)
     if reason:
         pytest.skip(reason)
+
+
+_NAME_OPS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
+
+
+def run_names() -> frozenset[str]:
+    """The names a check must not compare with: the engines of engines.toml and the targets of targets.toml."""
+    from conformance.run import run_target
+
+    return frozenset(declared().engines) | frozenset(run_target.names())
+
+
+def name_comparisons(source: str, where: str, names: Iterable[str] | None = None) -> list[str]:
+    """One sentence, naming `where`:line, per comparison of a value with an engine or target name in `source`."""
+    names = run_names() if names is None else frozenset(names)
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if not isinstance(node, ast.Compare) or not all(isinstance(op, _NAME_OPS) for op in node.ops):
+            continue
+        sides = [node.left, *node.comparators]
+        named = sorted({c for side in sides for c in _constants(side)} & names)
+        if named and any(not _constants(side) for side in sides):
+            found.append(f"{where}:{node.lineno}: `{ast.unparse(node)}` compares with the engine or target name "
+                         f"{named[0]!r}: declare a capability the check needs (@pytest.mark.needs, data/engines.toml) "
+                         "or an environment gap as an expectation (data/expectations/*.toml) instead "
+                         "(docs/adding-a-check.md).")
+    return found
+
+
+def _constants(node: ast.expr) -> list[str]:
+    """The string constants `node` is (a literal, or a tuple, list or set of literals); [] for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        values = [v.value for v in node.elts if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+        return values if len(values) == len(node.elts) else []
+    return []
+
+
+def lint(items: Iterable[Any]) -> list[str]:
+    """`name_comparisons` over the modules of the collected checks, each named as in the checks' node ids."""
+    modules = {item.nodeid.split("::", 1)[0]: Path(item.path) for item in items if Path(item.path).suffix == ".py"}
+    return [problem for where, path in sorted(modules.items())
+            for problem in name_comparisons(path.read_text(), where)]

@@ -1,10 +1,12 @@
 """Known failures per platform, as data (expectations/*.toml), applied at collection.
 
 An entry names a check id (a prefix for a skip; the exact id, parameters included, for an xfail),
-conditions on the run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, and `missing_modules`: those
-of the modules the entries name there that this environment cannot import) and a status: `xfail` (a
-known bug: needs a link) or `skip` (capability absent: needs a reason). Entries that match no collected
-check are reported, as array-api-tests does, so stale expectations do not linger.
+conditions on the run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, cpu_amx, `needs_device`: the
+target's fact in targets.toml, and `missing_modules`: those of the modules the entries name there that this
+environment cannot import) and a status: `xfail` (a known bug: needs a link) or `skip` (an environment gap or a
+platform's capability absent: needs a reason). What only some engines can show is no expectation but a
+capability (conformance/run/capabilities.py). Entries that match no collected check are reported, as
+array-api-tests does, so stale expectations do not linger.
 
 An xfail may carry `match` (a text, or a list of texts): the known bug's failure message contains one of
 them. Any other failure of that check (a crash, a hang, another verdict) is then no xfail but a failure,

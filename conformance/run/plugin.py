@@ -151,10 +151,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     bad = [f"{item.nodeid} {p}" for item in items for p in runrecord.check_metadata_problems(item)]
     if bad:
         raise pytest.UsageError("checks without required metadata (docs/contributing.md):\n  " + "\n  ".join(bad))
+    named = capabilities.lint(items)  # "not applicable" is a capability or an expectation, never a name comparison
+    if named:
+        raise pytest.UsageError("\n".join(named))
     t = ctx.resolved()
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
-                "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules()}
+                "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules(),
+                "needs_device": ctx.spec.needs_device}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
     check_s = ctx.spec.timeouts.check_s
     for item in items:
