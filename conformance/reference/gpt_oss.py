@@ -55,7 +55,7 @@ FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2
 
 def dequant_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """OCP MX: 32 E2M1 values per block (low nibble = even element) times 2^(scale-127)."""
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float64, device=blocks.device)
     lo, hi = blocks & 0x0F, blocks >> 4
     vals = torch.stack([lut[lo.long()], lut[hi.long()]], dim=-1).flatten(-2)  # [..., nblocks, 32]
     vals = vals * torch.pow(2.0, scales.to(torch.float64) - 127.0).unsqueeze(-1)
@@ -97,12 +97,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class WeightStore:
     """Tensors read from the safetensors shards on first use, as fp64. Experts are read one at a time
     (MXFP4 blocks dequantized on the fly), so a reference of a 120b checkpoint only ever holds the
-    experts its tokens are routed to; `streaming` drops a layer's tensors once it has run."""
+    experts its tokens are routed to; `streaming` drops a layer's tensors once it has run. On another `device` the
+    tensors are moved there as stored (MXFP4 blocks as bytes) and widened to fp64 there."""
 
-    def __init__(self, model_dir: Path, streaming: bool = False) -> None:
+    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu") -> None:
         from safetensors import safe_open
 
-        self.streaming = streaming
+        self.streaming, self.device = streaming, torch.device(device)
         self.where: dict[str, Any] = {}
         for f in sorted(model_dir.glob("*.safetensors")):
             handle = safe_open(str(f), framework="pt")
@@ -117,11 +118,11 @@ class WeightStore:
         if name not in self.cache:
             if name not in self.where:
                 raise KeyError(f"the checkpoint has no tensor {name}")
-            self.cache[name] = self.where[name].get_tensor(name).to(torch.float64)
+            self.cache[name] = self.where[name].get_tensor(name).to(self.device).to(torch.float64)
         return self.cache[name]
 
     def _slice(self, name: str, e: int) -> torch.Tensor:
-        return self.where[name].get_slice(name)[e]
+        return self.where[name].get_slice(name)[e].to(self.device)
 
     def expert(self, prefix: str, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W1 [2I, H], b1 [2I], W2 [H, I], b2 [H]) of expert e, whatever the on-disk layout."""
@@ -146,13 +147,15 @@ class WeightStore:
 
 
 class Reference:
-    """fp64 gpt-oss on the CPU for a checkpoint directory (HF layout, plain or MXFP4 experts)."""
+    """fp64 gpt-oss on the CPU for a checkpoint directory (HF layout, plain or MXFP4 experts). With another `device`
+    its layers run there (`layer`, `embed`, `head`; rope tables stay on the CPU): reference/device.py checks them."""
 
-    def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False) -> None:
+    def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False,
+                 device: str = "cpu") -> None:
         self.model_dir = Path(model_dir)
         self.math = MUTATIONS[math_] if isinstance(math_, str) else (math_ or Math())
         self.cfg = json.loads((self.model_dir / "config.json").read_text())
-        self.w = WeightStore(self.model_dir, streaming)
+        self.w = WeightStore(self.model_dir, streaming, device)
         c = self.cfg
         self.head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
         self.inv_freq, self.concentration = yarn_inv_freq(c, self.head_dim, self.math.yarn_rounded)
@@ -191,8 +194,8 @@ class Reference:
         rep = n_h // n_kv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
-        qi = torch.arange(t)[:, None]
-        kj = torch.arange(t)[None, :]
+        qi = torch.arange(t, device=x.device)[:, None]
+        kj = torch.arange(t, device=x.device)[None, :]
         visible = kj <= qi
         layer_types = c.get("layer_types") or ["sliding_attention" if j % 2 == 0 else "full_attention"
                                                for j in range(c["num_hidden_layers"])]
@@ -250,20 +253,34 @@ class Reference:
             out.index_add_(0, rows, weights[rows, slot, None] * y)
         return out
 
+    @property
+    def eps(self) -> float:
+        return float(self.cfg.get("rms_norm_eps", 1e-5))
+
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        """The input hidden states [T, H] of token ids."""
+        return self.w["model.embed_tokens.weight"][torch.tensor(ids, device=self.w.device)]
+
+    def layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Decoder layer i on the residual stream x [T, H]: attention, then MoE, each with its norm and residual."""
+        w, p = self.w, f"model.layers.{i}."
+        x = x + self._attention(i, rms_norm(x, w[p + "input_layernorm.weight"], self.eps), cos, sin)
+        return x + self.moe(i, rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """log-softmax of the next-token logits of the final residual stream x [T, H]."""
+        logits = rms_norm(x, self.w["model.norm.weight"], self.eps) @ self.w["lm_head.weight"].T
+        return torch.log_softmax(logits, dim=-1)
+
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
         """log-softmax of the next-token logits at every position, [T, vocab], fp64."""
-        c, w = self.cfg, self.w
-        eps = float(c.get("rms_norm_eps", 1e-5))
         cos, sin = self.rope_tables(torch.arange(len(ids)))
-        x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-        for i in range(int(c["num_hidden_layers"])):
-            p = f"model.layers.{i}."
-            x = x + self._attention(i, rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin)
-            x = x + self.moe(i, rms_norm(x, w[p + "post_attention_layernorm.weight"], eps))
-            w.done_with(p)
-        logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
-        return torch.log_softmax(logits, dim=-1)
+        x = self.embed(ids)
+        for i in range(int(self.cfg["num_hidden_layers"])):
+            x = self.layer(i, x, cos, sin)
+            self.w.done_with(f"model.layers.{i}.")
+        return self.head(x)
 
     def variant(self) -> dict[str, Any]:
         """What, besides the checkpoint and the call, decides this reference's results (reference/cache.py)."""

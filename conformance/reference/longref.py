@@ -153,6 +153,13 @@ class LongReference(Reference):
             out[s:s + len(qi)] = torch.einsum("hqk,khd->qhd", probs, vv).reshape(len(qi), n_h * d)
         return out @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
 
+    def layer_rows(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   rows: torch.Tensor) -> torch.Tensor:
+        """Decoder layer i's output at positions `rows` (sorted) of the residual stream x [T, H]."""
+        w, p = self.w, f"model.layers.{i}."
+        h = x[rows] + self._attention_rows(i, rms_norm(x, w[p + "input_layernorm.weight"], self.eps), cos, sin, rows)
+        return h + self.moe(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps))
+
     @torch.no_grad()
     def logprobs_at(self, ids: list[int], rows: list[int] | None = None) -> torch.Tensor:
         """log-softmax of the next-token logits at positions `rows` (default all), [len(rows), vocab]."""
@@ -161,20 +168,14 @@ class LongReference(Reference):
         want = torch.arange(n) if rows is None else torch.as_tensor(sorted(set(rows)), dtype=torch.long)
         if len(want) and (int(want[0]) < 0 or int(want[-1]) >= n):
             raise LongReferenceError(f"positions {int(want[0])}..{int(want[-1])} are outside a {n}-token input")
-        eps = float(c.get("rms_norm_eps", 1e-5))
         cos, sin = self.rope_tables(torch.arange(n))
-        x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+        x = self.embed(ids)
         every = torch.arange(n)
         layers = int(c["num_hidden_layers"])
         for i in range(layers):
-            p = f"model.layers.{i}."
-            last = i == layers - 1
-            here = want if last else every
-            h = x[here] + self._attention_rows(i, rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin, here)
-            x = h + self.moe(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], eps))
-            w.done_with(p)
-        logits = rms_norm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
-        return torch.log_softmax(logits, dim=-1)
+            x = self.layer_rows(i, x, cos, sin, want if i == layers - 1 else every)
+            w.done_with(f"model.layers.{i}.")
+        return self.head(x)
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:

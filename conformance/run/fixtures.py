@@ -313,9 +313,10 @@ def _host_memory_bytes() -> int:
 
 
 @pytest.fixture(scope="session")
-def reference(model_under_test: ModelUnderTest) -> Any:
-    """The fp64 reference; streaming (one layer and only routed experts resident) for big checkpoints."""
-    from conformance.reference import Reference
+def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Any:
+    """The fp64 reference; streaming (one layer and only routed experts resident) for big checkpoints; on the
+    target's `reference_device` where it names one (data/targets.toml), spot-checked against the CPU."""
+    from conformance.reference.device import reference_for
 
     cfg = model_under_test.config
     resident = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * 8  # embeddings + lm_head in fp64
@@ -323,7 +324,8 @@ def reference(model_under_test: ModelUnderTest) -> Any:
     if host and resident > host // 2:
         pytest.skip(f"the fp64 reference needs {resident / 2**30:.0f} GiB resident for embeddings and lm_head; "
                     f"this host has {host / 2**30:.0f} GiB")
-    return Reference(model_under_test.path, streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS)
+    return reference_for(model_under_test.path, model_under_test.num_params > STREAMING_ABOVE_PARAMS,
+                         target.table.get("reference_device"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,161 @@
+"""The fp64 reference on a torch device, checked against the CPU as it goes.
+
+The CPU reference takes minutes per sequence at gpt-oss-120b's size; H200 and MI300X run fp64 matmuls at tens of
+TFLOP/s. `DeviceReference` runs the same formulas (gpt_oss.py: the `Reference` methods, on a weight store that moves
+tensors to the device) layer by layer, one layer's weights and routed experts resident at a time (MXFP4 blocks are
+dequantized on the device), and does not trust the device it judges: after each layer, and after the final norm and
+lm_head, a few positions (the last one and SPOT_ROWS drawn ones) are recomputed on the CPU in fp64 from the device's
+own input to that layer, and every entry of those rows must agree within SPOT_RTOL of the row's largest magnitude.
+fp64 on two devices differs only in summation order (about 1e-14 of a row here); a device that rounds through fp32 or
+tf32 differs by 1e-8 or more. A disagreement is a `DeviceMismatch`, one sentence naming the layer and the entry.
+
+The run's target names the device (`reference_device` in data/targets.toml); without one the CPU reference runs.
+
+`python -m conformance.reference.device --model DIR [--layers N]` prints the agreement of device and CPU fp64 per
+layer on a sampled sequence, and the wall time of each (no engine, no server: torch, numpy and safetensors only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from conformance.reference.gpt_oss import Math, Reference
+from conformance.reference.longref import LongReference
+
+SPOT_ROWS = 2  # positions per layer recomputed on the CPU besides the last (which sees the most keys)
+SPOT_RTOL = 1e-10  # |device - CPU| allowed per entry, relative to the largest |CPU| entry of its row
+
+
+class DeviceMismatch(RuntimeError):
+    """The device's fp64 disagrees with the CPU's on a spot-checked entry."""
+
+
+def spot_rows(n: int, layer: int) -> torch.Tensor:
+    """The positions of an n-token sequence that layer `layer` is checked at: the last and SPOT_ROWS drawn ones,
+    drawn afresh per layer (the same for the same n and layer, so a failure repeats)."""
+    drawn = random.Random(f"{n}:{layer}").sample(range(n), min(SPOT_ROWS, n))
+    return torch.tensor(sorted({n - 1, *drawn}))
+
+
+def check_agreement(where: str, got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor, column: str) -> float:
+    """The worst |got - want| relative to the largest |want| of its row; DeviceMismatch beyond SPOT_RTOL."""
+    scale = want.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float64).tiny)
+    err = torch.nan_to_num((got - want).abs() / scale, nan=float("inf"))
+    worst = int(err.argmax())
+    r, j = divmod(worst, err.shape[-1])
+    rel = float(err[r, j])
+    if not rel <= SPOT_RTOL:
+        raise DeviceMismatch(f"{where}: the device's fp64 gives {float(got[r, j]):.17g} at position "
+                             f"{int(rows[r])}, {column} {j}, the CPU's {float(want[r, j]):.17g} (|Δ| {rel:.3g} of the "
+                             f"row's largest {float(scale[r]):.3g}, allowed {SPOT_RTOL:g}): the device is not trusted.")
+    return rel
+
+
+class DeviceReference(Reference):
+    """`Reference` whose `logprobs` (so `score` and `generate_greedy`) run on `device`, spot-checked on the CPU.
+    `attention`, `moe` and `router_logits` (the per-layer checks: single blocks) stay on the CPU."""
+
+    def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False,
+                 device: str = "cpu") -> None:
+        super().__init__(model_dir, math_, streaming)
+        self.on_device = Reference(model_dir, self.math, streaming=True, device=device)
+        self.checker = LongReference(model_dir, self.math, streaming=True)  # recomputes chosen positions only
+        self.worst_rel = 0.0  # the largest relative disagreement the spot checks saw (figures for the record)
+
+    def _checked(self, where: str, got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor, column: str) -> None:
+        self.worst_rel = max(self.worst_rel, check_agreement(where, got.cpu(), want, rows, column))
+
+    @torch.no_grad()
+    def logprobs(self, ids: list[int]) -> torch.Tensor:
+        dev, cpu, n = self.on_device, self.checker, len(ids)
+        cos, sin = self.rope_tables(torch.arange(n))
+        cos_d, sin_d = cos.to(dev.w.device), sin.to(dev.w.device)
+        x = dev.embed(ids)
+        for i in range(int(self.cfg["num_hidden_layers"])):
+            rows, x_in = spot_rows(n, i), x.cpu()
+            x = dev.layer(i, x, cos_d, sin_d)
+            self._checked(f"layer {i}", x[rows.to(x.device)], cpu.layer_rows(i, x_in, cos, sin, rows), rows, "hidden")
+            dev.w.done_with(f"model.layers.{i}.")
+            cpu.w.done_with(f"model.layers.{i}.")
+        rows = spot_rows(n, -1)
+        lp = dev.head(x)
+        self._checked("the final norm and lm_head", lp[rows.to(x.device)], cpu.head(x[rows.to(x.device)].cpu()),
+                      rows, "token")
+        return lp.cpu()
+
+
+def reference_for(model_dir: Path | str, streaming: bool, device: str | None) -> Reference:
+    """The run's fp64 reference: on `device` (the target's `reference_device`), else the CPU's."""
+    if device is None:
+        return Reference(model_dir, streaming=streaming)
+    return DeviceReference(model_dir, streaming=streaming, device=device)
+
+
+def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, seed: int) -> int:
+    """Device against CPU fp64 on one sampled sequence, per layer, with wall times."""
+    cpu, dev = Reference(model_dir, streaming=True), Reference(model_dir, streaming=True, device=device)
+    if layers is not None:  # the first N layers of a deeper checkpoint: the agreement per layer does not need all
+        for ref in (cpu, dev):
+            ref.cfg["num_hidden_layers"] = min(layers, int(ref.cfg["num_hidden_layers"]))
+    ids = random.Random(seed).choices(range(cpu.vocab_size - 8), k=tokens)
+    cos, sin = cpu.rope_tables(torch.arange(tokens))
+    wall = {"cpu": 0.0, "device": 0.0}
+
+    def timed(side: str, fn: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+        started = time.perf_counter()
+        out = fn(*args)
+        if side == "device" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall[side] += time.perf_counter() - started
+        return out
+
+    with torch.no_grad():
+        x_cpu, x_dev = timed("cpu", cpu.embed, ids), timed("device", dev.embed, ids)
+        cos_d, sin_d = cos.to(dev.w.device), sin.to(dev.w.device)
+        print(f"{model_dir}: {tokens} tokens, {cpu.cfg['num_hidden_layers']} layers, device {device}")
+        print("layer  max |Δ hidden|  max |Δ| / max |hidden|  max |Δ logprob| (head on this layer's output)")
+        for i in range(int(cpu.cfg["num_hidden_layers"])):
+            x_cpu = timed("cpu", cpu.layer, i, x_cpu, cos, sin)
+            x_dev = timed("device", dev.layer, i, x_dev, cos_d, sin_d)
+            cpu.w.done_with(f"model.layers.{i}.")
+            dev.w.done_with(f"model.layers.{i}.")
+            diff = float((x_dev.cpu() - x_cpu).abs().max())
+            d_lp = float((dev.head(x_dev).cpu() - cpu.head(x_cpu)).abs().max())
+            print(f"{i:5d}  {diff:14.3g}  {diff / float(x_cpu.abs().max()):22.3g}  {d_lp:.3g}")
+        lp_cpu, lp_dev = timed("cpu", cpu.head, x_cpu), timed("device", dev.head, x_dev)
+    print(f"logprobs: max |Δ| {float((lp_dev.cpu() - lp_cpu).abs().max()):.3g}")
+    print(f"wall: device ({device}) {wall['device']:.2f} s, cpu {wall['cpu']:.2f} s "
+          "(the heads of the per-layer lines not counted)")
+    started = time.perf_counter()
+    checked = DeviceReference(model_dir, streaming=True, device=device)
+    checked.cfg["num_hidden_layers"] = int(cpu.cfg["num_hidden_layers"])
+    checked.logprobs(ids)
+    print(f"spot-checked device reference: {time.perf_counter() - started:.2f} s, worst relative disagreement "
+          f"{checked.worst_rel:.3g} (allowed {SPOT_RTOL:g})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m conformance.reference.device", description=_agreement.__doc__)
+    p.add_argument("--model", required=True, help="gpt-oss checkpoint directory (HF layout)")
+    p.add_argument("--device", default="cuda", help="torch device of the fp64 reference (default cuda; HIP is cuda)")
+    p.add_argument("--layers", type=int, default=None, help="only the first N layers (default all)")
+    p.add_argument("--tokens", type=int, default=294, help="length of the sampled sequence (default 294)")
+    p.add_argument("--seed", type=int, default=0)
+    ns = p.parse_args(argv)
+    model = Path(ns.model)
+    if not (model / "config.json").is_file():
+        print(f"{model} holds no config.json: pass a gpt-oss checkpoint directory.", file=sys.stderr)
+        return 2
+    return _agreement(model, ns.device, ns.layers, ns.tokens, ns.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The fp64 reference on a device (conformance/reference/device.py): on device "cpu" it is the CPU reference exactly,
+and its CPU spot checks catch a device whose results are off, per layer and in the head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.reference import device
+from conformance.reference.device import DeviceMismatch, DeviceReference, reference_for
+from conformance.reference.gpt_oss import Reference
+from conformance.verdicts import settings
+
+IDS = [7, 3, 91, 15, 40, 2, 66, 18, 5, 120, 33, 9, 71, 48, 12, 100, 27, 8]
+
+
+def test_device_path_on_cpu_is_the_cpu_reference(tiny, reference, tiny_prompts):
+    on_device = DeviceReference(tiny.path, device="cpu")
+    assert torch.equal(on_device.logprobs(IDS), reference.logprobs(IDS))
+    prompts, max_tokens = tiny_prompts
+    assert on_device.generate_greedy(prompts[:2], 3, 5) == reference.generate_greedy(prompts[:2], 3, 5)
+    assert 0 < on_device.worst_rel < device.SPOT_RTOL / 1000, "the CPU recomputation differs only in rounding"
+
+
+class ShiftedLayer(Reference):
+    """A "device" whose layer `layer` comes out `delta` (relative to the row's largest entry) off at one entry."""
+
+    def __init__(self, model_dir, layer: int, position: int, column: int, delta: float) -> None:
+        super().__init__(model_dir, streaming=True)
+        self.at, self.delta = (layer, position, column), delta
+
+    def layer(self, i, x, cos, sin):
+        out = super().layer(i, x, cos, sin)
+        layer, position, column = self.at
+        if i == layer:
+            out[position, column] += self.delta * out[position].abs().max()
+        return out
+
+
+@pytest.mark.parametrize("delta", [1e-8, float("nan")])
+def test_a_layer_off_on_the_device_is_caught(tiny, delta):
+    ref = DeviceReference(tiny.path, device="cpu")
+    last = len(IDS) - 1  # the last position is checked at every layer
+    ref.on_device = ShiftedLayer(tiny.path, layer=2, position=last, column=5, delta=delta)
+    with pytest.raises(DeviceMismatch, match=rf"^layer 2: .* at position {last}, hidden 5, .*not trusted\.$"):
+        ref.logprobs(IDS)
+
+
+class Float32Device(Reference):
+    """A "device" whose layers round their results through fp32 (reduced-precision matmuls or accumulation)."""
+
+    def layer(self, i, x, cos, sin):
+        return super().layer(i, x, cos, sin).float().double()
+
+
+def test_a_device_that_rounds_through_fp32_is_caught(tiny):
+    ref = DeviceReference(tiny.path, device="cpu")
+    ref.on_device = Float32Device(tiny.path, streaming=True)
+    with pytest.raises(DeviceMismatch, match=r"^layer 0: the device's fp64 gives"):
+        ref.logprobs(IDS)
+
+
+class ShiftedHead(Reference):
+    def head(self, x):
+        out = super().head(x)
+        out[-1, 11] += 1e-7
+        return out
+
+
+def test_a_head_off_on_the_device_is_caught(tiny):
+    ref = DeviceReference(tiny.path, device="cpu")
+    ref.on_device = ShiftedHead(tiny.path, streaming=True)
+    with pytest.raises(DeviceMismatch, match=rf"^the final norm and lm_head: .* position {len(IDS) - 1}, token 11,"):
+        ref.logprobs(IDS)
+
+
+def test_the_target_names_the_reference_device(tiny):
+    table = settings.targets()
+    assert "reference_device" not in table["cpu"], "the CPU default keeps the CPU reference"
+    assert type(reference_for(tiny.path, False, table["cpu"].get("reference_device"))) is Reference
+    for gpu in ("cuda", "rocm"):
+        assert table[gpu]["reference_device"] == "cuda"  # torch names HIP devices "cuda" too
+    assert isinstance(reference_for(tiny.path, False, "cpu"), DeviceReference)
+
+
+def test_agreement_command_prints_figures_per_layer(tiny, capsys):
+    assert device.main(["--model", str(tiny.path), "--device", "cpu", "--layers", "2", "--tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [r[0] for r in rows] == ["0", "1"] and all(float(v) == 0.0 for r in rows for v in r[1:])
+    assert "logprobs: max |Δ| 0" in out and "wall: device (cpu)" in out and "worst relative disagreement" in out
+
+
+def test_agreement_command_refuses_a_folder_without_a_checkpoint(tmp_path, capsys):
+    assert device.main(["--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pass a gpt-oss checkpoint directory.") and "\n" not in err
