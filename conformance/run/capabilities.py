@@ -136,8 +136,9 @@ def name_comparisons(source: str, where: str, names: Iterable[str] | None = None
     """One sentence, naming `where`:line, per comparison of a value with an engine or target name in `source`."""
     names = run_names() if names is None else frozenset(names)
     found = []
-    for node in ast.walk(ast.parse(source, where)):
-        if not isinstance(node, ast.Compare) or not all(isinstance(op, _NAME_OPS) for op in node.ops):
+    compares = (n for n in ast.walk(ast.parse(source, where)) if isinstance(n, ast.Compare))
+    for node in sorted(compares, key=lambda n: (n.lineno, n.col_offset)):
+        if not all(isinstance(op, _NAME_OPS) for op in node.ops):
             continue
         sides = [node.left, *node.comparators]
         named = sorted({c for side in sides for c in _constants(side)} & names)
