@@ -1,5 +1,6 @@
-"""`conformance diagnose FILE|-`: read a pasted tool output or log, say what it is, the facts it states and the
-known fault signatures it shows, with their remedies, in one screen (or as JSON for tools).
+"""`conformance diagnose FILE|- [FILE|- ...]`: read pasted tool outputs or logs, say what each is, the facts it
+states and the known fault signatures it shows, with their remedies, in one screen (or as JSON for tools). Several
+files of one machine are merged and cross-checked (`env_checks.crosscheck`): their contradictions are reported.
 
 Exit codes: 0 no known fault signature, 1 fault signature(s) found, 2 unreadable input or bad usage.
 """
@@ -15,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from env_checks import crosscheck, textforms_enrich
 from env_checks import textforms as amd
-from env_checks import textforms_enrich
 from env_checks import textforms_more as more
 from env_checks.signatures import Match, default_signatures, match
 
@@ -67,6 +68,8 @@ class Report:
     facts: dict[str, Any]
     unread: list[str]
     matches: list[Match] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    contradictions: list[crosscheck.Contradiction] = field(default_factory=list)
 
     @property
     def faults(self) -> list[Match]:
@@ -79,8 +82,13 @@ class Report:
         return 1 if self.faults else 0
 
     def as_dict(self) -> dict[str, Any]:
+        """The `diagnose --json` object; its schema is documented in docs/diagnose.md (and checked in the tests)."""
+        inputs = self.inputs or [{"input": "", "kinds": self.kinds, "facts": self.facts, "unread": self.unread,
+                                  "signature_ids": [m.id for m in self.matches]}]
         return {"kinds": self.kinds, "facts": self.facts, "unread": self.unread,
-                "signatures": [m.as_dict() for m in self.matches], "exit_code": self.exit_code}
+                "signatures": [m.as_dict() for m in self.matches],
+                "contradictions": [c.as_dict() for c in self.contradictions], "inputs": inputs,
+                "exit_code": self.exit_code}
 
 
 def _merge(into: dict[str, Any], facts: dict[str, Any]) -> None:
@@ -118,9 +126,18 @@ def diagnose_text(text: str) -> Report:
         facts.pop("gpu_count_at_least", None)
         facts.pop("gpus_listed", None)
     if not kinds:
-        unread.append("This text is not an output of a tool diagnose knows (rocminfo, amd-smi, rocm-smi, "
-                      "nvidia-smi, collect_env, hipconfig, modinfo, a kernel log, a vLLM log or an error trace).")
-    return Report(kinds, facts, unread, match(text))
+        unread.append(f"This text is not an output of a tool diagnose knows ({KNOWN}).")
+    report = Report(kinds, facts, unread, match(text))
+    report.contradictions = crosscheck.firmware([("", kinds, facts)])
+    return report
+
+
+# The families diagnose reads, named as people know them (the refusal sentence and --help list them).
+KNOWN = ("rocminfo (whole or part of an agent block), amd-smi (default view, static, metric, monitor, list, "
+         "topology, xgmi, partition, firmware, bad-pages, process, version; text, --csv, --json or a jq fragment), "
+         "rocm-smi, nvidia-smi, collect_env (PyTorch's and vLLM's, CUDA 12/13 and ROCm), hipconfig, modinfo amdgpu, "
+         "amdgpu_firmware_info, KFD topology mem_banks properties, update-alternatives --display rocm, a kernel log, "
+         "a vLLM log or an error trace")
 
 
 def _fact_text(value: Any) -> str:
@@ -133,10 +150,16 @@ def _fact_text(value: Any) -> str:
 
 def render(report: Report, source: str) -> str:
     out = [f"{source}: {', '.join(report.kinds) if report.kinds else 'not recognised'}"]
-    if report.facts:
-        out.append("Facts:")
-        width = max(len(k) for k in report.facts)
-        out += [f"  {key.ljust(width)}  {_fact_text(value)}" for key, value in report.facts.items()]
+    for item in report.inputs if len(report.inputs) > 1 else []:
+        out.append(f"  {item['input']}: {', '.join(item['kinds']) if item['kinds'] else 'not recognised'}")
+    shown = {k: v for k, v in report.facts.items() if k != "firmware_by_gpu"}
+    if shown:
+        out.append("Facts:" if len(report.inputs) < 2 else "Facts (merged; the first input stating one wins):")
+        width = max((len(k) for k in shown), default=0)
+        out += [f"  {key.ljust(width)}  {_fact_text(value)}" for key, value in shown.items()]
+    if report.contradictions:
+        out.append(f"Contradictions ({len(report.contradictions)}):")
+        out += [f"  [{c.check}] {c.sentence}" for c in report.contradictions]
     for sentence in report.unread:
         out.append(f"Could not read: {sentence}")
     if report.matches:
@@ -161,15 +184,22 @@ def build_parser(prog: str = "conformance diagnose") -> argparse.ArgumentParser:
                     "metal, ECC counts) and the known fault signatures it matches, each with its cause, remedy "
                     "and a link. Truncated or damaged input still gives what can be read, and says what could "
                     "not.",
-        epilog="Reads: rocminfo; amd-smi (static, metric, monitor, list, topology, xgmi, partition, firmware, "
-               "bad-pages, version; text or --json); rocm-smi (text, --csv, --json); nvidia-smi (table, -q, "
-               "-q -x, --query-gpu --format=csv); python -m torch.utils.collect_env / vLLM collect_env; "
-               "hipconfig; modinfo amdgpu; dmesg / journalctl -k; a HIP/CUDA error trace; a vLLM server log.\n"
+        epilog="Reads: rocminfo (whole, or part of an agent block); amd-smi (default view, static, metric, "
+               "monitor, list, topology, xgmi, partition, firmware, bad-pages, process, version; text, --csv or "
+               "--json, and `--json | jq` fragments); rocm-smi (text, --showvoltage, --csv, --json); nvidia-smi "
+               "(table, -q, -q -x, --query-gpu --format=csv); python -m torch.utils.collect_env / vLLM collect_env "
+               "(CUDA 12/13, ROCm); hipconfig; modinfo amdgpu; /sys/kernel/debug/dri/N/amdgpu_firmware_info; "
+               "/sys/class/kfd/kfd/topology/nodes/N/mem_banks/M/properties; update-alternatives --display rocm; "
+               "dmesg / journalctl -k; a HIP/CUDA error trace; a vLLM server log.\n"
+               "Several files of one machine (a.txt b.txt -) are merged and cross-checked: firmware the same on "
+               "every GPU, rocminfo's gfx target against the amd-smi/rocm-smi model, modinfo's driver version "
+               "against amd-smi's; disagreements are listed as contradictions.\n"
                "Exit codes: 0 no known fault signature, 1 fault signature(s) found, 2 unreadable input or "
                "bad usage.\nExample: rocm-smi | conformance diagnose -   or   conformance diagnose --json dmesg.txt")
-    parser.add_argument("file", help="the file to read, or - for standard input")
+    parser.add_argument("file", nargs="+", help="the file(s) to read, - for standard input (once)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (kinds, facts, unread, "
-                                                            "signatures, exit_code) instead of text")
+                                                            "signatures, contradictions, inputs, exit_code) "
+                                                            "instead of text")
     return parser
 
 
@@ -223,27 +253,62 @@ def diagnose_stream(handle: Any, window_bytes: int = 0) -> tuple[Report | None, 
     return report, read
 
 
+def merge_reports(named: list[tuple[str, Report]]) -> Report:
+    """One report of several inputs of one machine: kinds and facts merged (the first input stating a fact wins;
+    per-GPU firmware keyed by input), unread sentences and signatures named by their input, contradictions found."""
+    if len(named) == 1:
+        name, report = named[0]
+        report.inputs = [_input_dict(name, report)]
+        return report
+    kinds: list[str] = []
+    facts: dict[str, Any] = {}
+    unread: list[str] = []
+    matches: list[Match] = []
+    for name, report in named:
+        kinds += [k for k in report.kinds if k not in kinds]
+        own = dict(report.facts)
+        if isinstance(own.get("firmware_by_gpu"), dict):
+            own["firmware_by_gpu"] = {f"{name}: {gpu}": v for gpu, v in own["firmware_by_gpu"].items()}
+        _merge(facts, own)
+        unread += [f"{name}: {sentence}" for sentence in report.unread]
+        matches += report.matches
+    merged = Report(kinds, facts, unread, matches, [_input_dict(name, report) for name, report in named])
+    merged.contradictions = crosscheck.contradictions([(name, r.kinds, r.facts) for name, r in named])
+    return merged
+
+
+def _input_dict(name: str, report: Report) -> dict[str, Any]:
+    return {"input": name, "kinds": report.kinds, "facts": report.facts, "unread": report.unread,
+            "signature_ids": [m.id for m in report.matches]}
+
+
 def main(argv: list[str] | None = None, prog: str = "conformance diagnose") -> int:
     parser = build_parser(prog)
     try:
         ns = parser.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
-    try:
-        if ns.file == "-":
-            report, _ = diagnose_stream(sys.stdin.buffer)
-        else:
-            with open(ns.file, "rb") as handle:
-                report, _ = diagnose_stream(handle)
-    except OSError as exc:
-        print(f"{prog}: cannot read {ns.file}: {exc.strerror or exc}.", file=sys.stderr)
+    if ns.file.count("-") > 1:
+        print(f"{prog}: standard input (-) can be read once only.", file=sys.stderr)
         return 2
-    if report is None:
-        report = Report([], {}, ["The input is empty."])
+    named: list[tuple[str, Report]] = []
+    for path in ns.file:
+        name = "stdin" if path == "-" else Path(path).name
+        try:
+            if path == "-":
+                report, _ = diagnose_stream(sys.stdin.buffer)
+            else:
+                with open(path, "rb") as handle:
+                    report, _ = diagnose_stream(handle)
+        except OSError as exc:
+            print(f"{prog}: cannot read {path}: {exc.strerror or exc}.", file=sys.stderr)
+            return 2
+        named.append((name, report if report is not None else Report([], {}, ["The input is empty."])))
+    report = merge_reports(named)
     if ns.json:
         print(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
     else:
-        print(render(report, "stdin" if ns.file == "-" else Path(ns.file).name))
+        print(render(report, named[0][0] if len(named) == 1 else f"{len(named)} inputs"))
     return report.exit_code
 
 

@@ -96,7 +96,7 @@ def load_json(text: str, reading: Reading) -> Any:
 
 def json_pairs(text: str) -> list[tuple[str, str]]:
     """`"key": "value"` / `"key": 123` pairs anywhere in (possibly broken) JSON, in order."""
-    return [(k.lower(), v if v is not None else n) for k, v, n in
+    return [(k.lower(), n if n else v) for k, v, n in
             re.findall(r'"([^"\n]+)"\s*:\s*(?:"([^"\n]*)"|(-?\d+(?:\.\d+)?))', text)]
 
 

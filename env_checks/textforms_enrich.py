@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 
 from env_checks import textforms_extra as extra
+from env_checks import textforms_fragments as fragments
 from env_checks.textforms import Reading, json_pairs, json_start
 
 Detector = tuple[str, Callable[[str], bool], Callable[[str], Reading]]
@@ -24,11 +25,23 @@ def _firmware(r: Reading, block: str, version: str) -> None:
         r.facts.setdefault("firmware", {}).setdefault(block.strip().lower(), version)
 
 
+def _gpu_firmware(r: Reading, gpu: str, block: str, version: str) -> None:
+    """The firmware of one GPU (`firmware_by_gpu`), kept apart so that a check can see GPUs disagree."""
+    version = version.strip()
+    if version and version.upper() != "N/A" and not re.fullmatch(r"(0x)?0+", version):
+        r.facts.setdefault("firmware_by_gpu", {}).setdefault(gpu, {}).setdefault(block.strip().lower(), version)
+
+
 def enrich_rocminfo(text: str, r: Reading) -> None:
     """Chip ID of each GPU agent ('29857(0x74a1)' -> 0x74a1), the SDMA microcode version."""
-    for block in re.split(r"^\*{5,}\s*\n\s*Agent \d+\s*\n\*{5,}\s*$", text, flags=re.MULTILINE)[1:]:
+    agents = re.split(r"^\*{5,}\s*\n\s*Agent (\d+)\s*\n\*{5,}\s*$", text, flags=re.MULTILINE)
+    for agent, block in zip(agents[1::2], agents[2::2]):
         if not re.search(r"^\s*Device Type:\s*GPU\b", block, re.MULTILINE):
             continue
+        for label, block_name in (("Packet Processor uCode", "mec"), ("SDMA engine uCode", "sdma")):
+            found = re.search(rf"^\s*{label}::?\s*(\S+)", block, re.MULTILINE)
+            if found:
+                _gpu_firmware(r, f"agent {agent}", block_name, found.group(1))
         chip = re.search(r"^\s*Chip ID:\s*\d+\((0x[0-9a-fA-F]+)\)", block, re.MULTILINE)
         if chip and int(chip.group(1), 16):
             r.add("device_ids", chip.group(1))
@@ -53,6 +66,17 @@ def enrich_amd_smi(text: str, r: Reading) -> None:
                 _firmware(r, value, value2)
     for block, version in re.findall(r"^\s*FW_ID:\s*(\S+)\s*\n\s*FW_VERSION:\s*(\S+)", text, re.MULTILINE):
         _firmware(r, block, version)
+    for gpu, body in zip(*[iter(re.split(r"^GPU: (\d+)\s*$", text, flags=re.MULTILINE)[1:])] * 2):
+        for block, version in re.findall(r"^\s*FW_ID:\s*(\S+)\s*\n\s*FW_VERSION:\s*(\S+)", body, re.MULTILINE):
+            _gpu_firmware(r, f"GPU {gpu}", block, version)
+    if json_start(text) >= 0:
+        gpu = None
+        pairs = json_pairs(text)
+        for (key, value), (key2, value2) in zip(pairs, pairs[1:]):
+            if key == "gpu":
+                gpu = value
+            if gpu is not None and key in ("fw_id", "fw_name") and key2 == "fw_version":
+                _gpu_firmware(r, f"GPU {gpu}", value, value2)
 
 
 def enrich_rocm_smi(text: str, r: Reading) -> None:
@@ -69,6 +93,8 @@ def enrich_rocm_smi(text: str, r: Reading) -> None:
             r.put("vbios_version", value)
         elif low.endswith(" firmware version"):
             _firmware(r, low[: -len(" firmware version")], value)
+            if _index:
+                _gpu_firmware(r, f"GPU {_index}", low[: -len(" firmware version")], value)
         elif low == "voltage (mv)" and value.isdigit():
             r.facts.setdefault("voltage_mv", {}).setdefault(_index or "0", int(value))
     unsupported = {i for i, rest in rows if re.search(r"volt\w*, Not supported", rest, re.IGNORECASE)}
@@ -125,12 +151,28 @@ def extend(detectors: list[Detector]) -> list[Detector]:
     """`detectors` with the readers of `textforms_extra` put first and the base readers enriched; a rocminfo
     fragment is only read when no other reader for rocminfo fires."""
     rocminfo = next((detect for kind, detect, _ in detectors if kind == "rocminfo"), None)
-    out: list[Detector] = list(extra.DETECTORS)
+    out: list[Detector] = list(extra.DETECTORS) + list(fragments.DETECTORS)
     for kind, detect, read in extra.FRAGMENTS:
         out.append((kind, _unless(detect, rocminfo), read))
     for kind, detect, read in detectors:
+        if kind == "amd-smi":
+            detect = _unless_any(detect, fragments.SUPERSEDE_AMD_SMI)
+        elif kind == "collect_env":
+            detect = _either(detect, _NEW_COLLECT_ENV)
         out.append((kind, detect, _enriched(read, ENRICHERS[kind]) if kind in ENRICHERS else read))
     return out
+
+
+# collect_env of torch 2.10+ names the ROCm build "ROCm SDK used to build PyTorch" / "HIP used to build PyTorch"
+_NEW_COLLECT_ENV = re.compile(r"^(ROCm SDK|HIP|CUDA) used to build PyTorch\s*:", re.MULTILINE)
+
+
+def _either(detect: Callable[[str], bool], pattern: re.Pattern[str]) -> Callable[[str], bool]:
+    return lambda text: detect(text) or bool(pattern.search(text))
+
+
+def _unless_any(detect: Callable[[str], bool], others: tuple[Callable[[str], bool], ...]) -> Callable[[str], bool]:
+    return lambda text: detect(text) and not any(other(text) for other in others)
 
 
 def _unless(detect: Callable[[str], bool], other: Callable[[str], bool] | None) -> Callable[[str], bool]:

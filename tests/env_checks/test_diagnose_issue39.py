@@ -38,7 +38,9 @@ def test_every_new_recording_is_read_not_refused(path: Path) -> None:
 # facts whose every value (or dict value) must be stated verbatim in the text it was read from
 VERBATIM = ("pci_bdfs", "device_ids", "firmware", "vbios_version", "miopen_version", "gfx_target_ids", "rocm_path",
             "platform", "amd_smi_version", "rocm_installs", "rocm_version", "driver_version", "gpu_models",
-            "compute_partition", "memory_partition")
+            "compute_partition", "memory_partition", "process_ids", "process_names", "vram_type", "xgmi_bit_rate",
+            "xgmi_max_bandwidth", "gpu_links", "kfd_mem_bank", "torch_version", "torch_cuda_build",
+            "cuda_runtime_version", "nvidia_driver_version")
 ALL = sorted(p for p in TOOLS.rglob("*") if p.is_file() and p.name != "SOURCES.md" and "isa" not in p.parts)
 
 
