@@ -6,7 +6,8 @@ version. `conformance run` turns the cache on (`--fresh-reference` leaves it off
 on the same path (a healthy engine is deterministic) reads the result instead of recomputing it: the 8k-token
 long-context reference alone takes several seconds of both cores. An engine whose output changed asks for another
 key, so a cached result can never stand in for one the engine did not ask for. A damaged entry is recomputed and
-rewritten; the suite's own tests construct references without it.
+rewritten; the suite's own tests construct references without it. A reference pack (reference/pack.py), where a run
+opened one, is read before the cache and receives every result the run computed or read.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.engines.base import Completion, StepLogprobs
+
+if TYPE_CHECKING:
+    from conformance.reference.pack import Pack
 
 SOURCES = [*sorted(Path(__file__).parent.glob("*.py")), Path(__file__).parents[1] / "engines" / "base.py"]
 
@@ -33,6 +37,7 @@ class Counts:
 
 
 _root: Path | None = None
+_pack: Pack | None = None
 counts = Counts()
 _model_digests: dict[str, str] = {}
 
@@ -44,8 +49,22 @@ def enable(root: Path) -> None:
 
 
 def disable() -> None:
-    global _root
+    """The run's end: the cache off, the run's reference pack (if it opened one) written and closed."""
+    global _root, _pack
     _root = None
+    if _pack is not None:
+        _pack.write()
+    _pack = None
+
+
+def use_pack(pack: Pack) -> None:
+    global _pack
+    _pack = pack
+
+
+def pack() -> Pack | None:
+    """The reference pack the run opened, if any."""
+    return _pack
 
 
 def enabled() -> bool:
@@ -73,37 +92,55 @@ def _model_digest(model_dir: Path) -> str:
     return _model_digests[key]
 
 
-def _encode(c: Completion) -> dict:
+def encode(c: Completion) -> dict:
     steps = lambda rows: [[s.token, [[t, v] for t, v in s.top.items()]] for s in rows]  # noqa: E731
     return {"prompt_ids": c.prompt_ids, "token_ids": c.token_ids, "steps": steps(c.steps),
             "prompt_steps": steps(c.prompt_steps)}
 
 
-def _decode(d: dict) -> Completion:
+def decode(d: dict) -> Completion:
     steps = lambda rows: [StepLogprobs(int(tok), {int(t): float(v) for t, v in top}) for tok, top in rows]  # noqa: E731
     return Completion(list(d["prompt_ids"]), list(d["token_ids"]), steps(d["steps"]), steps(d["prompt_steps"]))
 
 
 def completion(model_dir: Path, variant: dict[str, Any], call: list[Any], compute: Callable[[], Completion]
                ) -> Completion:
-    """`compute()` unless the cache is on and holds the result for this model, variant and call."""
-    if _root is None:
+    """`compute()` unless the run's pack or the cache holds the result for this model, variant and call."""
+    if _root is None and _pack is None:
         return compute()
     key = hashlib.sha256(json.dumps([_source_digest(), _model_digest(model_dir), variant, call],
                                     sort_keys=True, default=repr).encode()).hexdigest()
-    path = _root / key[:2] / f"{key}.json"
+    packed = _pack.get(key, call) if _pack is not None else None
+    if packed is not None:
+        counts.hits += 1
+        return packed
+    result = _cached(_root, key, call) if _root is not None else None
+    if result is None:
+        result = compute()
+        counts.misses += 1
+        if _root is not None:
+            _store(_root, key, result)
+    else:
+        counts.hits += 1
+    if _pack is not None:
+        _pack.put(key, result)
+    return result
+
+
+def _cached(root: Path, key: str, call: list[Any]) -> Completion | None:
     try:
-        result = _decode(json.loads(path.read_text()))
+        result = decode(json.loads((root / key[:2] / f"{key}.json").read_text()))
         if result.prompt_ids == call[1] and result.token_ids == call[2]:
-            counts.hits += 1
             return result
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent or damaged: computed and written again below
-    result = compute()
-    counts.misses += 1
+        pass  # absent or damaged: computed and written again
+    return None
+
+
+def _store(root: Path, key: str, result: Completion) -> None:
+    path = root / key[:2] / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ref-")
     with os.fdopen(fd, "w") as fh:
-        json.dump(_encode(result), fh)
+        json.dump(encode(result), fh)
     os.replace(tmp, path)
-    return result

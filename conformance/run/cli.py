@@ -57,6 +57,10 @@ def run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh-reference", action="store_true",
                    help="compute every fp64 reference result again: by default a result already computed for the "
                         "same checkpoint bytes, token ids, options and reference source is read from the cache")
+    p.add_argument("--reference-pack", metavar="FILE|DIR",
+                   help="fp64 reference results keyed by model, prompt set and reference version: read where the "
+                        "pack exists, written at the run's end, so another node skips computing them; a FILE made "
+                        "for another key is refused")
     p.add_argument("--planted-fault", help="negative controls only: plant this fault of conformance/engines/"
                    "faults.py in the engine under test; the run is recorded as a control, never as a platform result")
     p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
@@ -73,7 +77,7 @@ def build_pytest_args(ns: argparse.Namespace) -> list[str]:
             "-o", "console_output_style=classic"]
     args += [a for name in NEEDED_PLUGINS if importlib.util.find_spec(name) for a in ("-p", name)]
     for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab", "eval_data", "history_db",
-                 "profile", "health_policy", "planted_fault"):
+                 "profile", "health_policy", "planted_fault", "reference_pack"):
         if getattr(ns, flag):  # one token: a value that starts with '-' or a bare --server stays this option's
             args.append(f"--{flag.replace('_', '-')}={getattr(ns, flag)}")
     if ns.fresh_reference:

@@ -55,6 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "under test")
     g.addoption("--fresh-reference", action="store_true",
                 help="compute every fp64 reference result again instead of reading the suite's result cache")
+    g.addoption("--reference-pack", default=None,
+                help="fp64 reference results of this model and prompt set: read from FILE (or DIR/<key>.json) "
+                     "where it exists, written there at the end (conformance/reference/pack.py)")
 
 
 def _new_run_id(target: str) -> str:
@@ -287,6 +290,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         from conformance.verdicts import settings
 
         cache.enable(settings.cache_root() / "reference-results")
+    if session.config.option.reference_pack:  # a pack for another model or version: refused before anything runs
+        from conformance.reference import pack
+
+        try:
+            pack.open_for_run(Path(session.config.option.reference_pack), session.config.option.model,
+                              read=not session.config.option.fresh_reference)
+        except pack.PackRefused as exc:
+            raise pytest.UsageError(str(exc)) from None
     if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
         machine_health.start(ctx_of(session.config).spec.name, session.config.option.health_policy)
 

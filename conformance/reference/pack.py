@@ -1,0 +1,116 @@
+"""Reference packs: one run's fp64 reference results in one file, so that a fleet computes them once.
+
+A pack is keyed by the model's content hash, the run's prompt set and the reference's version (the digest of its
+source and torch's version, reference/cache.py); inside, each result is keyed as in the result cache (checkpoint,
+variant, call), so a pack can only ever stand in for the very result a run asks for. `--reference-pack FILE|DIR`:
+a run reads the pack where it exists, adds what it computed (or read from its cache), and writes it at its end. In a
+directory each model, prompt set and version has its own file; a FILE made for another key is refused in one
+sentence before anything runs, and left as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.engines.base import Completion
+from conformance.reference import cache
+
+FORMAT = "conformance-reference-pack/1"
+
+
+class PackRefused(ValueError):
+    """A pack that this run cannot use (made for another key, or not a pack)."""
+
+
+@dataclass(frozen=True)
+class PackKey:
+    model: str  # sha256 of config.json and the safetensors files (checkpoints/models.py content_hash)
+    prompts: str  # sha256 of the run's prompt set (token ids and max_tokens)
+    reference: str  # the reference's version: its source and torch's version (reference/cache.py)
+
+    def file_name(self) -> str:
+        return f"reference-{self.model[:16]}-{self.prompts[:12]}-{self.reference[:12]}.json"
+
+
+def run_key(model_dir: Path) -> PackKey:
+    """The key of a run of the checkpoint in `model_dir` with the suite's prompt set."""
+    from conformance.verdicts import settings
+
+    config = json.loads((model_dir / "config.json").read_text())
+    prompts = json.dumps(settings.tiny_prompts(int(config["vocab_size"])))
+    return PackKey(cache._model_digest(model_dir), hashlib.sha256(prompts.encode()).hexdigest(),
+                   cache._source_digest())
+
+
+@dataclass
+class Pack:
+    path: Path
+    key: PackKey
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # result-cache key -> encoded Completion
+    read: bool = True  # False: results are computed afresh (--fresh-reference) and only written
+    hits: int = 0
+    added: int = 0
+
+    def get(self, key: str, call: list[Any]) -> Completion | None:
+        if not self.read or key not in self.results:
+            return None
+        result = cache.decode(self.results[key])
+        if result.prompt_ids != call[1] or result.token_ids != call[2]:
+            return None
+        self.hits += 1
+        return result
+
+    def put(self, key: str, result: Completion) -> None:
+        if key not in self.results:
+            self.results[key] = cache.encode(result)
+            self.added += 1
+
+    def write(self) -> None:
+        """The pack, atomically, if the run added to it."""
+        if not self.added:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".pack-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"format": FORMAT, "key": asdict(self.key), "results": self.results}, fh)
+        os.replace(tmp, self.path)
+
+
+def open_pack(where: Path, key: PackKey, read: bool = True) -> Pack:
+    """The pack for `key` at `where` (a pack file, or a directory of packs), empty if there is none yet."""
+    path = where / key.file_name() if where.is_dir() else where
+    if not path.exists():
+        return Pack(path, key, read=read)
+    try:
+        data = json.loads(path.read_text())
+        theirs, results = data["key"], data["results"]
+        if data["format"] != FORMAT or not isinstance(results, dict):
+            raise ValueError(f"format {data['format']!r}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackRefused(f"--reference-pack {path} is not a reference pack of this suite ({exc}): pass one a run "
+                          "wrote, or a directory.") from None
+    differ = [name for name, ours in asdict(key).items() if theirs.get(name) != ours]
+    if differ:
+        figures = ", ".join(f"{n} {str(theirs.get(n))[:12]} against {getattr(key, n)[:12]}" for n in differ)
+        raise PackRefused(f"--reference-pack {path} was made for another {' and '.join(differ)} than this run's "
+                          f"({figures}): pass the pack of this model, prompt set and reference version, or a "
+                          "directory of packs.")
+    return Pack(path, key, results, read=read)
+
+
+def open_for_run(where: Path, model_arg: str | None, read: bool) -> Pack:
+    """Open the run's pack (its model: --model, else the tiny checkpoint) and hand it to the result cache."""
+    from conformance.checkpoints.models import tiny_gpt_oss
+
+    model_dir = Path(model_arg) if model_arg else tiny_gpt_oss().path
+    if not (model_dir / "config.json").is_file():
+        raise PackRefused(f"--reference-pack needs the run's checkpoint, and {model_dir} holds no config.json.")
+    pack = open_pack(where, run_key(model_dir), read)
+    cache.use_pack(pack)
+    return pack

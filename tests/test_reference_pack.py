@@ -1,0 +1,170 @@
+"""Reference packs (conformance/reference/pack.py): a second run with the pack of a first computes no reference
+result; a pack made for another model, prompt set or reference version is refused in one sentence and left as it
+was; through the plugin, `--reference-pack` is a usage error for another key, and a second run reads the first's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conformance.reference import cache, pack
+from conformance.reference.gpt_oss import Reference
+from conformance.run import cli
+
+CALLS = [([5, 6, 7, 8], [9, 10]), ([11, 12], [13])]
+
+
+@pytest.fixture
+def no_cache():
+    yield
+    cache.disable()  # the pack is written and closed even where a test failed
+
+
+def score_all(model_dir: Path) -> list:
+    return [Reference(model_dir).score(prompt, continuation, 4) for prompt, continuation in CALLS]
+
+
+def forbid_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    def compute(*args):
+        raise AssertionError("the reference computed a result the pack holds")
+
+    monkeypatch.setattr(Reference, "_score", compute)
+
+
+def test_a_second_run_with_the_pack_computes_nothing(tiny, tmp_path: Path, monkeypatch, no_cache):
+    first = pack.open_for_run(tmp_path, str(tiny.path), read=True)  # a directory: the key names the file
+    want = score_all(tiny.path)
+    assert first.added == len(CALLS) and first.hits == 0
+    cache.disable()
+    (written,) = tmp_path.glob("reference-*.json")
+    assert written == first.path and written.name == pack.run_key(tiny.path).file_name()
+
+    forbid_compute(monkeypatch)
+    second = pack.open_for_run(written, str(tiny.path), read=True)
+    assert score_all(tiny.path) == want  # every float of every step
+    assert second.hits == len(CALLS) and second.added == 0
+    cache.disable()
+    assert written.read_text() == json.dumps(json.loads(written.read_text())), "unchanged, not rewritten"
+
+
+def test_results_read_from_the_cache_go_into_the_pack(tiny, tmp_path: Path, monkeypatch, no_cache):
+    """A node whose local cache already holds the results still writes a complete pack."""
+    cache.enable(tmp_path / "results")
+    score_all(tiny.path)
+    cache.disable()
+    cache.enable(tmp_path / "results")
+    forbid_compute(monkeypatch)
+    written = pack.open_for_run(tmp_path / "fleet.json", str(tiny.path), read=True)
+    score_all(tiny.path)
+    assert cache.counts.hits == len(CALLS) and written.added == len(CALLS)
+    cache.disable()
+    assert len(json.loads(written.path.read_text())["results"]) == len(CALLS)
+
+
+def test_fresh_reference_computes_and_writes_but_does_not_read(tiny, tmp_path: Path, no_cache):
+    pack.open_for_run(tmp_path, str(tiny.path), read=True)
+    score_all(tiny.path)
+    cache.disable()
+    fresh = pack.open_for_run(tmp_path, str(tiny.path), read=False)
+    score_all(tiny.path)
+    assert fresh.hits == 0 and cache.counts.misses == 2 * len(CALLS)
+
+
+@pytest.mark.parametrize("field", ["model", "prompts", "reference"])
+def test_a_pack_for_another_key_is_refused_in_one_sentence(tiny, tmp_path: Path, field: str, no_cache):
+    key = pack.run_key(tiny.path)
+    other = pack.Pack(tmp_path / "other.json", replace(key, **{field: "0" * 64}))
+    other.put("k", Reference(tiny.path).score([1, 2], [3], 2))
+    other.write()
+    before = other.path.read_bytes()
+    with pytest.raises(pack.PackRefused) as exc:
+        pack.open_for_run(other.path, str(tiny.path), read=True)
+    msg = str(exc.value)
+    assert f"was made for another {field} than this run's ({field} 000000000000 against {getattr(key, field)[:12]})" \
+        in msg and msg.endswith("or a directory of packs.") and "\n" not in msg
+    assert cache.pack() is None and other.path.read_bytes() == before
+
+
+def test_the_key_follows_model_bytes_and_prompt_set(tiny, tmp_path: Path, monkeypatch):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny.path, copy)
+    assert pack.run_key(copy) == pack.run_key(tiny.path), "the same bytes elsewhere are the same model"
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(config | {"vocab_size": config["vocab_size"] // 2}))
+    changed = pack.run_key(copy)
+    assert changed.model != pack.run_key(tiny.path).model and changed.prompts != pack.run_key(tiny.path).prompts
+
+
+@pytest.mark.parametrize("garbage", ["{not json", json.dumps({"format": "other/1", "key": {}, "results": {}})])
+def test_a_file_that_is_not_a_pack_is_refused(tiny, tmp_path: Path, garbage: str, no_cache):
+    path = tmp_path / "pack.json"
+    path.write_text(garbage)
+    with pytest.raises(pack.PackRefused, match=r"is not a reference pack of this suite \(.*\): pass one a run wrote"):
+        pack.open_for_run(path, str(tiny.path), read=True)
+    assert path.read_text() == garbage
+
+
+CHECK = '''"""A check that scores the reference as the parity checks do (a fixture of tests/test_reference_pack.py)."""
+import os
+
+import pytest
+
+from conformance.checkpoints.models import tiny_gpt_oss
+from conformance.reference import cache
+from conformance.reference.gpt_oss import Reference
+
+
+@pytest.mark.p0
+def test_scores_the_reference(monkeypatch):
+    """Catches: nothing.
+    Reference: https://docs.pytest.org/
+    Controls: tests/test_reference_pack.py::test_the_run_option_writes_reads_and_refuses"""
+    if os.environ.get("FORBID_COMPUTE"):
+        monkeypatch.setattr(Reference, "_score", lambda *a: pytest.fail("computed a result the pack holds"))
+    got = Reference(tiny_gpt_oss().path).score([5, 6, 7, 8], [9, 10], 4)
+    assert len(got.steps) == 2
+    if os.environ.get("FORBID_COMPUTE"):
+        assert cache.pack().hits == 1, "read from the pack, not from the local cache"
+'''
+
+
+def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    reports = checks.parent / "reports"
+    plugins = [a for name in cli.NEEDED_PLUGINS for a in ("-p", name)]
+    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", *plugins, "-q", "--cpu",
+           "--rootdir", str(checks), "--reports-dir", str(reports / "runs"),
+           "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} | (env or {}))
+
+
+def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_scores.py").write_text(CHECK)
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    first = run_plugin(checks, "--fresh-reference", "--reference-pack", str(packs))  # no local cache involved
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    (written,) = packs.glob("reference-*.json")
+    second = run_plugin(checks, "--fresh-reference", "--reference-pack", str(written), env={"FORBID_COMPUTE": "1"})
+    assert second.returncode == 1, "fresh: the pack is not read"
+    third = run_plugin(checks, "--reference-pack", str(written), env={"FORBID_COMPUTE": "1"})
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
+
+    data = json.loads(written.read_text())
+    data["key"]["model"] = "f" * 64
+    written.write_text(json.dumps(data))
+    before = written.read_bytes()
+    refused = run_plugin(checks, "--reference-pack", str(written))
+    assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert f"ERROR: --reference-pack {written} was made for another model than this run's" in refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr and written.read_bytes() == before
+    assert len(list((tmp_path / "reports" / "runs").iterdir())) == 3, "the refused run left no record"
