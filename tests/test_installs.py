@@ -1,5 +1,5 @@
 """Installs that work outside this checkout: the requirements probe and image freeze the nox sessions run
-(conformance/run/installs.py), the GPU install commands, and the wheel, which must carry every data file the
+(conformance/tooling/installs.py), the GPU install commands, and the wheel, which must carry every data file the
 suite reads at run time (read through importlib.resources, never from the checkout)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import installs
+from conformance.tooling import installs
 from conformance.verdicts import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,17 +33,17 @@ def test_the_probe_names_what_is_missing_or_wrong(tmp_path):
 
 
 def test_the_probe_cli_exits_1_with_one_line_per_problem(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "conformance.run.installs", "satisfied", str(ROOT), "pytest<1"],
+    out = subprocess.run([sys.executable, "-m", "conformance.tooling.installs", "satisfied", str(ROOT), "pytest<1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stdout.splitlines()[-1].startswith("to install: pytest ")
-    ok = subprocess.run([sys.executable, "-m", "conformance.run.installs", "satisfied", str(ROOT), "pytest>=1"],
+    ok = subprocess.run([sys.executable, "-m", "conformance.tooling.installs", "satisfied", str(ROOT), "pytest>=1"],
                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stdout
 
 
 def test_the_freeze_pins_the_environment_but_not_the_suite(tmp_path):
     out = tmp_path / "c.txt"
-    subprocess.run([sys.executable, "-m", "conformance.run.installs", "freeze", str(out)], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "conformance.tooling.installs", "freeze", str(out)], cwd=ROOT, check=True,
                    capture_output=True, timeout=60)
     lines = [x for x in out.read_text().splitlines() if not x.startswith("#")]
     assert f"pytest=={metadata.version('pytest')}" in lines
@@ -62,7 +62,7 @@ def test_gpu_installs_keep_the_image_stack_and_bring_their_own_dependencies():
     wanted = installs.gpu_requirements(ROOT / "pyproject.toml", harmony=True, eval_extra=True)
     suite, freeze, deps = installs.gpu_install_commands("c.txt", wanted)
     assert suite == ["python", "-m", "pip", "install", "--no-deps", "-e", "."]
-    assert freeze == ["python", "-m", "conformance.run.installs", "freeze", "c.txt"]
+    assert freeze == ["python", "-m", "conformance.tooling.installs", "freeze", "c.txt"]
     assert deps[:6] == ["python", "-m", "pip", "install", "-c", "c.txt"] and "--no-deps" not in deps
     names = {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].lower() for r in deps[6:]}
     assert {"pytest", "jsonschema", "safetensors", "quicktok-v1", "oss-harmony", "lm-eval"} <= names

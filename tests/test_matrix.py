@@ -142,7 +142,7 @@ def test_duplicate_ids_and_missing_fields_are_rejected(tmp_path):
 def test_image_combo_installs_only_the_suite_without_dependencies():
     suite, freeze, deps = mx.install_commands(by_id("rocm7.14-torch2.11-vllm0.23"), ["pytest>=8"], "c.txt")
     assert suite == ["python", "-m", "pip", "install", "--no-deps", "-e", "."]  # the suite alone, no deps
-    assert freeze == ["python", "-m", "conformance.run.installs", "freeze", "c.txt"]
+    assert freeze == ["python", "-m", "conformance.tooling.installs", "freeze", "c.txt"]
     assert deps == ["python", "-m", "pip", "install", "-c", "c.txt", "pytest>=8"]  # with deps, under the freeze
 
 

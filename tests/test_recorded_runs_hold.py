@@ -135,7 +135,8 @@ def _check(record: dict, suffix: str) -> dict:
 def test_the_whole_p0_ran_on_vllm_on_the_h200_and_failed_only_where_the_suite_has_since_changed() -> None:
     """23 of 25 P0 checks passed on vLLM in bf16, greedy parity under today's limits; the two failures are answered
     by today's data: float32 engines get IEEE Triton dots, and the wheelhouse carries mistral-common."""
-    from conformance.run import run_target, wheelhouse
+    from conformance.run import run_target
+    from conformance.tooling import wheelhouse
 
     record = _record(P0_BF16)
     assert record["engine"] == "vllm" and record["complete"] and record["evidence"]

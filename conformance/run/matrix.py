@@ -217,7 +217,7 @@ def install_commands(combo: Combo, suite: Sequence[str],
     """The pip commands that build the combo's environment, run in order in its venv.
 
     image: the suite alone, without dependencies, over the image's stack (docs/architecture.md, rule 1); then a
-           freeze of the image (`python -m conformance.run.installs freeze`) as a constraints file, and the
+           freeze of the image (`python -m conformance.tooling.installs freeze`) as a constraints file, and the
            suite's light requirements with all of their own dependencies under it, so nothing the image
            holds (torch, vLLM, ...) moves.
     pip:   torch first from its wheel index (that index also serves torch's own dependencies, e.g.
@@ -226,7 +226,7 @@ def install_commands(combo: Combo, suite: Sequence[str],
     pip = ["python", "-m", "pip", "install"]
     if combo.stack == "image":
         return [[*pip, "--no-deps", "-e", "."],
-                ["python", "-m", "conformance.run.installs", "freeze", constraints],
+                ["python", "-m", "conformance.tooling.installs", "freeze", constraints],
                 [*pip, "-c", constraints, *suite]]
     commands = []
     if combo.torch_index:

@@ -1,6 +1,6 @@
-"""The node's side of an offline wheelhouse (conformance/run/wheelhouse.py builds it): the parts cut from the wheels,
-each with its sha256, joined and checked, then the carried wheels installed with no index. Standard library only:
-it runs on the node before anything else is installed there (ci/offline-node.sh)."""
+"""The node's side of an offline wheelhouse (conformance/tooling/wheelhouse.py builds it): the parts cut from the
+wheels, each with its sha256, joined and checked, then the carried wheels installed with no index. Standard library
+only: it runs on the node before anything else is installed there (ci/offline-node.sh)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """An offline wheelhouse: the wheels a node that cannot download lacks for the stack under test and for the suite,
 built where pip can download, carried in parts, assembled and installed on the node without an index.
 
-  python -m conformance.run.wheelhouse build --target cuda --python 3.12 --constraint FREEZE --out DIR
-                                       [--part-size 56MiB] [--trim hopper] [--eval]
-  python -m conformance.run.wheelhouse assemble DIR     check every part's hash, join them, unpack and check the wheels
-  python -m conformance.run.wheelhouse install DIR      assemble, then install the wheels and the suite (editable,
-                                                        from the checkout) with no index: nothing the node holds moves
+  python -m conformance.tooling.wheelhouse build --target cuda --python 3.12 --constraint FREEZE --out DIR
+                                           [--part-size 56MiB] [--trim hopper] [--eval]
+  python -m conformance.tooling.wheelhouse assemble DIR  check every part's hash, join them, unpack and check the wheels
+  python -m conformance.tooling.wheelhouse install DIR   assemble, then install the wheels and the suite (editable,
+                                                         from the checkout) with no index: nothing the node holds moves
 
-FREEZE is `pip freeze` of the node's image (`python -m conformance.run.installs freeze FILE` there). The build
+FREEZE is `pip freeze` of the node's image (`python -m conformance.tooling.installs freeze FILE` there). The build
 resolves against it as if it were installed: what the node holds is never carried and never replaced; where the
 stack pins another version of a package the node holds (vLLM 0.26.0's numba==0.65.0 beside an image's 0.68), the
 node's stays and the manifest says so. What the target's data (conformance/data/wheelhouse.toml) leaves out, and
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.run.wheelhouse_node import (  # the node's side: parts, assembly, install
+from conformance.tooling.wheelhouse_node import (  # the node's side: parts, assembly, install
     MANIFEST,
     WheelhouseError,
     assemble,
@@ -257,7 +257,7 @@ def trim_wheel(wheel: Path, drop: Sequence[str], label: str) -> Path:
 
 def build(target: str, python: str, constraint: Path, out: Path, part_size: int | None, trim: str | None,
           eval_extra: bool, log=print) -> dict:
-    from conformance.run import installs
+    from conformance.tooling import installs
 
     data = spec(target)
     row = data["row"]
@@ -316,7 +316,7 @@ def _size(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="conformance.run.wheelhouse", description=__doc__,
+    p = argparse.ArgumentParser(prog="conformance.tooling.wheelhouse", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="resolve and download the wheels the node lacks")

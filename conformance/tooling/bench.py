@@ -1,6 +1,6 @@
 """`nox -s bench`: run tiers N times and print, per phase, the median/min/max wall time.
 
-  python -m conformance.run.bench --runs 3 --tiers p0,p1 [--nox "python -m nox"] [--reports-dir DIR] [-- run args]
+  python -m conformance.tooling.bench --runs 3 --tiers p0,p1 [--nox "python -m nox"] [--reports-dir DIR] [-- run args]
 
 Each run is `nox -s <tier> -- ...` when a nox command is given (what a user types: its time beyond the run
 itself is the `venv` phase), else `python -m conformance run --tier <tier> ...`. The phases come from each
@@ -130,7 +130,7 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="conformance.run.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="conformance.tooling.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="runs per tier (default 3)")
     parser.add_argument("--tiers", default="p0,p1", help="comma-separated tiers (default p0,p1)")

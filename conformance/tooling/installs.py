@@ -1,14 +1,15 @@
 """What the nox sessions ask of the environment they install into, run with that environment's Python.
 
-  python -m conformance.run.installs satisfied ROOT REQ...   exit 0 when the suite is installed editable from ROOT
-                                                        and every requirement REQ holds; else 1, one line
-                                                        per missing or wrong package
-  python -m conformance.run.installs freeze OUT             write `name==version` of every distribution visible
-                                                        here (the image's stack), as a pip constraints file
-  python -m conformance.run.installs has-module NAME        exit 0 when NAME imports here (found, not imported)
-  python -m conformance.run.installs version DIST           print DIST's installed version; exit 1 if absent
-  python -m conformance.run.installs uv-env                 print the UV_* variables that make uv install as pip
-                                                        is configured here (its indexes, find-links, constraints)
+  python -m conformance.tooling.installs satisfied ROOT REQ...  exit 0 when the suite is installed editable from
+                                                              ROOT and every requirement REQ holds; else 1, one
+                                                              line per missing or wrong package
+  python -m conformance.tooling.installs freeze OUT            write `name==version` of every distribution visible
+                                                              here (the image's stack), as a pip constraints file
+  python -m conformance.tooling.installs has-module NAME       exit 0 when NAME imports here (found, not imported)
+  python -m conformance.tooling.installs version DIST          print DIST's installed version; exit 1 if absent
+  python -m conformance.tooling.installs uv-env                print the UV_* variables that make uv install as
+                                                              pip is configured here (its indexes, find-links,
+                                                              constraints)
 
 Standard library only (plus `packaging`, vendored by pip, when present), so it runs from the checkout
 before the suite is installed (`python -m` puts the working directory on the path). The sessions run it
@@ -142,7 +143,7 @@ def gpu_install_commands(constraints: str, requirements: Sequence[str], python: 
     dependencies, a freeze of the image as constraints, then `requirements` with all of their own."""
     pip = [python, "-m", "pip", "install"]  # the image's pip (the venv sees its site-packages)
     return [[*pip, "--no-deps", "-e", "."],
-            [python, "-m", "conformance.run.installs", "freeze", constraints],
+            [python, "-m", "conformance.tooling.installs", "freeze", constraints],
             [*pip, "-c", constraints, *requirements]]
 
 
