@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import datafiles
 from conformance.engines import server_fork
 from conformance.engines.vllm_server import ServerClient
 from conformance.verdicts import accuracy, settings
@@ -29,7 +30,7 @@ G20 = {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32
 
 def _tiny_data(max_gen_toks: int = 8) -> dict:
     """accuracy.toml with answers cut to a few tokens and few concurrent requests (2 CPU cores)."""
-    data = settings.load_toml(accuracy.ACCURACY_DATA)
+    data = datafiles.load_toml(accuracy.ACCURACY_DATA)
     data["tasks"]["gsm8k"]["gen_kwargs"] = {"max_gen_toks": max_gen_toks}
     data["lm_eval"] |= {"num_concurrent": 4, "run_timeout_s": 300}
     return data
@@ -41,9 +42,9 @@ def test_pass_rule_is_explicit_data():
     assert "reference - 0.05" in rule.describe()
     mlperf = accuracy.PassRule("ratio", 0.0, 0.99)
     assert mlperf.pass_mark(0.925) == pytest.approx(0.91575) and "99%" in mlperf.describe()
-    bad = settings.load_toml(accuracy.ACCURACY_DATA)
+    bad = datafiles.load_toml(accuracy.ACCURACY_DATA)
     bad["rule"]["kind"] = "vibes"
-    with pytest.raises(settings.DataError, match="margin"):
+    with pytest.raises(datafiles.DataError, match="margin"):
         accuracy.pass_rule(bad)
 
 

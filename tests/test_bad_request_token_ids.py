@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import datafiles
 from conformance.checks.test_bad_requests import BAD_REQUESTS, WITH_TOKENIZER_LABELS
 from conformance.run import expectations
 from conformance.verdicts import compare, settings
@@ -56,7 +57,7 @@ def test_an_xfail_is_keyed_on_the_exact_check_id_a_skip_on_a_prefix():
 def test_a_match_that_is_not_text_is_refused(tmp_path):
     (tmp_path / "x.toml").write_text('[[expect]]\ncheck = "a.py::t"\nstatus = "xfail"\nlink = "https://x/issues/1"\n'
                                      "match = []\n")
-    with pytest.raises(settings.DataError, match="`match` of a.py::t must be a non-empty text"):
+    with pytest.raises(datafiles.DataError, match="`match` of a.py::t must be a non-empty text"):
         expectations.load(tmp_path)
 
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conformance import datafiles
 from conformance.checks import test_serving_perf as perf_checks
 from conformance.verdicts import bench_shapes, compare, perf
 from tests.check_fakes import FAILED, Figures, run_ctx
@@ -37,9 +38,7 @@ def test_the_cpu_default_scales_the_shapes_down_and_keeps_their_ratios():
 
 
 def test_an_unknown_shape_fails_in_one_sentence():
-    from conformance.verdicts import settings
-
-    with pytest.raises(settings.DataError, match="has no shape '2k2k'"):
+    with pytest.raises(datafiles.DataError, match="has no shape '2k2k'"):
         bench_shapes.lengths("cuda", "2k2k")
 
 

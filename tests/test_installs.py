@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance import datafiles
 from conformance.tooling import installs
-from conformance.verdicts import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("conformance", "env_checks", "reports")
@@ -102,8 +102,8 @@ def test_the_wheel_carries_every_data_file_of_the_packages(wheel):
 
 def test_runtime_data_is_read_from_the_package():
     for name in ("prompts/tiny.toml", "tokenizer/harmony_cases.json", "tokenizer/o200k_harmony.toml"):
-        assert (settings.DATA / name).is_file(), name
-    assert Path(str(settings.DATA)).resolve() == (ROOT / "conformance" / "data").resolve()
+        assert (datafiles.DATA / name).is_file(), name
+    assert Path(str(datafiles.DATA)).resolve() == (ROOT / "conformance" / "data").resolve()
 
 
 CHECKOUT_READ = re.compile(r"""parents?\b.*["']fixtures["']|["']fixtures["']\s*/|/\s*["']fixtures["']""")

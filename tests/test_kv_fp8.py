@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from conformance import datafiles
 from conformance.checkpoints.models import hf_config
 from conformance.checks.test_kv_fp8 import profiles_tolerance
 from conformance.reference import kv_model
@@ -198,5 +199,5 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
 
 def test_fp8_limits_are_per_dtype_and_a_missing_one_says_so():
     assert profiles.kv_fp8_tolerance("bfloat16")[0].median > profiles.kv_fp8_tolerance("float32")[0].median
-    with pytest.raises(settings.DataError, match=r"no \[kv_fp8.tolerance.float16\] limits .*measure"):
+    with pytest.raises(datafiles.DataError, match=r"no \[kv_fp8.tolerance.float16\] limits .*measure"):
         profiles.kv_fp8_tolerance("float16")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance import datafiles
 from conformance.run import machine_health
-from conformance.verdicts import settings
 from env_checks.signatures import match
 from reports.results import validate
 
@@ -37,7 +37,7 @@ def run(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProc
 def test_a_planted_gpu_reset_fails_the_run_with_its_signature(tmp_path):
     (expected,) = [m.id for m in match(RESET, source="kernel")]
     strict = tmp_path / "strict.toml"
-    strict.write_text((settings.DATA / "health.toml").read_text().replace(
+    strict.write_text((datafiles.DATA / "health.toml").read_text().replace(
         "fail_on_faults = false", "fail_on_faults = true"))
     proc, record = run(tmp_path, "strict", "--health-policy", str(strict))
     assert record["summary"]["failed"] == record["summary"]["error"] == 0 and record["summary"]["passed"] >= 1

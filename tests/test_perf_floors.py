@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.verdicts import perf_floors, settings
+from conformance import datafiles
+from conformance.verdicts import perf_floors
 from tests.check_fakes import Figures, run_ctx
 
 
@@ -37,7 +38,7 @@ def test_a_source_missing_from_the_table_is_a_data_error():
     table = {"floor": [{"sku": "H200", "model": "gpt-oss-120b", "input_len": 1, "output_len": 1, "concurrency": 1,
                         "figure": "output_tok_s", "per_gpu": False, "published": 2.0, "floor": 1.0, "source": "x"}],
              "sources": {}}
-    with pytest.raises(settings.DataError, match="cites source 'x'"):
+    with pytest.raises(datafiles.DataError, match="cites source 'x'"):
         perf_floors.floors(table)
 
 

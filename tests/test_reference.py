@@ -64,7 +64,8 @@ def test_tiny_model_exercises_the_swiglu_clamp(reference, tiny_prompts):
 
 
 def test_tiny_checkpoint_is_deterministic(tmp_path, tiny):
-    from conformance.checkpoints.models import content_hash, tiny_gpt_oss
+    from conformance.checkpoints.models import tiny_gpt_oss
+    from conformance.datafiles import content_hash
 
     again = tiny_gpt_oss(root=tmp_path)
     assert again.content_hash == tiny.content_hash == content_hash(again.path)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from conformance.checkpoints.models import TinySpec, cache_root, write_checkpoint
+from conformance.checkpoints.models import TinySpec, write_checkpoint
+from conformance.datafiles import cache_root
 
 
 def _set_sinks(value: float) -> Callable[[dict], dict]:

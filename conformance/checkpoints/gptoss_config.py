@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance import datafiles
 from conformance.checkpoints.modeldir import read_safetensors_header
-from conformance.verdicts import settings
 from conformance.verdicts.verdict import Verdict
 
 
@@ -24,7 +24,7 @@ class ConfigReport(Verdict):
 
 
 def spec() -> dict[str, Any]:
-    return settings.load_toml(settings.DATA / "gpt_oss.toml")
+    return datafiles.load_toml(datafiles.DATA / "gpt_oss.toml")
 
 
 def _rope(cfg: dict) -> dict:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from conformance.verdicts.settings import cache_root
+from conformance.datafiles import cache_root, content_hash
 
 # Bumped whenever the generator changes what it writes, so old caches are not reused.
 GENERATOR_VERSION = 1
@@ -128,18 +128,6 @@ def _weights(spec: TinySpec) -> dict:
     w["lm_head.weight"] = normal(spec.vocab_size, h, std=3.0 / h**0.5)
     torch_dtype = getattr(torch, spec.dtype)
     return {k: v.to(torch_dtype).contiguous() for k, v in w.items()}
-
-
-def content_hash(model_dir: Path) -> str:
-    """sha256 over config.json and every safetensors file, in name order."""
-    digest = hashlib.sha256()
-    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
-    for f in files:
-        digest.update(f.name.encode())
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_checkpoint(spec: TinySpec, out_dir: Path, config_overrides: dict | None = None,

@@ -3,9 +3,10 @@ to the same fp8 format (e4m3fn, or e4m3fnuz on gfx942), and its KV accounting at
 
 import pytest
 
+from conformance import datafiles
 from conformance.engines.worker import EngineError
 from conformance.reference import kv_model
-from conformance.verdicts import compare, profiles, settings
+from conformance.verdicts import compare, profiles
 from conformance.verdicts.verdict import record_figures
 
 AREA = "kv-cache"
@@ -93,5 +94,5 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
 def profiles_tolerance(dtype: str = "float32"):
     try:
         return profiles.kv_fp8_tolerance(dtype)
-    except settings.DataError as exc:
+    except datafiles.DataError as exc:
         pytest.fail(str(exc), pytrace=False)

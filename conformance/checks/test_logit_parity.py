@@ -2,6 +2,7 @@
 
 import pytest
 
+from conformance import datafiles
 from conformance.engines.worker import EngineError
 from conformance.verdicts import compare, mathcheck, settings
 from conformance.verdicts.verdict import record_figures
@@ -65,7 +66,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, prompts, 
     """
     try:
         tol = settings.layer_tolerance(run.dtype_name)
-    except settings.DataError as exc:
+    except datafiles.DataError as exc:
         pytest.fail(str(exc), pytrace=False)
     decode_steps, long_prompt = settings.layer_probe_settings()
     max_len = int(engines.options().get("max_model_len") or model_under_test.config["max_position_embeddings"])

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from conformance import datafiles
 from conformance.engines.worker import EngineError
 from conformance.run import capabilities
 from conformance.verdicts import compare, longctx, profiles
@@ -22,7 +23,7 @@ def tolerance(run):
 
     try:
         return settings.depth_tolerance(run.dtype_name)
-    except settings.DataError as exc:
+    except datafiles.DataError as exc:
         pytest.fail(str(exc), pytrace=False)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conformance import datafiles
 from conformance.checkpoints import gptoss_config
 from conformance.checkpoints.crafted import crafted
 from conformance.checks import call_or_fail
@@ -67,7 +68,7 @@ def test_rope_tables_match_reference(engine, reference, run, call_timeout_s, rec
     got = call_or_fail(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
     try:
         tol = settings.rope_tolerance(run.dtype_name)
-    except settings.DataError as exc:
+    except datafiles.DataError as exc:
         pytest.fail(str(exc), pytrace=False)
     report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, tol, run.dtype_name)
     record_figures(record_figure, report)
@@ -176,7 +177,7 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
     _, top_k = tolerance
     try:
         rule = settings.diagnosis(run.dtype_name)
-    except settings.DataError as exc:
+    except datafiles.DataError as exc:
         pytest.fail(str(exc), pytrace=False)
     sample = sorted(outputs, key=lambda c: -len(c.prompt_ids))[:3]
     unbounded = compare.LogprobTolerance(float("inf"))

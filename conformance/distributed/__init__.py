@@ -23,8 +23,8 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
+from conformance import datafiles
 from conformance.engines import forkserver
-from conformance.verdicts import settings
 from conformance.verdicts.compare import CheckFailed
 
 # Rank 0 has already failed: how long the others get to report before they are killed (they are
@@ -70,7 +70,7 @@ class RankContext:
 
 @cache
 def data() -> dict[str, Any]:
-    return settings.load_toml(settings.DATA / "distributed.toml")
+    return datafiles.load_toml(datafiles.DATA / "distributed.toml")
 
 
 def world_size_for(value: int | str, gpus: int) -> int:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from conformance.checkpoints.models import WEIGHTS_FILE, TinySpec, cache_root, write_checkpoint
+from conformance.checkpoints.models import WEIGHTS_FILE, TinySpec, write_checkpoint
 from conformance.checkpoints.quant.mxfp4 import NOT_CONVERTED, quantize
+from conformance.datafiles import cache_root
 from conformance.distributed import data
 
 WRITER_VERSION = 2  # bump when the files written here change

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.datafiles import content_hash
 from conformance.engines.base import Completion, StepLogprobs
 
 if TYPE_CHECKING:
@@ -83,8 +84,6 @@ def _source_digest() -> str:
 
 def _model_digest(model_dir: Path) -> str:
     """The checkpoint's content hash, computed again whenever one of its files changed size or time."""
-    from conformance.checkpoints.models import content_hash
-
     files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
     key = json.dumps([str(model_dir.resolve()), [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]])
     if key not in _model_digests:

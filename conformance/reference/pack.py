@@ -30,7 +30,7 @@ class PackRefused(ValueError):
 
 @dataclass(frozen=True)
 class PackKey:
-    model: str  # sha256 of config.json and the safetensors files (checkpoints/models.py content_hash)
+    model: str  # sha256 of config.json and the safetensors files (conformance/datafiles.py content_hash)
     prompts: str  # sha256 of the run's prompt set (token ids and max_tokens)
     reference: str  # the reference's version: its source and torch's version (reference/cache.py)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conformance.verdicts import settings
+from conformance import datafiles
 
 DIR = resources.files("conformance") / "data" / "expectations"  # package data
 NARROWED = pytest.StashKey[tuple[list[str], str]]()  # on an item: (texts its xfail's failure must hold, entry)
@@ -31,13 +31,13 @@ NARROWED = pytest.StashKey[tuple[list[str], str]]()  # on an item: (texts its xf
 def load(directory: Path = DIR) -> list[dict[str, Any]]:
     entries = []
     for f in sorted(directory.glob("*.toml")):
-        for e in settings.load_toml(f).get("expect", []):
+        for e in datafiles.load_toml(f).get("expect", []):
             if e.get("status") not in ("xfail", "skip") or "check" not in e:
-                raise settings.DataError(f"{f}: entry {e} needs `check` and `status` = xfail|skip.")
+                raise datafiles.DataError(f"{f}: entry {e} needs `check` and `status` = xfail|skip.")
             if e["status"] == "xfail" and "link" not in e:
-                raise settings.DataError(f"{f}: xfail entry for {e['check']} needs a bug `link`.")
+                raise datafiles.DataError(f"{f}: xfail entry for {e['check']} needs a bug `link`.")
             if "match" in e and not _texts(e["match"]):
-                raise settings.DataError(f"{f}: `match` of {e['check']} must be a non-empty text or list of texts.")
+                raise datafiles.DataError(f"{f}: `match` of {e['check']} must be a non-empty text or list of texts.")
             entries.append(e | {"file": f.name})
     return entries
 

@@ -43,7 +43,8 @@ def run(request: pytest.FixtureRequest) -> RunContext:
 
 @pytest.fixture(scope="session")
 def model_under_test(run: RunContext) -> ModelUnderTest:
-    from conformance.checkpoints.models import content_hash, tiny_gpt_oss
+    from conformance.checkpoints.models import tiny_gpt_oss
+    from conformance.datafiles import content_hash
 
     if run.model_arg:
         try:

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance import datafiles
 from conformance.run.telemetry import Sampler, judge
-from conformance.verdicts import settings
 from env_checks import health
 
 EXTRA_ENV = "CONFORMANCE_KERNEL_LOG_EXTRA"
@@ -40,9 +40,9 @@ _RUN: dict[str, HealthRun] = {}  # one session per process: the current run unde
 
 
 def load_policy(target: str, path: str | Path | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    table = settings.load_toml(Path(path) if path else settings.DATA / "health.toml")
+    table = datafiles.load_toml(Path(path) if path else datafiles.DATA / "health.toml")
     if target not in table:
-        raise settings.DataError(f"health policy {path or 'health.toml'} has no [{target}] table: add one.")
+        raise datafiles.DataError(f"health policy {path or 'health.toml'} has no [{target}] table: add one.")
     return dict(table[target]), list(table.get("telemetry_limits", []))
 
 

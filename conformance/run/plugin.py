@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from conformance import datafiles
 from conformance.engines import openai_api, vllm_server
 from conformance.run import capabilities, expectations, machine_health, run_options, run_target, runrecord, targets
 from conformance.run.cpu_features import amx as _cpu_amx
@@ -287,9 +288,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
     if not session.config.option.fresh_reference:  # conformance/reference/cache.py
         from conformance.reference import cache
-        from conformance.verdicts import settings
 
-        cache.enable(settings.cache_root() / "reference-results")
+        cache.enable(datafiles.cache_root() / "reference-results")
     if session.config.option.reference_pack:  # a pack for another model or version: refused before anything runs
         from conformance.reference import pack
 

@@ -11,6 +11,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from conformance import datafiles
 from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
 from conformance.run.targets import TargetReport
 from conformance.verdicts import settings
@@ -50,7 +51,7 @@ def dtype(arg: str | None) -> str | None:
     """A dtype the suite has limits for (tolerances.toml [logprobs.<dtype>]): any other could only error per check."""
     if not arg:
         return None
-    known = sorted(settings.load_toml(settings.DATA / "tolerances.toml")["logprobs"])
+    known = sorted(datafiles.load_toml(datafiles.DATA / "tolerances.toml")["logprobs"])
     if arg not in known:
         return f"--dtype {arg}: the suite judges {', '.join(known)} (tolerances.toml); pick one of those."
     return None
@@ -80,7 +81,7 @@ def health_policy(arg: str | None, target: str) -> str | None:
 
     try:
         load_policy(target, path)
-    except (settings.DataError, ValueError, OSError) as exc:
+    except (datafiles.DataError, ValueError, OSError) as exc:
         return f"--health-policy {arg}: {exc}"
     return None
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from conformance.verdicts import settings
+from conformance import datafiles
 
 
 def minimum() -> dict[str, Any]:
-    return settings.load_toml(settings.DATA / "run_minimum.toml")
+    return datafiles.load_toml(datafiles.DATA / "run_minimum.toml")
 
 
 def _name(check_id: str) -> str:

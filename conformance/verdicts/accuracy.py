@@ -13,13 +13,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from conformance import datafiles
 from conformance.engines.vllm_server import ServerClient, _tail
-from conformance.verdicts import settings
 from conformance.verdicts.compare import VerdictReport
 from conformance.verdicts.perf import PerfError, child_env, run_in_group
 from conformance.verdicts.verdict import Verdict
 
-ACCURACY_DATA = settings.DATA / "accuracy.toml"
+ACCURACY_DATA = datafiles.DATA / "accuracy.toml"
 # The directory with the eval datasets (the `--eval-data DIR` option is meant to set it).
 EVAL_DATA_ENV = "CONFORMANCE_EVAL_DATA"
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -32,7 +32,7 @@ class AccuracyError(RuntimeError):
 
 @cache
 def accuracy_data() -> dict[str, Any]:
-    return settings.load_toml(ACCURACY_DATA)
+    return datafiles.load_toml(ACCURACY_DATA)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class PassRule:
 def pass_rule(data: dict[str, Any] | None = None) -> PassRule:
     row = (data or accuracy_data())["rule"]
     if row["kind"] not in ("margin", "ratio"):
-        raise settings.DataError(f"accuracy.toml [rule] kind is {row['kind']!r}: use 'margin' or 'ratio'.")
+        raise datafiles.DataError(f"accuracy.toml [rule] kind is {row['kind']!r}: use 'margin' or 'ratio'.")
     return PassRule(row["kind"], float(row.get("margin", 0.0)), float(row.get("ratio", 1.0)))
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conformance.verdicts import perf, settings
+from conformance import datafiles
+from conformance.verdicts import perf
 
 
 def shapes(data: dict[str, Any] | None = None) -> dict[str, tuple[int, int]]:
     """The standard shapes in data order: name -> (input_len, output_len)."""
     table = (data or perf.perf_data())["bench"].get("shapes")
     if not table:
-        raise settings.DataError("perf.toml has no [bench.shapes] table: the standard serving shapes are data there")
+        raise datafiles.DataError("perf.toml has no [bench.shapes] table: the standard serving shapes are data there")
     return {name: (int(row["input_len"]), int(row["output_len"])) for name, row in table.items()}
 
 
@@ -35,7 +36,7 @@ def lengths(target: str, shape: str, data: dict[str, Any] | None = None) -> tupl
     data = data or perf.perf_data()
     standard = shapes(data)
     if shape not in standard:
-        raise settings.DataError(f"perf.toml [bench.shapes] has no shape {shape!r} (has {', '.join(standard)})")
+        raise datafiles.DataError(f"perf.toml [bench.shapes] has no shape {shape!r} (has {', '.join(standard)})")
     own = data["bench"].get(target, {}).get("shapes", {})
     row = own.get(shape)
     return (int(row["input_len"]), int(row["output_len"])) if row else standard[shape]

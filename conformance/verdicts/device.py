@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from conformance.verdicts import settings
+from conformance import datafiles
 from conformance.verdicts.verdict import Verdict
 from env_checks import isa
 
@@ -19,7 +19,7 @@ ISA_KIND = {"rocm": "hip", "cuda": "cuda"}
 
 
 def devices() -> dict[str, Any]:
-    return settings.load_toml(settings.DATA / "devices.toml")
+    return datafiles.load_toml(datafiles.DATA / "devices.toml")
 
 
 def sku_for(name: str | None) -> dict[str, Any] | None:

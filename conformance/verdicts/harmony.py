@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.verdicts import settings
+from conformance import datafiles
 from conformance.verdicts.verdict import Verdict
 
-CASES = settings.DATA / "tokenizer" / "harmony_cases.json"
+CASES = datafiles.DATA / "tokenizer" / "harmony_cases.json"
 DATE_RE = re.compile(r"Current date: (\d{4}-\d{2}-\d{2})")
 
 

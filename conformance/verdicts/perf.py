@@ -18,14 +18,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from conformance import datafiles
 from conformance.engines import heartbeat
 from conformance.engines.base import Completion
 from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
-from conformance.verdicts import compare, settings
+from conformance.verdicts import compare
 from conformance.verdicts.compare import VerdictReport
 from env_checks import baselines
 
-PERF_DATA = settings.DATA / "perf.toml"
+PERF_DATA = datafiles.DATA / "perf.toml"
 # The history store the dashboard writes (`conformance dashboard --db`, default relative to the
 # working directory, like the dashboard's); a run elsewhere names it in this env var.
 HISTORY_ENV = "CONFORMANCE_HISTORY_DB"
@@ -45,7 +46,7 @@ class PerfError(RuntimeError):
 
 @cache
 def perf_data() -> dict[str, Any]:
-    return settings.load_toml(PERF_DATA)
+    return datafiles.load_toml(PERF_DATA)
 
 
 def sweep() -> list[int]:
@@ -69,7 +70,7 @@ def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None
     data = data or perf_data()
     bench = data["bench"]
     if target not in bench:
-        raise settings.DataError(f"perf.toml has no [bench.{target}] table: add the request mix for {target}.")
+        raise datafiles.DataError(f"perf.toml has no [bench.{target}] table: add the request mix for {target}.")
     mix = bench[target]
     n = min(max(concurrency * int(mix["prompts_per_concurrency"]), int(mix["min_prompts"])), int(mix["max_prompts"]))
     return BenchPlan(concurrency, n, int(mix["input_len"]), int(mix["output_len"]), int(bench["seed"]),
@@ -211,7 +212,7 @@ def regression_limits(target: str, data: dict[str, Any] | None = None) -> list[F
     limits = []
     for name, row in rows.items():
         if row.get("better") not in ("higher", "lower"):
-            raise settings.DataError(f"perf.toml [regression.{target}] {name}: better must be 'higher' or 'lower'.")
+            raise datafiles.DataError(f"perf.toml [regression.{target}] {name}: better must be 'higher' or 'lower'.")
         limits.append(FigureLimit(name, row["better"], float(row["tolerance"]), float(row.get("slack", 0.0))))
     return limits
 
@@ -332,7 +333,7 @@ def graph_capability(target: str, engine: str, data: dict[str, Any] | None = Non
     """Whether `target` has graphs, and the line `engine` logs once it captured them (perf.toml)."""
     row = (data or perf_data())["graph_mode"].get(target)
     if row is None:
-        raise settings.DataError(f"perf.toml has no [graph_mode.{target}] table: say whether {target} has graphs.")
+        raise datafiles.DataError(f"perf.toml has no [graph_mode.{target}] table: say whether {target} has graphs.")
     reason = " ".join(str(row.get("reason", "")).split())
     if not row["supported"]:
         return GraphCapability(False, reason, None)
@@ -346,7 +347,7 @@ def graph_capability(target: str, engine: str, data: dict[str, Any] | None = Non
 def max_greedy_divergences(dtype: str, data: dict[str, Any] | None = None) -> int:
     table = (data or perf_data())["graph_mode"]["max_greedy_divergences"]
     if dtype not in table:
-        raise settings.DataError(f"perf.toml [graph_mode.max_greedy_divergences] has no {dtype}: add a limit.")
+        raise datafiles.DataError(f"perf.toml [graph_mode.max_greedy_divergences] has no {dtype}: add a limit.")
     return int(table[dtype])
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar
 
-from conformance.verdicts import settings
+from conformance import datafiles
 from conformance.verdicts.verdict import Verdict, record_figures
 
 
@@ -44,7 +44,7 @@ class FloorVerdict(Verdict):
 
 @cache
 def data() -> dict[str, Any]:
-    return settings.load_toml(settings.DATA / "perf_floors.toml")
+    return datafiles.load_toml(datafiles.DATA / "perf_floors.toml")
 
 
 def floors(table: dict[str, Any] | None = None) -> list[Floor]:
@@ -53,7 +53,7 @@ def floors(table: dict[str, Any] | None = None) -> list[Floor]:
     out = []
     for row in table.get("floor", []):
         if row["source"] not in sources:
-            raise settings.DataError(f"perf_floors.toml: floor for {row['sku']} {row['model']} cites source "
+            raise datafiles.DataError(f"perf_floors.toml: floor for {row['sku']} {row['model']} cites source "
                                      f"{row['source']!r}, which [sources] does not list")
         out.append(Floor(row["sku"], row["model"], int(row["input_len"]), int(row["output_len"]),
                          int(row["concurrency"]), row["figure"], bool(row["per_gpu"]), float(row["published"]),

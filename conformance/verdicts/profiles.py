@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from conformance.verdicts import settings
+from conformance import datafiles
 
 MODELS = ("tiny", "gpt-oss-20b", "gpt-oss-120b")
 
@@ -66,7 +66,7 @@ class Profile:
 
 @cache
 def data() -> dict[str, Any]:
-    return settings.load_toml(settings.DATA / "profiles.toml")
+    return datafiles.load_toml(datafiles.DATA / "profiles.toml")
 
 
 def backend(name: str, table: dict[str, Any] | None = None) -> Backend:
@@ -177,7 +177,7 @@ def kv_fp8_tolerance(dtype: str, table: dict[str, Any] | None = None) -> tuple[A
 
     rows = (table or data())["kv_fp8"]["tolerance"]
     if dtype not in rows:
-        raise settings.DataError(f"profiles.toml has no [kv_fp8.tolerance.{dtype}] limits (it has "
+        raise datafiles.DataError(f"profiles.toml has no [kv_fp8.tolerance.{dtype}] limits (it has "
                                  f"{', '.join(sorted(rows))}): measure an fp8-KV engine in {dtype} on a clean stack "
                                  "and add them first.")
     row = rows[dtype]
@@ -204,7 +204,7 @@ def configure(ctx: Any, requested: str | None) -> Profile:
     try:
         chosen = select(requested, t.resolved, list(t.devices), model_key(read_config(ctx.model_arg)),
                         _backend_dtype(ctx))
-    except (ProfileError, settings.DataError) as exc:
+    except (ProfileError, datafiles.DataError) as exc:
         raise pytest.UsageError(str(exc)) from None
     ctx.profile, ctx.serving_profile = chosen.label, chosen
     return chosen

@@ -2,44 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from conformance.datafiles import DATA, DataError, load_toml
 from conformance.verdicts.compare import BlockLimits, LayerTolerance, LogprobTolerance
-
-# Package data (shipped in the wheel), read through importlib.resources: an installed suite never reads
-# the checkout. `files()` of an installed (unzipped) package is a pathlib.Path.
-DATA: Path = resources.files("conformance") / "data"  # type: ignore[assignment]
-
-
-def cache_root() -> Path:
-    """Where built checkpoints and the offline vocab are cached ($CONFORMANCE_CACHE, else ~/.cache)."""
-    env = os.environ.get("CONFORMANCE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "gpu-llm-conformance"
-
-
-class DataError(ValueError):
-    """A data file of the suite or of the user is malformed."""
-
-
-def load_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path} does not exist: check the path you gave.") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise DataError(f"{path} is not valid TOML ({exc}): fix that line and run again.") from None
 
 
 @cache

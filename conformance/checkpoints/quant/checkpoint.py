@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from conformance.checkpoints.models import WEIGHTS_FILE, TinySpec, _weights, cache_root, hf_config
+from conformance.checkpoints.models import WEIGHTS_FILE, TinySpec, _weights, hf_config
 from conformance.checkpoints.quant.formats import FORMATS, QuantFormat, format_of, is_quantized_module, quantized_stems
+from conformance.datafiles import cache_root
 from conformance.verdicts.compare import VerdictReport
 
 QUANT_VERSION = 1  # bumped whenever a writer changes what it writes

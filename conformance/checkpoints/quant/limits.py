@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conformance.verdicts import settings
+from conformance import datafiles
 from conformance.verdicts.compare import LogprobTolerance, VerdictReport
 
 
@@ -31,7 +31,7 @@ class NumericsLabel:
 
 
 def _table() -> dict:
-    return settings.load_toml(settings.DATA / "quant.toml")
+    return datafiles.load_toml(datafiles.DATA / "quant.toml")
 
 
 def _limits(fmt: str, row: dict) -> FormatLimits:
@@ -44,7 +44,7 @@ def _limits(fmt: str, row: dict) -> FormatLimits:
 def format_limits(fmt: str) -> FormatLimits:
     table = _table().get("format", {})
     if fmt not in table:
-        raise settings.DataError(f"quant.toml has no [format.{fmt}] table: add its dtype and limits first.")
+        raise datafiles.DataError(f"quant.toml has no [format.{fmt}] table: add its dtype and limits first.")
     return _limits(fmt, table[fmt])
 
 

@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.verdicts import settings
+from conformance import datafiles
 from conformance.verdicts.verdict import Verdict
 
-CORPUS = settings.DATA / "tokenizer" / "corpus.json"
+CORPUS = datafiles.DATA / "tokenizer" / "corpus.json"
 
 
 @dataclass(frozen=True)

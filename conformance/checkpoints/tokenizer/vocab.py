@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conformance.verdicts import settings
+from conformance import datafiles
 
 O200K_FILE = "o200k_base.tiktoken"
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
@@ -33,7 +33,7 @@ class VocabUnavailable(RuntimeError):
 
 def facts() -> dict:
     """The numbers of docs/model.md for o200k_harmony, kept as data in conformance/data/tokenizer/."""
-    return settings.load_toml(settings.DATA / "tokenizer" / "o200k_harmony.toml")
+    return datafiles.load_toml(datafiles.DATA / "tokenizer" / "o200k_harmony.toml")
 
 
 def tiktoken_cache_name(url: str = O200K_URL) -> str:
@@ -46,7 +46,7 @@ def vocab_env(vocab_dir: Path) -> dict[str, str]:
 
 
 def default_vocab_dir() -> Path:
-    return settings.cache_root() / "o200k"
+    return datafiles.cache_root() / "o200k"
 
 
 def _rebuild_from_quicktok() -> bytes:
