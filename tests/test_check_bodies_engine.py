@@ -30,9 +30,10 @@ from conformance.engines.observations import (
 )
 from conformance.engines.worker import EngineError
 from conformance.verdicts import settings
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
 
-TOL = settings.tolerance("float32")
+TOL = limits_for("float32").logprobs
 PROMPTS = SimpleNamespace(prompts=[list(range(1, 40)), list(range(50, 60)), list(range(70, 90))], max_tokens=4)
 
 

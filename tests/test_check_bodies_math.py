@@ -15,10 +15,10 @@ from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
 from conformance.engines.base import StepLogprobs
 from conformance.reference import Reference
-from conformance.verdicts import settings
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
 
-TOL = settings.tolerance("float32")
+TOL = limits_for("float32").logprobs
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +37,14 @@ def test_rope_check_fails_on_an_engine_with_rounded_yarn(tiny, reference):
     rounded = Reference(tiny.path, "yarn_rounded")
     engine = ScriptedEngine({"components:rope_tables": rounded.rope_tables})
     with pytest.raises(FAILED, match="inv_freq"):
-        math_checks.test_rope_tables_match_reference(engine, reference, run_ctx(), 1.0, Figures())
+        math_checks.test_rope_tables_match_reference(engine, reference, limits_for("float32"), 1.0, Figures())
 
 
 def test_moe_check_fails_on_an_engine_with_gate_up_halves(tiny, reference):
     halves = Reference(tiny.path, "gate_up_halves")
     engine = ScriptedEngine({"components:moe_block": lambda layer, x: halves.moe(layer, x.double()).float()})
     with pytest.raises(FAILED, match="layer 0, M=7"):
-        math_checks.test_moe_block_matches_reference(7, engine, reference, run_ctx(), 1.0, Figures())
+        math_checks.test_moe_block_matches_reference(7, engine, reference, limits_for("float32"), 1.0, Figures())
 
 
 def _nan_logprobs(completions):
@@ -88,7 +88,7 @@ def test_nearest_mutant_check_fails_on_a_stack_that_behaves_like_rounded_yarn(ti
     outputs = [rounded.score(p, [], TOL[1] + 5) for p in short_prompts.prompts]
     model = SimpleNamespace(path=tiny.path, config=reference.cfg)
     with pytest.raises(FAILED, match="it behaves like yarn_rounded"):
-        math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, run_ctx(), TOL,
+        math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, limits_for("float32"),
                                                              Figures())
 
 

@@ -239,7 +239,7 @@ def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
 
     from conformance.checks import test_serving_perf as perf_checks
     from conformance.engines.base import Completion, StepLogprobs
-    from conformance.verdicts.settings import tolerance
+    from conformance.verdicts.limits import limits_for
     from tests.check_fakes import ScriptedEngine, ScriptedEngines, run_ctx
 
     def answer(tokens):
@@ -253,7 +253,7 @@ def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
     engines = ScriptedEngines(eager, by_key=lambda o: eager if o.get("enforce_eager") else graph)
     prompts = SimpleNamespace(prompts=[[1, 2, 3]], max_tokens=2)
     request = SimpleNamespace(getfixturevalue=lambda name: engines)
-    fails(perf_checks.test_graph_mode_matches_eager, run_ctx("cuda"), prompts, tolerance("float32"), 1.0,
+    fails(perf_checks.test_graph_mode_matches_eager, run_ctx("cuda"), prompts, limits_for("float32"), 1.0,
           Figures(), request, match="chose 60")
 
 

@@ -13,7 +13,7 @@ from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
 from conformance.engines.worker import EngineProcess
 from conformance.reference import MUTATIONS, Reference
-from conformance.verdicts import settings
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, run_ctx
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def model(reference):
 def _layers(engine, reference, prompts, model, dtype="float32", max_model_len=1024):
     figures = Figures()
     parity.test_layer_blocks_match_reference(engine, Engines(engine, max_model_len=max_model_len), reference,
-                                             run_ctx(dtype=dtype), prompts, model, 600.0, figures)
+                                             run_ctx(dtype=dtype), limits_for(dtype), prompts, model, 600.0, figures)
     return figures.values
 
 
@@ -82,7 +82,7 @@ def test_layer_check_fails_on_planted_engine_faults(fault, tiny, reference, prom
 
 def _rope(engine, reference, dtype):
     figures = Figures()
-    math_checks.test_rope_tables_match_reference(engine, reference, run_ctx(dtype=dtype), 600.0, figures)
+    math_checks.test_rope_tables_match_reference(engine, reference, limits_for(dtype), 600.0, figures)
     return figures.values
 
 
@@ -102,12 +102,13 @@ def test_exact_float32_check_rejects_an_engine_without_sinks(cpu_engine, tiny, r
     """A bf16 run on a GPU target also runs the exact fp32 verdict: an fp32 engine without sinks fails it."""
     run = run_ctx(target="rocm", dtype="bfloat16")
     figures = Figures()
-    parity.test_exact_float32_logprobs_match_reference(run, Engines(cpu_engine, {"float32": cpu_engine}), reference,
-                                                       prompts, model, 600.0, figures)
-    assert figures.values["max_abs_dlogprob"] < settings.tolerance("float32")[0].max_abs
+    exact = limits_for("float32")
+    parity.test_exact_float32_logprobs_match_reference(run, exact, Engines(cpu_engine, {"float32": cpu_engine}),
+                                                       reference, prompts, model, 600.0, figures)
+    assert figures.values["max_abs_dlogprob"] < limits_for("float32").logprobs[0].max_abs
     bad = shared_engines.get(tiny.path, planted_fault="sinks_dropped")
     with pytest.raises(FAILED, match=r"engine \(float32\) vs reference"):
-        parity.test_exact_float32_logprobs_match_reference(run, Engines(bad, {"float32": bad}), reference,
+        parity.test_exact_float32_logprobs_match_reference(run, exact, Engines(bad, {"float32": bad}), reference,
                                                            prompts, model, 600.0, Figures())
 
 
@@ -134,7 +135,7 @@ def test_rope_check_passes_tables_stored_in_low_precision_and_rejects_bf16_angle
     """A table computed in fp32 and stored in bf16/fp16 passes; angles from bf16 positions or a bf16-rounded
     inv_freq fail, named as a long-context defect with the angle error at position 131071."""
     figures = _rope(_hf(shared_engines, tiny, dtype), reference, dtype)
-    assert figures["rope_angle_err_rad_at_131071"] < settings.rope_tolerance(dtype)["angle_abs"] + 0.04
+    assert figures["rope_angle_err_rad_at_131071"] < limits_for(dtype).rope["angle_abs"] + 0.04
     for fault in ("rope_bf16_positions", "rope_bf16_inv_freq"):
         with pytest.raises(FAILED, match="grows with position.*long-context defect"):
             _rope(_hf(shared_engines, tiny, dtype, fault), reference, dtype)
@@ -149,11 +150,11 @@ def test_moe_check_in_low_precision_passes_clean_and_catches_unrenormalised_rout
     over the top-4 fails."""
     figures = Figures()
     math_checks.test_moe_block_matches_reference(4096, _hf(shared_engines, tiny, dtype), reference,
-                                                 run_ctx(dtype=dtype), 600.0, figures)
+                                                 limits_for(dtype), 600.0, figures)
     assert figures.values["moe_tokens_redrawn"] > 0
     with pytest.raises(FAILED, match="MoE block layer 0, M=512"):
         math_checks.test_moe_block_matches_reference(512, _hf(shared_engines, tiny, dtype, "routing_not_renormalised"),
-                                                     reference, run_ctx(dtype=dtype), 600.0, Figures())
+                                                     reference, limits_for(dtype), 600.0, Figures())
 
 
 def test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_biases(tiny, reference, prompts,
@@ -162,17 +163,16 @@ def test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_
     (its max |Δlogprob| was no nearer than a mutant's on the H200), and an engine whose expert biases are dropped is
     named as behaving like expert_bias_dropped."""
     model = SimpleNamespace(path=tiny.path, config=reference.cfg)
-    tol = settings.tolerance("bfloat16")
-    run = run_ctx(dtype="bfloat16")
+    bf16 = limits_for("bfloat16")
     for fault in (None, "expert_bias_dropped"):
         engine = _hf(shared_engines, tiny, "bfloat16", fault)
-        outputs = engine.call("generate_greedy", prompts.prompts, 4, tol[1], prompt_logprobs=True, timeout_s=600.0)
+        outputs = engine.call("generate_greedy", prompts.prompts, 4, bf16.logprobs[1], prompt_logprobs=True,
+                              timeout_s=600.0)
         if fault is None:
             figures = Figures()
-            math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, run, tol, figures)
+            math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, bf16, figures)
             assert figures.values["distance_to_reference"] * 2 < figures.values["distance_to_nearest_mutant"]
             assert figures.values["mutants_below_noise"] < len(MUTATIONS)
         else:
             with pytest.raises(FAILED, match="it behaves like expert_bias_dropped"):
-                math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, run, tol,
-                                                                    Figures())
+                math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, bf16, Figures())

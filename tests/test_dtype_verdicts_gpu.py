@@ -17,7 +17,8 @@ from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
 from conformance.engines import components, faults
 from conformance.reference import MUTATIONS, Reference
-from conformance.verdicts import mathcheck, settings
+from conformance.verdicts import mathcheck
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, run_ctx
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA or ROCm)")
@@ -62,7 +63,8 @@ def _prompt_set(seed: int, vocab: int) -> SimpleNamespace:
 def _layers(engine, reference, prompts, dtype) -> dict:
     figures = Figures()
     parity.test_layer_blocks_match_reference(engine, Engines(engine), reference, run_ctx(target="cuda", dtype=dtype),
-                                             prompts, SimpleNamespace(config=reference.cfg), 600.0, figures)
+                                             limits_for(dtype), prompts, SimpleNamespace(config=reference.cfg), 600.0,
+                                             figures)
     return figures.values
 
 
@@ -84,12 +86,12 @@ def test_clean_stack_passes_every_seed_and_mutants_fail(dtype, tiny, reference):
         ratios.append(_layers(engine, reference, _prompt_set(seed, vocab), dtype)["layer_worst_ratio_to_limit"])
     clean = max(ratios)
     rope = Figures()
-    math_checks.test_rope_tables_match_reference(engine, reference, run_ctx(target="cuda", dtype=dtype), 600.0, rope)
+    math_checks.test_rope_tables_match_reference(engine, reference, limits_for(dtype), 600.0, rope)
     row = {"clean_worst_ratio_max_over_seeds": clean, "clean_worst_ratio_median": sorted(ratios)[SEEDS // 2],
            "rope_clean": rope.values, "mutants": {}}
     prompts = _prompt_set(0, vocab)
     missed = []
-    tol = settings.layer_tolerance(dtype)
+    tol = limits_for(dtype).layers
     probes = engine.call("components:layer_io", [*prompts.prompts, prompts.prompts[-1] * 3], 8)
     for name in MUTATIONS:
         report = mathcheck.layers_close(probes, Reference(tiny.path, name), tol)
@@ -98,8 +100,8 @@ def test_clean_stack_passes_every_seed_and_mutants_fail(dtype, tiny, reference):
                                 "failing_strata": report.problems[:3]}
         if name == "yarn_rounded":  # its angles drift with position: the RoPE table check owns it
             try:
-                math_checks.test_rope_tables_match_reference(engine, Reference(tiny.path, name),
-                                                             run_ctx(target="cuda", dtype=dtype), 600.0, Figures())
+                math_checks.test_rope_tables_match_reference(engine, Reference(tiny.path, name), limits_for(dtype),
+                                                             600.0, Figures())
                 missed.append(name)
             except FAILED as exc:
                 row["mutants"][name]["rope_check"] = str(exc).splitlines()[0][:300]
@@ -120,7 +122,7 @@ def test_planted_engine_faults_fail_the_checks(fault, dtype, tiny, reference):
     rope_failed = layers_failed = False
     message = ""
     try:
-        math_checks.test_rope_tables_match_reference(engine, reference, run_ctx(target="cuda", dtype=dtype), 600.0,
+        math_checks.test_rope_tables_match_reference(engine, reference, limits_for(dtype), 600.0,
                                                      Figures())
     except FAILED as exc:
         rope_failed, message = True, str(exc).splitlines()[0]

@@ -18,9 +18,10 @@ from conformance.engines.observations import StepwiseRun, SubmitOutcome
 from conformance.engines.worker import EngineProcess
 from conformance.reference import kv_model
 from conformance.verdicts import compare, settings
+from conformance.verdicts.limits import limits_for
 
 pytestmark = pytest.mark.slow
-FP32, TOP_K = settings.tolerance("float32")
+FP32, TOP_K = limits_for("float32").logprobs
 
 
 @dataclasses.dataclass

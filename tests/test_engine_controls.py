@@ -10,7 +10,8 @@ import pytest
 
 from conformance.checkpoints.models import write_checkpoint
 from conformance.engines.worker import EngineError
-from conformance.verdicts import compare, settings
+from conformance.verdicts import compare
+from conformance.verdicts.limits import limits_for
 from tests.conftest import start_cpu_engine
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ def test_kv_check_rejects_a_request_that_still_holds_blocks(cpu_engine, tiny_pro
 
 
 def test_engine_parity_passes_on_the_good_stack(cpu_engine, reference, tiny_prompts):
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     prompts, max_tokens = tiny_prompts
     got = cpu_engine.call("generate_greedy", prompts, max_tokens, top_k, prompt_logprobs=True)
     want = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
@@ -54,7 +55,7 @@ BAD_STACKS = {
 def test_parity_check_rejects_real_vllm_on_a_bad_stack(bad, tiny, reference, tiny_prompts, tmp_path):
     """Negative control of test_greedy_logprobs_match_reference with the real engine."""
     model = write_checkpoint(tiny.spec, tmp_path / bad, config_overrides=BAD_STACKS[bad])
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     prompts, max_tokens = tiny_prompts
     proc = start_cpu_engine(str(model), tmp_path / "engine.log")
     try:

@@ -10,7 +10,8 @@ import pytest
 from conformance.checkpoints.models import TinyModel
 from conformance.engines import graph_decode
 from conformance.engines.transformers_engine import TransformersEngine
-from conformance.verdicts import perf, settings
+from conformance.verdicts import perf
+from conformance.verdicts.limits import limits_for
 
 torch = pytest.importorskip("torch")
 GPU = torch.cuda.is_available()
@@ -33,7 +34,7 @@ def eager_and_graph_model(tiny: TinyModel, device: str):
 def eager_completions(eager_and_graph_model, tiny_prompts):
     """The eager engine's greedy completions of the P0 prompts, which both sides below are held to."""
     prompts, max_tokens = tiny_prompts
-    return eager_and_graph_model[0].generate_greedy(prompts, max_tokens, settings.tolerance("float32")[1],
+    return eager_and_graph_model[0].generate_greedy(prompts, max_tokens, limits_for("float32").logprobs[1],
                                                     prompt_logprobs=True)
 
 
@@ -47,8 +48,8 @@ def test_static_cache_decode_matches_eager_and_planted_graph_bugs_are_rejected(e
                                                                                 device, eager_completions):
     _, graph_engine = eager_and_graph_model
     prompts, max_tokens = tiny_prompts
-    tol, top_k = settings.tolerance("float32")
-    limit = perf.max_greedy_divergences("float32")
+    tol, top_k = limits_for("float32").logprobs
+    limit = limits_for("float32").graph_divergences
     eager = eager_completions
 
     good, decoder = _decode(graph_engine, device, prompts, max_tokens, top_k)
@@ -68,7 +69,7 @@ def test_engine_static_decode_matches_recompute(tiny: TinyModel, eager_completio
     static = TransformersEngine(str(tiny.path), {"dtype": "float32", "device": device, "enforce_eager": True})
     assert static.info()["backends"]["decode"] == "static"
     prompts, max_tokens = tiny_prompts
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     report = perf.graph_eager_parity(static.generate_greedy(prompts, max_tokens, top_k, prompt_logprobs=True),
                                      eager_completions, tol, 0)
     assert report.ok, report.problems

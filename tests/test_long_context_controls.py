@@ -14,11 +14,13 @@ from conformance.checks import test_long_context as checks
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference.longref import LongReference
 from conformance.verdicts import longctx, profiles, settings
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines
 from tests.conftest import start_cpu_engine
 
 pytestmark = pytest.mark.slow
-FP32, TOP_K = settings.depth_tolerance("float32")  # what the long-context checks judge with
+LIMITS = limits_for("float32")
+FP32, TOP_K = LIMITS.depth  # what the long-context checks judge with
 LONG = longctx.settings_()
 
 
@@ -98,7 +100,7 @@ def _run_depth_check(tiny, short_deep, short_good, depth):
     figures = Figures()
     with pytest.raises(FAILED, match="max_abs_dlogprob = .* exceeds the tolerance") as err:
         checks.test_long_prompt_matches_reference_at_depth((_as_engine([bad]), 1.0), ([short_good], 1.0),
-                                                           (FP32, TOP_K), LONG, figures)
+                                                           LIMITS, LONG, figures)
     return err, figures
 
 
@@ -119,7 +121,7 @@ def test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked(short_deep,
                                 "generate_greedy": lambda *a, **k: _as_engine([short_good])})
     with pytest.raises(FAILED, match="was not prefilled in 1024-token chunks"):
         checks.test_chunked_prefill_of_long_prompt_matches_reference(
-            ScriptedEngines(unchunked), {"max_model_len": 32768}, short_deep, ([short_good], 1.0), (FP32, TOP_K),
+            ScriptedEngines(unchunked), {"max_model_len": 32768}, short_deep, ([short_good], 1.0), LIMITS,
             LONG, 300.0, Figures())
 
 
@@ -141,7 +143,7 @@ def test_prefix_hit_check_fails_on_a_cache_that_never_hits(long_engine, deep, sh
                              "kv_state": lambda: long_engine.call("kv_state")})
     with pytest.raises(FAILED, match="prefix_cache_hits moved by 0"):
         checks.test_prefix_cache_hit_at_depth_matches_reference(engine, deep, ([], 1.0), ([short_good], 1.0),
-                                                                (FP32, TOP_K), LONG, 900.0, Figures())
+                                                                LIMITS, LONG, 900.0, Figures())
 
 
 def test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body(tiny):
@@ -198,7 +200,7 @@ def _run_preemption_check(deep, engine) -> Figures:
     checks.test_preempted_long_requests_match_alone_and_reference(
         ScriptedEngines(engine, lambda o: engine), {"max_model_len": 32768},
         SimpleNamespace(config={"sliding_window": 128}), deep, ([fresh], 1.0),
-        ([Completion(deep, fresh.token_ids, fresh.steps)], 1.0), (FP32, TOP_K), LONG, 300.0, figures)
+        ([Completion(deep, fresh.token_ids, fresh.steps)], 1.0), LIMITS, LONG, 300.0, figures)
     return figures
 
 
@@ -248,7 +250,7 @@ def test_long_preemption_passes_on_real_vllm_cpu(tiny, engine_out, good, tmp_pat
         checks.test_preempted_long_requests_match_alone_and_reference(
             engines, dict(profiles.profile("cpu").long_context), SimpleNamespace(config=config),
             longctx.deep_prompt(tiny.spec.vocab_size, LONG.prompt_tokens, LONG.seed), (engine_out, 1.0),
-            (good, 1.0), (FP32, TOP_K), LONG, 900.0, figures)
+            (good, 1.0), LIMITS, LONG, 900.0, figures)
     finally:
         engines.close()
     print(f"long preemption check: {time.perf_counter() - started:.1f} s, figures {figures.values}")

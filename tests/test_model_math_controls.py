@@ -12,7 +12,8 @@ from conformance.checkpoints.crafted import crafted
 from conformance.checkpoints.models import write_checkpoint
 from conformance.checks.test_model_math import MOE_BATCH_SIZES, ROPE_POSITIONS
 from conformance.reference import MUTATIONS, Reference
-from conformance.verdicts import compare, mathcheck, settings
+from conformance.verdicts import compare, mathcheck
+from conformance.verdicts.limits import limits_for
 from tests.conftest import start_cpu_engine
 
 ROPE_TOL = gptoss_config.spec()["tolerances"]["rope"]["float32"]
@@ -85,7 +86,7 @@ def test_moe_check_rejects_moe_mutants(mutation, tiny, reference):
 @pytest.mark.parametrize("sink_mutant", ["sinks_dropped", "sinks_twice"])
 def test_sinks_check_rejects_a_stack_ignoring_or_doubling_large_sinks(sink_mutant, tiny_prompts):
     path = crafted("sinks_plus20")
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     prompts = tiny_prompts[0][:3]
     got = [Reference(path, sink_mutant).score(p, [], top_k) for p in prompts]
     want = [Reference(path).score(p, [], top_k + 5) for p in prompts]
@@ -94,7 +95,7 @@ def test_sinks_check_rejects_a_stack_ignoring_or_doubling_large_sinks(sink_mutan
 
 @pytest.mark.parametrize("window_mutant", ["window_127", "window_129"])
 def test_window_check_rejects_off_by_one(window_mutant, tiny, reference):
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     gen = torch.Generator().manual_seed(128)
     prompts = [torch.randint(0, 4088, (n,), generator=gen).tolist() for n in (126, 127, 128, 129, 130)]
     bad = Reference(tiny.path, window_mutant)

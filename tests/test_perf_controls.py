@@ -17,6 +17,7 @@ import pytest
 
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.verdicts import compare, perf
+from conformance.verdicts.limits import limits_for
 from reports.history import History
 
 CPU_FP = {"platform": {"accelerator": "none", "cpu_flags": ["avx2"]}, "packages": {"torch": "2.13.0+cpu"}}
@@ -172,9 +173,9 @@ def test_graph_eager_token_mismatch_fails():
     eager_near = [Completion([1, 2, 3], [10, 11, 12], [StepLogprobs(10, {10: -0.5, 11: -0.6}),
                                                         StepLogprobs(11, {11: -0.5, 12: -0.5004}),
                                                         StepLogprobs(12, {12: -0.5, 13: -0.6})])]
-    strict = perf.graph_eager_parity(near, eager_near, tol, perf.max_greedy_divergences("float32"))
+    strict = perf.graph_eager_parity(near, eager_near, tol, limits_for("float32").graph_divergences)
     assert not strict.ok and any("differ between graph mode and eager" in p for p in strict.problems)
-    assert perf.graph_eager_parity(near, eager_near, tol, perf.max_greedy_divergences("bfloat16")).ok
+    assert perf.graph_eager_parity(near, eager_near, tol, limits_for("bfloat16").graph_divergences).ok
 
 
 class HalfTokensHandler(BaseHTTPRequestHandler):

@@ -31,7 +31,7 @@ def _earlier_run(reports: Path) -> dict[Path, bytes]:
 
 
 @pytest.mark.parametrize(("args", "sentence"), [
-    (["--engine", "transformers", "--dtype", "fp8"], "--dtype fp8: the suite judges"),
+    (["--engine", "transformers", "--dtype", "fp8"], "--dtype 'fp8' is not a dtype the suite has limits for"),
     (["--combo", "bogus"], "--combo bogus is no combination of ci/matrix.toml"),
     (["--health-policy", "/nonexistent/policy.toml"], "--health-policy /nonexistent/policy.toml is not a file"),
     (["--model", "/nonexistent"], "--model /nonexistent is not a directory"),
@@ -60,7 +60,6 @@ def test_reports_dir_that_is_a_file_and_the_arguments_that_hold(tmp_path):
     file.write_text("x")
     assert preflight.reports_dir(str(file)).startswith(f"--reports-dir {file} is a file, not a directory")
     assert preflight.reports_dir(str(tmp_path / "new")) is None
-    assert preflight.dtype("bfloat16") is None and preflight.dtype(None) is None
     assert preflight.server("ftp://x").startswith("--server ftp://x is not an http(s) URL")
     assert preflight.combo("anything", tmp_path / "no-matrix.toml") is None  # an installed wheel has no matrix
 

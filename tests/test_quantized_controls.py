@@ -22,7 +22,8 @@ from conformance.checkpoints.quant.mxfp4 import quantize
 from conformance.checkpoints.quant.validate import QuantCheckpointError, validate
 from conformance.reference import Reference
 from conformance.reference.gpt_oss import FP4_VALUES, dequant_mxfp4
-from conformance.verdicts import compare, settings
+from conformance.verdicts import compare
+from conformance.verdicts.limits import limits_for
 
 
 def test_representable_values_round_trip_exactly():
@@ -81,7 +82,7 @@ def test_mxfp4_check_rejects_a_broken_loader(damage, tmp_path, tiny_prompts):
             stem = name.removesuffix("_blocks")
             w[stem + "_scales"] = w[stem + "_scales"] + 1
     save_file(w, str(bad / "model.safetensors"))
-    tol, top_k = settings.tolerance("bfloat16")
+    tol, top_k = limits_for("bfloat16").logprobs
     prompts = tiny_prompts[0][:4]
     got = [Reference(bad).score(p, [], top_k) for p in prompts]
     want = [Reference(src).score(p, [], top_k + 5) for p in prompts]

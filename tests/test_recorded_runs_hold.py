@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.verdicts import settings
+from conformance.verdicts.limits import limits_for
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "device_runs"
 CLEAN = {  # run id -> what ran (all --cuda --engine transformers, P0)
@@ -33,7 +33,7 @@ def _parity(run_id: str) -> tuple[str, dict[str, float]]:
 
 
 def over_limits(dtype: str, figures: dict[str, float]) -> list[str]:
-    tol, _ = settings.tolerance(dtype)
+    tol, _ = limits_for(dtype).logprobs
     limits = {"max_abs_dlogprob": tol.max_abs, "p99_abs_dlogprob": tol.p99, "median_abs_dlogprob": tol.median}
     limits |= {k: tol.stratum_median for k in figures if k.startswith("median_abs_dlogprob_")}
     missing = [k for k in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob") if k not in figures]
@@ -158,7 +158,7 @@ def test_the_exact_verdict_saw_tf32_and_passes_with_ieee_dots() -> None:
     assert ieee["evidence"] is False and ieee["narrowed_by"]  # a -k run: a measurement, never a platform result
     figures = _check(ieee, EXACT)["figures"]
     assert over_limits("float32", figures) == []
-    assert figures["max_abs_dlogprob"] < 0.2 * settings.tolerance("float32")[0].max_abs < tf32["max_abs_dlogprob"]
+    assert figures["max_abs_dlogprob"] < 0.2 * limits_for("float32").logprobs[0].max_abs < tf32["max_abs_dlogprob"]
 
 
 def test_fp16_on_the_h200_died_in_fa3_and_now_runs_the_triton_row() -> None:
@@ -193,11 +193,10 @@ def test_rope_faults_died_planting_on_the_gpu(run_id: str) -> None:
 
 
 def test_graph_mode_on_the_h200_is_inside_today_s_bf16_allowance() -> None:
-    from conformance.verdicts import perf
 
     record = _record(P2_GRAPHS)
     figures = _check(record, "test_graph_mode_matches_eager")["figures"]
-    assert figures["greedy_divergences"] <= perf.max_greedy_divergences("bfloat16")
+    assert figures["greedy_divergences"] <= limits_for("bfloat16").graph_divergences
     assert over_limits("bfloat16", figures) == []
     floors = [c for c in record["checks"] if "floor" in c["id"]]
     assert len(floors) == 5 and all(c["outcome"] == "passed" for c in floors)

@@ -12,7 +12,8 @@ import torch
 
 from conformance.reference import MUTATIONS, Reference
 from conformance.reference.gpt_oss import dequant_mxfp4, yarn_inv_freq
-from conformance.verdicts import compare, settings
+from conformance.verdicts import compare
+from conformance.verdicts.limits import limits_for
 
 REAL_ROPE = {"rope_theta": 150000, "rope_scaling": {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                                      "original_max_position_embeddings": 4096}}
@@ -88,7 +89,7 @@ def test_damaged_cache_is_regenerated(tmp_path):
 @pytest.fixture(scope="module")
 def reference_prefill(reference, tiny_prompts):
     """The true model's prefill of every P0 prompt, computed once for all the mutants below."""
-    return [reference.score(p, [], settings.tolerance("float32")[1] + 5) for p in tiny_prompts[0]]
+    return [reference.score(p, [], limits_for("float32").logprobs[1] + 5) for p in tiny_prompts[0]]
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
@@ -96,7 +97,7 @@ def test_parity_check_rejects_every_mutant(tiny, reference_prefill, tiny_prompts
     """Negative control of test_greedy_logprobs_match_reference: a stack that computes like the mutant
     is rejected on the P0 prompt set with the fp32 tolerance, by a wide margin."""
     prompts, _ = tiny_prompts
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     bad = Reference(tiny.path, mutation)
     got = [bad.score(p, [], top_k) for p in prompts]  # prefill path, every prompt position
     want = reference_prefill
@@ -108,7 +109,7 @@ def test_parity_check_rejects_every_mutant(tiny, reference_prefill, tiny_prompts
 def test_parity_check_rejects_mutant_in_decode(tiny, reference, tiny_prompts):
     """Decode path: the window mutant generates past position 128 and is caught there too."""
     prompts, _ = tiny_prompts
-    tol, top_k = settings.tolerance("float32")
+    tol, top_k = limits_for("float32").logprobs
     prompt = [p for p in prompts if len(p) == 129][0]
     got = Reference(tiny.path, "window_127").generate_greedy([prompt], 4, top_k)
     want = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]

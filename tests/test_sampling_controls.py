@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.checks import test_sampling as checks
-from conformance.verdicts import sampling, settings
+from conformance.verdicts import sampling
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
 
 
@@ -21,7 +22,7 @@ def prompts(tiny_prompts):
 def _distribution(engine, reference, prompts, dtype="float32"):
     figures = Figures()
     checks.test_sampled_tokens_follow_the_requested_distribution(engine, reference, prompts,
-                                                                 settings.tolerance(dtype), 120.0, figures)
+                                                                 limits_for(dtype).logprobs, 120.0, figures)
     return figures.values
 
 
@@ -31,7 +32,7 @@ def test_sampling_checks_pass_a_clean_engine(dtype, tiny, reference, prompts, sh
     figures = _distribution(engine, reference, prompts, dtype)
     assert all(figures[f"{c}_p_value"] >= sampling.ALPHA for c in ("temperature", "top_k", "min_p", "top_p"))
     assert figures["top_k_samples"] == checks.DRAWS_TRUNCATED and figures["top_k_impossible"] == 0
-    checks.test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, settings.tolerance(dtype), 120.0,
+    checks.test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, limits_for(dtype).logprobs, 120.0,
                                                                Figures())
     checks.test_requests_stop_where_they_say(engine, prompts, 120.0, Figures())
 
@@ -50,7 +51,7 @@ def test_sampling_check_fails_on_planted_sampler_faults(fault, match, tiny, refe
 def test_seed_check_fails_when_the_seed_is_dropped(tiny, prompts, shared_engines):
     engine = shared_engines.get(tiny.path, planted_fault="seed_dropped")
     with pytest.raises(FAILED, match="seed 7 sent twice gave"):
-        checks.test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, settings.tolerance("float32"),
+        checks.test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, limits_for("float32").logprobs,
                                                                    120.0, Figures())
 
 
@@ -63,11 +64,11 @@ def test_restart_check_fails_when_the_seed_is_dropped(tiny, tmp_path, prompts, s
     engines = SimpleNamespace(get=get)
     with pytest.raises(FAILED, match=r"request \d \((preempted|engine started again)\): at step"):
         checks.test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, prompts,
-                                                                             settings.tolerance("float32"), 120.0,
+                                                                             limits_for("float32").logprobs, 120.0,
                                                                              Figures())
     clean = SimpleNamespace(get=lambda **options: shared_engines.get(tiny.path, **options))
     figures = Figures()
-    checks.test_seeded_requests_reproduce_after_preemption_and_a_restart(clean, prompts, settings.tolerance("float32"),
+    checks.test_seeded_requests_reproduce_after_preemption_and_a_restart(clean, prompts, limits_for("float32").logprobs,
                                                                          120.0, figures)
     assert figures.values["requests_compared"] == 6 and SMALL_KV_CACHE["num_gpu_blocks_override"] == 12
 
@@ -128,6 +129,6 @@ def test_seed_and_sampling_checks_fail_on_an_engine_that_returns_nothing(prompts
     empty = ScriptedEngine({"generate_sampled": lambda ps, params, **_: [[{"token_ids": [], "logprobs": []}]
                                                                           for _ in ps]})
     with pytest.raises(FAILED, match=r"asked for 12 tokens \(ignore_eos\), got \[0\]"):
-        checks.test_seeded_requests_reproduce_alone_and_in_a_batch(empty, prompts, settings.tolerance("float32"),
+        checks.test_seeded_requests_reproduce_alone_and_in_a_batch(empty, prompts, limits_for("float32").logprobs,
                                                                    120.0, Figures())
 

@@ -21,7 +21,8 @@ import pytest
 from conformance.checks import test_server_responses as checks
 from conformance.engines.vllm_server import ServerClient
 from conformance.run.serving_fixtures import ServerUnderTest
-from conformance.verdicts import server_requests, settings
+from conformance.verdicts import server_requests
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
 from tests.test_server_controls import MODEL, StubHandler
 
@@ -131,7 +132,7 @@ CHECKS = (checks.test_server_stop_strings_end_the_text, checks.test_server_max_t
 
 
 def call(check, served: ServerUnderTest, figures: Figures, timeout_s: float = 10, dtype: str = "bfloat16") -> None:
-    extra = {"tolerance": settings.tolerance(dtype)} if "tolerance" in inspect.signature(check).parameters else {}
+    extra = {"tolerance": limits_for(dtype).logprobs} if "tolerance" in inspect.signature(check).parameters else {}
     check(served, timeout_s, record_figure=figures, **extra)
 
 

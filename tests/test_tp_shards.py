@@ -15,9 +15,10 @@ from conformance.distributed import tp_checkpoints, tp_shards
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import Reference
 from conformance.verdicts import settings
+from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
 
-TOL = settings.tolerance("float32")
+TOL = limits_for("float32").logprobs
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,7 @@ def test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference(dtype):
     reference = SimpleNamespace(score=lambda prompt, tokens, k: _completion(prompt, tokens, -3.0))
     with pytest.raises(FAILED, match="fp64 reference"):
         tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(engine), 2), (engine, 1.0), prompts,
-                                                    settings.tolerance(dtype), reference, 1.0, Figures())
+                                                    limits_for(dtype).logprobs, reference, 1.0, Figures())
 
 
 def test_vllm_tp_check_in_bfloat16_lets_two_healthy_engines_part_on_noise():
@@ -177,12 +178,12 @@ def test_vllm_tp_check_in_bfloat16_lets_two_healthy_engines_part_on_noise():
     reference = SimpleNamespace(score=lambda prompt, tokens, k: Completion(prompt, tokens, [
         StepLogprobs(5, {5: -0.5, 6: -2.0}), StepLogprobs(tokens[1], {1: -2.2, 3: -2.5, 9: -2.0, 8: -2.4})]))
     figures = Figures()
-    tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts, settings.tolerance("bfloat16"),
+    tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts, limits_for("bfloat16").logprobs,
                                                 reference, 1.0, figures)
     assert figures.values["greedy_divergences"] == 1
     with pytest.raises(FAILED, match="share no token"):
-        tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts, settings.tolerance("float32"),
-                                                    reference, 1.0, Figures())
+        tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts,
+                                                    limits_for("float32").logprobs, reference, 1.0, Figures())
 
 
 class _SwappedRanks:

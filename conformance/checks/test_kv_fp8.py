@@ -3,7 +3,6 @@ to the same fp8 format (e4m3fn, or e4m3fnuz on gfx942), and its KV accounting at
 
 import pytest
 
-from conformance import datafiles
 from conformance.engines.worker import EngineError
 from conformance.reference import kv_model
 from conformance.verdicts import compare, profiles
@@ -34,7 +33,7 @@ def fp8_engine(run, engines):
 
 @pytest.mark.p1
 @pytest.mark.needs("fp8_kv")
-def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, run, prompts, call_timeout_s,
+def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, limits, prompts, call_timeout_s,
                                                   record_figure):
     """The prompt set, greedy, on an engine with kv_cache_dtype=fp8 agrees with the fp64 reference whose K
     (after RoPE) and V are rounded to the same fp8 format with a scale of 1.0, the way the target's kernel rounds
@@ -54,7 +53,9 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
     from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
     fmt, rounding, engine = fp8_engine
-    tol, top_k = profiles_tolerance(run.dtype_name)
+    if limits.kv_fp8 is None:
+        pytest.fail(limits.missing["kv_fp8"], pytrace=False)
+    tol, top_k = limits.kv_fp8
     try:
         out = engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
                           timeout_s=call_timeout_s)
@@ -90,9 +91,3 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
     record_figures(record_figure, report)
     report.raise_if_failed()
 
-
-def profiles_tolerance(dtype: str = "float32"):
-    try:
-        return profiles.kv_fp8_tolerance(dtype)
-    except datafiles.DataError as exc:
-        pytest.fail(str(exc), pytrace=False)

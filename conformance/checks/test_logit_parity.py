@@ -2,7 +2,6 @@
 
 import pytest
 
-from conformance import datafiles
 from conformance.engines.worker import EngineError
 from conformance.verdicts import compare, mathcheck, settings
 from conformance.verdicts.verdict import record_figures
@@ -50,8 +49,8 @@ def _probe_prompts(prompts, model_under_test, engine_max_len: int, decode_steps:
 
 
 @pytest.mark.p0
-def test_layer_blocks_match_reference(engine, engines, reference, run, prompts, model_under_test, call_timeout_s,
-                                      record_figure):
+def test_layer_blocks_match_reference(engine, engines, reference, run, limits, prompts, model_under_test,
+                                      call_timeout_s, record_figure):
     """Every attention and MoE block of the engine, fed during a real prefill and greedy decode, agrees with
     the fp64 reference fed the engine's own input to that block — judged per stratum (block, sliding/full
     layer, position band 0-127/128-255/256-1023/1024+, prefill/decode) against limits of the run's dtype.
@@ -64,10 +63,6 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, prompts, 
     Controls: tests/test_dtype_verdicts.py::test_layer_check_fails_on_planted_engine_faults,
       tests/test_dtype_verdicts.py::test_layer_check_passes_clean_and_rejects_reference_mutants
     """
-    try:
-        tol = settings.layer_tolerance(run.dtype_name)
-    except datafiles.DataError as exc:
-        pytest.fail(str(exc), pytrace=False)
     decode_steps, long_prompt = settings.layer_probe_settings()
     max_len = int(engines.options().get("max_model_len") or model_under_test.config["max_position_embeddings"])
     probe_prompts = _probe_prompts(prompts, model_under_test, max_len, decode_steps, long_prompt)
@@ -78,14 +73,14 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, prompts, 
         probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, timeout_s=call_timeout_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
-    report = mathcheck.layers_close(probes, reference, tol)
+    report = mathcheck.layers_close(probes, reference, limits.layers)
     record_figures(record_figure, report)
     report.raise_if_failed()
 
 
 @pytest.mark.p0
-def test_exact_float32_logprobs_match_reference(run, engines, reference, prompts, model_under_test, call_timeout_s,
-                                                record_figure):
+def test_exact_float32_logprobs_match_reference(run, exact_limits, engines, reference, prompts, model_under_test,
+                                                call_timeout_s, record_figure):
     """On a target whose production dtype is not float32, the same engine also runs the prompt set in float32
     (tf32 off) and must match the fp64 reference within the exact fp32 limits — the run shows both verdicts.
 
@@ -103,7 +98,7 @@ def test_exact_float32_logprobs_match_reference(run, engines, reference, prompts
     if have and need > 0.8 * have:
         pytest.skip(f"float32 weights need {need / 2**30:.0f} GiB, more than 80% of the device's "
                     f"{have / 2**30:.0f} GiB: the exact verdict runs on a smaller checkpoint of the same stack")
-    tol, top_k = settings.tolerance(exact)
+    tol, top_k = exact_limits.logprobs
     try:
         out = engines.get(dtype=exact).call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
                                             prompt_logprobs=True, timeout_s=call_timeout_s)

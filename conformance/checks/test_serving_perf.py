@@ -126,7 +126,7 @@ def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer,
 
 
 @pytest.mark.p2
-def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, record_figure, request):
+def test_graph_mode_matches_eager(run, prompts, limits, call_timeout_s, record_figure, request):
     """The prompt set run greedy with CUDA/HIP graphs captured (enforce_eager=False) gives the eager
     engine's tokens (exactly in fp32) and logprobs within the dtype's tolerance. With the transformers
     engine both sides decode from the same static KV cache, step by step or by replaying the decode
@@ -143,7 +143,7 @@ def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, recor
     if not capability.supported:
         pytest.skip(f"target {target}: {capability.reason} (perf.toml [graph_mode.{target}])")
     engines = request.getfixturevalue("engines")
-    tol, top_k = tolerance
+    tol, top_k = limits.logprobs
     try:
         # vLLM: the default engine (enforce_eager is its default); transformers: its static-cache decode
         eager = engines.get(enforce_eager=True).call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
@@ -156,6 +156,6 @@ def test_graph_mode_matches_eager(run, prompts, tolerance, call_timeout_s, recor
     assert perf.graphs_captured(graph_engine.log_path, capability.capture_log), (
         f"the enforce_eager=False engine logged no {capability.capture_log!r} ({graph_engine.log_path}): it ran "
         "without graphs, so graph mode was not compared")
-    report = perf.graph_eager_parity(graph, eager, tol, perf.max_greedy_divergences(run.dtype_name))
+    report = perf.graph_eager_parity(graph, eager, tol, limits.graph_divergences)
     record_figures(record_figure, report)
     report.raise_if_failed()

@@ -22,6 +22,8 @@ from conformance.run import capabilities, phases
 from conformance.run.run_target import RunTarget
 from conformance.run.runcontext import RunContext, ctx_of
 from conformance.verdicts import profiles, settings
+from conformance.verdicts.compare import LogprobTolerance
+from conformance.verdicts.limits import Limits, limits_for
 
 # Above this many parameters the fp64 reference streams: one layer's weights at a time.
 STREAMING_ABOVE_PARAMS = 500_000_000
@@ -302,8 +304,21 @@ def prompts(model_under_test: ModelUnderTest) -> PromptSet:
 
 
 @pytest.fixture(scope="session")
-def tolerance(run: RunContext) -> Any:
-    return settings.tolerance(run.dtype_name)
+def limits(target: RunTarget) -> Limits:
+    """Every limit of the run's dtype (conformance/verdicts/limits.py), validated at configure by the plugin."""
+    return limits_for(target.dtype)
+
+
+@pytest.fixture(scope="session")
+def exact_limits(target: RunTarget) -> Limits | None:
+    """The limits of the exact verdict's dtype (targets.toml `exact_dtype`); None where the target names none."""
+    return limits_for(target.exact_dtype) if target.exact_dtype else None
+
+
+@pytest.fixture(scope="session")
+def tolerance(limits: Limits) -> tuple[LogprobTolerance, int]:
+    """The run's greedy-parity limits and top-k: `limits.logprobs`, the view most checks need."""
+    return limits.logprobs
 
 
 def _host_memory_bytes() -> int:

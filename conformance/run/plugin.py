@@ -105,15 +105,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if run_dir.exists():
         raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
     config.stash[REPORTS_EXISTED] = run_dir.parent.exists()
-    from conformance.verdicts import settings
-
-    dtypes = settings.judged_dtypes()
-    if opt.dtype is not None and opt.dtype not in dtypes:
-        raise pytest.UsageError(f"--dtype {opt.dtype!r} is not a dtype the suite has limits for: use one of "
-                                f"{', '.join(dtypes)}.")
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
                      opt.combo)
     ctx.target = target
+    from conformance.verdicts import limits
+
+    # the run's dtype (--dtype, else its target's) and its exact one have every limit the checks read (`limits`)
+    refused = limits.refusal(opt.dtype, ctx.spec.dtype, ctx.spec.exact_dtype)
+    if refused:
+        raise pytest.UsageError(refused)
     ctx.planted_fault = opt.planted_fault
     ctx.narrowed_by = " ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr))
                                if value) or None

@@ -47,16 +47,6 @@ def model(arg: str | None) -> str | None:
     return None
 
 
-def dtype(arg: str | None) -> str | None:
-    """A dtype the suite has limits for (tolerances.toml [logprobs.<dtype>]): any other could only error per check."""
-    if not arg:
-        return None
-    known = sorted(datafiles.load_toml(datafiles.DATA / "tolerances.toml")["logprobs"])
-    if arg not in known:
-        return f"--dtype {arg}: the suite judges {', '.join(known)} (tolerances.toml); pick one of those."
-    return None
-
-
 def combo(arg: str | None, matrix_file: Path = MATRIX) -> str | None:
     if not arg or not matrix_file.is_file():
         return None
@@ -156,7 +146,7 @@ def stack_imports(modules: tuple[str, ...] = IMPORT_BREAKERS, timeout_s: float =
 def problems(opt: Any, target: TargetReport, server_url: str | None) -> list[str]:
     """Every preflight sentence for these pytest options (conformance/run/plugin.py)."""
     build = torch_build(target)  # no torch, or the wrong one: an import beside it says nothing more
-    found = [build, model(opt.model), dtype(opt.dtype), combo(opt.combo),
+    found = [build, model(opt.model), combo(opt.combo),
              health_policy(opt.health_policy, target.resolved), reports_dir(opt.reports_dir), server(server_url),
              None if build else stack_imports()]
     return [p for p in found if p]

@@ -344,13 +344,6 @@ def graph_capability(target: str, engine: str, data: dict[str, Any] | None = Non
     return GraphCapability(True, reason, logs[engine])
 
 
-def max_greedy_divergences(dtype: str, data: dict[str, Any] | None = None) -> int:
-    table = (data or perf_data())["graph_mode"]["max_greedy_divergences"]
-    if dtype not in table:
-        raise datafiles.DataError(f"perf.toml [graph_mode.max_greedy_divergences] has no {dtype}: add a limit.")
-    return int(table[dtype])
-
-
 def graphs_captured(log_path: Path, marker: str | None) -> bool:
     """Whether the engine's log says it captured graphs (without it, graph vs eager is eager vs eager)."""
     if not marker:

@@ -171,19 +171,6 @@ def kv_fp8_rounding(target: str, table: dict[str, Any] | None = None) -> str:
     return str((table or data())["kv_fp8"][target].get("rounding", "nearest_even"))
 
 
-def kv_fp8_tolerance(dtype: str, table: dict[str, Any] | None = None) -> tuple[Any, int]:
-    """The fp8-KV parity limits for an engine running in `dtype` ([kv_fp8.tolerance.<dtype>]); none is an error."""
-    from conformance.verdicts.compare import LogprobTolerance
-
-    rows = (table or data())["kv_fp8"]["tolerance"]
-    if dtype not in rows:
-        raise datafiles.DataError(f"profiles.toml has no [kv_fp8.tolerance.{dtype}] limits (it has "
-                                 f"{', '.join(sorted(rows))}): measure an fp8-KV engine in {dtype} on a clean stack "
-                                 "and add them first.")
-    row = rows[dtype]
-    return LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
-
-
 def kv_fp8_unsupported(target: str, cpu_isa: str, table: dict[str, Any] | None = None) -> str | None:
     """Why the engine cannot run an fp8 KV cache here (None when it can)."""
     row = (table or data())["kv_fp8"].get(target, {})

@@ -1,0 +1,79 @@
+"""`Limits`, one per dtype (conformance/verdicts/limits.py): it carries the numbers of the data files' tables, and a
+run whose dtype lacks a needed table is refused at configure, in one sentence, before any engine starts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conformance import datafiles
+from conformance.verdicts import limits
+from conformance.verdicts.compare import LogprobTolerance
+from conformance.verdicts.limits import limits_for
+from tests.test_run_options import MINI_CHECKS, run_plugin
+
+
+def _toml(name: str) -> dict:
+    return datafiles.load_toml(datafiles.DATA / name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_limits_of_each_dtype_are_the_numbers_of_its_tables(dtype):
+    got, tol = limits_for(dtype), _toml("tolerances.toml")
+    parity, depth = tol["logprobs"][dtype], tol["depth"][dtype]
+    assert got.dtype == dtype and got.logprobs == (LogprobTolerance(
+        parity["max_abs"], parity.get("p99"), parity.get("median"), parity.get("stratum_median"),
+        parity.get("pairwise_greedy", True)), parity["top_k"])
+    assert got.depth == (LogprobTolerance(depth["max_abs"], depth.get("p99"), depth.get("median")), depth["top_k"])
+    rule = tol["diagnosis"][dtype]
+    assert (got.diagnosis.distance, got.diagnosis.ratio) == (rule["distance"], rule["ratio"])
+    assert got.diagnosis.noise == {"max": parity["max_abs"], "stratum_median": parity.get("stratum_median")}[
+        rule["distance"]]
+    layers = tol["layers"][dtype]
+    assert {b: vars(got.layers.blocks[b]) for b in ("attn", "moe")} == {b: layers[b] for b in ("attn", "moe")}
+    assert got.layers.bands == tuple(tol["layers"]["bands"])
+    gpt_oss = _toml("gpt_oss.toml")["tolerances"]
+    assert dict(got.rope) == {k: v for k, v in gpt_oss["rope"][dtype].items() if k != "source"}
+    assert (got.moe_rel, got.router_tie_ulps) == (gpt_oss["moe"][dtype], gpt_oss["moe"]["router_tie_ulps"][dtype])
+    assert got.graph_divergences == _toml("perf.toml")["graph_mode"]["max_greedy_divergences"][dtype]
+    fp8 = _toml("profiles.toml")["kv_fp8"]["tolerance"].get(dtype)
+    assert got.kv_fp8 == (None if fp8 is None else
+                          (LogprobTolerance(fp8["max_abs"], fp8.get("p99"), fp8.get("median")), fp8["top_k"]))
+    assert ("kv_fp8" in got.missing) == (fp8 is None)
+
+
+def test_the_judged_dtypes_are_those_with_logprob_limits():
+    assert limits.dtypes() == list(_toml("tolerances.toml")["logprobs"])
+    assert limits.refusal(None, "float32", "float32") is None and limits.refusal("bfloat16", "bfloat16", None) is None
+    assert limits.refusal("bf16", "bf16", None).startswith("--dtype 'bf16' is not a dtype the suite has limits for")
+
+
+def _data_without(tmp_path: Path, table: str) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(datafiles.DATA, data)
+    text = (data / "tolerances.toml").read_text()
+    cut = re.sub(rf"^\[{re.escape(table)}\]\n(?:(?!\[).*\n)*", "", text, flags=re.M)
+    assert cut != text
+    (data / "tolerances.toml").write_text(cut)
+    return data
+
+
+def test_a_dtype_without_a_table_is_refused_at_configure_in_one_sentence(tmp_path):
+    """float16 with no [depth.float16]: one sentence naming the file and the table, exit 4, nothing recorded —
+    not a failure of the long-context checks after their engines started."""
+    data = _data_without(tmp_path, "depth.float16")
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_mini.py").write_text(MINI_CHECKS)
+    (checks / "conftest.py").write_text(  # loaded before the plugin configures: the suite reads this data folder
+        f"from pathlib import Path\n\nfrom conformance import datafiles\n\ndatafiles.DATA = Path({str(data)!r})\n")
+    proc = run_plugin(checks, "--dtype", "float16")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out[-2000:]
+    assert ("tolerances.toml has no [depth.float16] table (it has bfloat16, float32): measure limits for float16 on "
+            "a clean stack and add it first.") in proc.stderr
+    assert "Traceback" not in out and not (tmp_path / "reports" / "runs").exists()
+    assert run_plugin(checks, "--dtype", "bfloat16", "--tier", "p0").returncode == 0  # the other dtypes still run
