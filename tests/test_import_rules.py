@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("conformance", "env_checks", "reports")
 
-# The wings of conformance/ (sub-packages, and its top-level modules), ground floor first; wings on one floor
-# import none of each other. docs/architecture.md "The wings of `conformance/`" is this table in words.
+# The wings of conformance/ (sub-packages, and its top-level modules), ground floor first; wings on one floor import
+# none of each other. In words: docs/architecture.md "The wings of `conformance/`, ground floor first".
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("datafiles", "tooling"),
     ("engines",),
