@@ -3,7 +3,7 @@
   conformance run --tier p0 [--rocm|--cuda|--cpu] [--model DIR] [--engine vllm|transformers] [-- pytest args]
   conformance dashboard [--runs DIR] [--db FILE] [--out DIR]
   conformance baseline list|promote ...   (pinned serving baselines; docs/results.md "Pinned serving baselines")
-  conformance diagnose FILE|- [--json]   (what a pasted rocminfo/amd-smi/nvidia-smi/log says; see --help)
+  conformance diagnose FILE|- [FILE ...] [--json]   (what pasted tool outputs/logs say, cross-checked; see --help)
 
 Exit codes of `run`: 0 every selected check passed (skips and known-bug xfails allowed),
 1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error."""
