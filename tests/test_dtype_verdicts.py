@@ -11,6 +11,7 @@ import pytest
 
 from conformance.checks import test_logit_parity as parity
 from conformance.checks import test_model_math as math_checks
+from conformance.datafiles import DataError
 from conformance.engines.worker import EngineProcess
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts.limits import limits_for
@@ -92,9 +93,10 @@ def test_rope_check_rejects_real_vllm_with_bf16_positions(tiny, reference, share
         _rope(engine, reference, "float32")
 
 
-def test_rope_check_errors_in_a_dtype_without_limits(cpu_engine, reference):
-    with pytest.raises(FAILED, match="no limits for float8_e4m3"):
-        _rope(cpu_engine, reference, "float8_e4m3")
+def test_a_dtype_without_limits_is_refused_before_the_rope_check():
+    """A dtype without limits never reaches the check: its Limits is refused (at configure, tests/test_limits.py)."""
+    with pytest.raises(DataError, match=r"tolerances.toml has no \[logprobs.float8_e4m3\] table"):
+        limits_for("float8_e4m3")
 
 
 def test_exact_float32_check_rejects_an_engine_without_sinks(cpu_engine, tiny, reference, prompts, model,
