@@ -34,3 +34,15 @@ def test_rope_rebuild_without_a_fault_reproduces_the_table_and_with_one_moves_it
     assert torch.allclose(rot.cos_sin_cache, table, atol=1e-5)
     faults._rebuild_vllm_cache(rot, round_inv_freq=True)
     assert (rot.cos_sin_cache - table).abs().max() > 1e-3
+
+
+def test_rope_faults_edit_an_inference_tensor():
+    """First contact on the H200: in the per-layer probe's eager engine the cos/sin cache is an inference tensor,
+    and the in-place edit died there ("Inplace update to inference tensor outside InferenceMode is not allowed"):
+    the layer check failed on the fault's own error, not on the fault. The edit runs under inference mode."""
+    with torch.inference_mode():
+        table = _rope_table().clone()
+    assert table.is_inference()
+    rot = SimpleNamespace(cos_sin_cache=table)
+    faults._rebuild_vllm_cache(rot, round_inv_freq=True)
+    assert rot.cos_sin_cache is table and (table - _rope_table()).abs().max() > 1e-3

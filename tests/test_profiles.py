@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from conformance.verdicts import profiles, settings
@@ -98,3 +100,20 @@ def test_run_help_lists_profile(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     assert "--profile" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype, backend", [("float16", "TRITON_ATTN"), ("bfloat16", None)])
+def test_the_server_serves_on_the_profile_row_the_engines_run(dtype, backend, tmp_path):
+    """First contact on the H200 in fp16 (fixtures/device_runs/20261203T165918-cuda-c2aa9b): the engines ran the
+    profile's TRITON_ATTN row, the server vLLM's own choice (FlashAttention 3, bf16 sinks only), and every chat
+    request died ("We only support bf16 dtype for S aux"). The server now takes the profile and its row."""
+    from conformance.run import serving_fixtures
+    from tests.check_fakes import run_ctx
+
+    run = run_ctx("cuda", dtype=dtype, devices=["NVIDIA H200"], run_dir=tmp_path)
+    run.serving_profile = profiles.of(run)
+    model = SimpleNamespace(path=tmp_path, name="tiny")
+    server = serving_fixtures.new_server(run, model, tmp_path, tmp_path / "server.log")
+    assert server.options.get("attention_backend") == backend
+    assert server.options["max_model_len"] == run.serving_profile.engine_options()["max_model_len"]
+    assert server.options["dtype"] == dtype

@@ -28,8 +28,11 @@ def _rebuild_vllm_cache(rot: Any, positions: torch.Tensor | None = None, round_i
     # be on the same device" from positions built on the CPU)
     pos = torch.arange(table.shape[0], dtype=torch.float64) if positions is None else positions
     angles = pos.to(table.device)[:, None] * inv[None, :]
-    # in place: a GPU engine's captured graphs and compiled code read this very storage (a new tensor would be missed)
-    cache.copy_(torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype))
+    # in place: a GPU engine's captured graphs and compiled code read this very storage (a new tensor would be missed);
+    # under inference mode: an eager engine's cache may be an inference tensor (first contact on the H200, the
+    # per-layer probe's engine: "Inplace update to inference tensor outside InferenceMode is not allowed")
+    with torch.inference_mode():
+        cache.copy_(torch.cat([angles.cos() * conc, angles.sin() * conc], dim=-1).to(cache.dtype))
 
 
 def _vllm_sampler(name: str) -> None:
