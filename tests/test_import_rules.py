@@ -49,14 +49,7 @@ STDLIB_ONLY = ("env_checks", "conformance.datafiles", "conformance.tooling")
 BACKPORTS = {"tomli"}  # tomllib's backport, imported on Python 3.10 only
 # Breaches that work under way removes (issue #37 item 3, the reference packs of #38), by file and what it imports;
 # they are left out of the rules above, and an entry that names no import any more fails, so the list only shrinks.
-PENDING = {
-    ("conformance/reference/pack.py", "conformance.verdicts.settings"):
-        "the prompt set of the pack's key: handed in, or read from the ground floor",
-    ("conformance/reference/pack.py", "conformance.checkpoints.models"):
-        "the run's checkpoint (--model, else the tiny one): resolved by the run and handed in",
-    ("conformance/reference/cache.py", "conformance.reference.pack"):
-        "a typing-only import of Pack that closes the loop cache -> pack -> cache",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

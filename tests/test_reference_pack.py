@@ -17,6 +17,16 @@ import pytest
 from conformance.reference import cache, pack
 from conformance.reference.gpt_oss import Reference
 from conformance.run import cli
+from conformance.verdicts import settings
+
+
+def _open(where: Path, tiny, read: bool) -> pack.Pack:
+    return pack.open_for_run(where, tiny.path, settings.tiny_prompts, read=read)
+
+
+def _key(model_dir: Path) -> pack.PackKey:
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    return pack.run_key(model_dir, settings.tiny_prompts(int(vocab)))
 
 CALLS = [([5, 6, 7, 8], [9, 10]), ([11, 12], [13])]
 
@@ -39,15 +49,15 @@ def forbid_compute(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_second_run_with_the_pack_computes_nothing(tiny, tmp_path: Path, monkeypatch, no_cache):
-    first = pack.open_for_run(tmp_path, str(tiny.path), read=True)  # a directory: the key names the file
+    first = _open(tmp_path, tiny, read=True)  # a directory: the key names the file
     want = score_all(tiny.path)
     assert first.added == len(CALLS) and first.hits == 0
     cache.disable()
     (written,) = tmp_path.glob("reference-*.json")
-    assert written == first.path and written.name == pack.run_key(tiny.path).file_name()
+    assert written == first.path and written.name == _key(tiny.path).file_name()
 
     forbid_compute(monkeypatch)
-    second = pack.open_for_run(written, str(tiny.path), read=True)
+    second = _open(written, tiny, read=True)
     assert score_all(tiny.path) == want  # every float of every step
     assert second.hits == len(CALLS) and second.added == 0
     cache.disable()
@@ -61,7 +71,7 @@ def test_results_read_from_the_cache_go_into_the_pack(tiny, tmp_path: Path, monk
     cache.disable()
     cache.enable(tmp_path / "results")
     forbid_compute(monkeypatch)
-    written = pack.open_for_run(tmp_path / "fleet.json", str(tiny.path), read=True)
+    written = _open(tmp_path / "fleet.json", tiny, read=True)
     score_all(tiny.path)
     assert cache.counts.hits == len(CALLS) and written.added == len(CALLS)
     cache.disable()
@@ -69,23 +79,23 @@ def test_results_read_from_the_cache_go_into_the_pack(tiny, tmp_path: Path, monk
 
 
 def test_fresh_reference_computes_and_writes_but_does_not_read(tiny, tmp_path: Path, no_cache):
-    pack.open_for_run(tmp_path, str(tiny.path), read=True)
+    _open(tmp_path, tiny, read=True)
     score_all(tiny.path)
     cache.disable()
-    fresh = pack.open_for_run(tmp_path, str(tiny.path), read=False)
+    fresh = _open(tmp_path, tiny, read=False)
     score_all(tiny.path)
     assert fresh.hits == 0 and cache.counts.misses == 2 * len(CALLS)
 
 
 @pytest.mark.parametrize("field", ["model", "prompts", "reference"])
 def test_a_pack_for_another_key_is_refused_in_one_sentence(tiny, tmp_path: Path, field: str, no_cache):
-    key = pack.run_key(tiny.path)
+    key = _key(tiny.path)
     other = pack.Pack(tmp_path / "other.json", replace(key, **{field: "0" * 64}))
     other.put("k", Reference(tiny.path).score([1, 2], [3], 2))
     other.write()
     before = other.path.read_bytes()
     with pytest.raises(pack.PackRefused) as exc:
-        pack.open_for_run(other.path, str(tiny.path), read=True)
+        _open(other.path, tiny, read=True)
     msg = str(exc.value)
     assert f"was made for another {field} than this run's ({field} 000000000000 against {getattr(key, field)[:12]})" \
         in msg and msg.endswith("or a directory of packs.") and "\n" not in msg
@@ -95,11 +105,11 @@ def test_a_pack_for_another_key_is_refused_in_one_sentence(tiny, tmp_path: Path,
 def test_the_key_follows_model_bytes_and_prompt_set(tiny, tmp_path: Path, monkeypatch):
     copy = tmp_path / "copy"
     shutil.copytree(tiny.path, copy)
-    assert pack.run_key(copy) == pack.run_key(tiny.path), "the same bytes elsewhere are the same model"
+    assert _key(copy) == _key(tiny.path), "the same bytes elsewhere are the same model"
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps(config | {"vocab_size": config["vocab_size"] // 2}))
-    changed = pack.run_key(copy)
-    assert changed.model != pack.run_key(tiny.path).model and changed.prompts != pack.run_key(tiny.path).prompts
+    changed = _key(copy)
+    assert changed.model != _key(tiny.path).model and changed.prompts != _key(tiny.path).prompts
 
 
 @pytest.mark.parametrize("garbage", ["{not json", json.dumps({"format": "other/1", "key": {}, "results": {}})])
@@ -107,7 +117,7 @@ def test_a_file_that_is_not_a_pack_is_refused(tiny, tmp_path: Path, garbage: str
     path = tmp_path / "pack.json"
     path.write_text(garbage)
     with pytest.raises(pack.PackRefused, match=r"is not a reference pack of this suite \(.*\): pass one a run wrote"):
-        pack.open_for_run(path, str(tiny.path), read=True)
+        _open(path, tiny, read=True)
     assert path.read_text() == garbage
 
 

@@ -20,15 +20,22 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conformance.datafiles import content_hash
 from conformance.engines.base import Completion, StepLogprobs
 
-if TYPE_CHECKING:
-    from conformance.reference.pack import Pack
-
 SOURCES = [*sorted(Path(__file__).parent.glob("*.py")), Path(__file__).parents[1] / "engines" / "base.py"]
+
+
+class Pack(Protocol):
+    """What the cache asks of a reference pack (reference/pack.py): results by cache key, and writing them out."""
+
+    def get(self, key: str, call: list[Any]) -> Completion | None: ...
+
+    def put(self, key: str, result: Completion) -> None: ...
+
+    def write(self) -> Any: ...
 
 
 @dataclasses.dataclass

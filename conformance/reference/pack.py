@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,10 @@ class PackKey:
         return f"reference-{self.model[:16]}-{self.prompts[:12]}-{self.reference[:12]}.json"
 
 
-def run_key(model_dir: Path) -> PackKey:
-    """The key of a run of the checkpoint in `model_dir` with the suite's prompt set."""
-    from conformance.verdicts import settings
-
-    config = json.loads((model_dir / "config.json").read_text())
-    prompts = json.dumps(settings.tiny_prompts(int(config["vocab_size"])))
-    return PackKey(cache._model_digest(model_dir), hashlib.sha256(prompts.encode()).hexdigest(),
-                   cache._source_digest())
+def run_key(model_dir: Path, prompts: Any) -> PackKey:
+    """The key of a run of the checkpoint in `model_dir` with the prompt set `prompts` (JSON-serialisable)."""
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+    return PackKey(cache._model_digest(model_dir), digest, cache._source_digest())
 
 
 @dataclass
@@ -104,13 +101,12 @@ def open_pack(where: Path, key: PackKey, read: bool = True) -> Pack:
     return Pack(path, key, results, read=read)
 
 
-def open_for_run(where: Path, model_arg: str | None, read: bool) -> Pack:
-    """Open the run's pack (its model: --model, else the tiny checkpoint) and hand it to the result cache."""
-    from conformance.checkpoints.models import tiny_gpt_oss
-
-    model_dir = Path(model_arg) if model_arg else tiny_gpt_oss().path
+def open_for_run(where: Path, model_dir: Path, prompts: Callable[[int], Any], read: bool) -> Pack:
+    """Open the run's pack for the checkpoint in `model_dir` and the prompt set `prompts(vocab_size)` gives, and
+    hand it to the result cache."""
     if not (model_dir / "config.json").is_file():
         raise PackRefused(f"--reference-pack needs the run's checkpoint, and {model_dir} holds no config.json.")
-    pack = open_pack(where, run_key(model_dir), read)
+    config = json.loads((model_dir / "config.json").read_text())
+    pack = open_pack(where, run_key(model_dir, prompts(int(config["vocab_size"]))), read)
     cache.use_pack(pack)
     return pack

@@ -291,11 +291,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
         cache.enable(datafiles.cache_root() / "reference-results")
     if session.config.option.reference_pack:  # a pack for another model or version: refused before anything runs
+        from conformance.checkpoints.models import tiny_gpt_oss
         from conformance.reference import pack
+        from conformance.verdicts import settings
 
+        model = session.config.option.model
         try:
-            pack.open_for_run(Path(session.config.option.reference_pack), session.config.option.model,
-                              read=not session.config.option.fresh_reference)
+            pack.open_for_run(Path(session.config.option.reference_pack), Path(model) if model else tiny_gpt_oss().path,
+                              settings.tiny_prompts, read=not session.config.option.fresh_reference)
         except pack.PackRefused as exc:
             raise pytest.UsageError(str(exc)) from None
     if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
