@@ -5,10 +5,7 @@ was; through the plugin, `--reference-pack` is a usage error for another key, an
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,8 +13,8 @@ import pytest
 
 from conformance.reference import cache, pack
 from conformance.reference.gpt_oss import Reference
-from conformance.run import cli
 from conformance.verdicts import settings
+from tests.test_run_options import run_plugin
 
 
 def _open(where: Path, tiny, read: bool) -> pack.Pack:
@@ -143,16 +140,6 @@ def test_scores_the_reference(monkeypatch):
     if os.environ.get("FORBID_COMPUTE"):
         assert cache.pack().hits == 1, "read from the pack, not from the local cache"
 '''
-
-
-def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    reports = checks.parent / "reports"
-    plugins = [a for name in cli.NEEDED_PLUGINS for a in ("-p", name)]
-    cmd = [sys.executable, "-m", "pytest", str(checks), "-p", "conformance.run.plugin", *plugins, "-q", "--cpu",
-           "--rootdir", str(checks), "--reports-dir", str(reports / "runs"),
-           "-o", f"cache_dir={reports / '.pytest_cache'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} | (env or {}))
 
 
 def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
