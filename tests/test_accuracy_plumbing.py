@@ -19,7 +19,8 @@ import pytest
 from conformance import datafiles
 from conformance.engines import server_fork
 from conformance.engines.vllm_server import ServerClient
-from conformance.verdicts import accuracy, settings
+from conformance.run import run_target
+from conformance.verdicts import accuracy
 from conformance.verdicts.compare import CheckFailed
 
 EVAL = Path(__file__).resolve().parent.parent / "fixtures" / "eval"
@@ -182,7 +183,7 @@ def test_lm_eval_through_the_real_server_scores_and_judges(tiny_server, tmp_path
     files, missing = accuracy.resolve_files(task, EVAL)
     assert not missing
     accuracy.effort_rendered(client, model, "high", 120).raise_if_failed()  # the real harmony renderer
-    fork_ctx = server_fork.client_context(settings.targets()["cpu"])  # as the CPU target runs it
+    fork_ctx = server_fork.client_context(run_target.data()["cpu"])  # as the CPU target runs it
     assert fork_ctx is not None
     score = accuracy.run_lm_eval(accuracy.lm_eval_settings(data), client.base_url, model, client.api_key, task,
                                  "high", files, tmp_path, fork_ctx)
@@ -208,7 +209,7 @@ def test_lm_eval_failure_is_one_clear_error(tiny_server, tmp_path: Path):
     data["lm_eval"]["max_retries"] = 1
     task = accuracy.tasks(data)["gsm8k"]
     files, _ = accuracy.resolve_files(task, EVAL)
-    fork_ctx = server_fork.client_context(settings.targets()["cpu"])
+    fork_ctx = server_fork.client_context(run_target.data()["cpu"])
     with pytest.raises(accuracy.AccuracyError, match="lm-eval exited with code") as err:
         accuracy.run_lm_eval(accuracy.lm_eval_settings(data), client.base_url, model, "wrong-key", task, "high",
                              files, tmp_path, fork_ctx)

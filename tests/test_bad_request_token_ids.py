@@ -14,8 +14,8 @@ import pytest
 
 from conformance import datafiles
 from conformance.checks.test_bad_requests import BAD_REQUESTS, WITH_TOKENIZER_LABELS
-from conformance.run import expectations
-from conformance.verdicts import compare, settings
+from conformance.run import expectations, run_target
+from conformance.verdicts import compare
 from tests.check_fakes import CollectedItem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_vllm_with_its_tokenizer_refuses_out_of_vocabulary_ids(tmp_path):
     from conformance.engines.worker import EngineProcess
 
     assert set(WITH_TOKENIZER_LABELS) == {label for label in BAD_REQUESTS if label.startswith("token_id_")}
-    table = settings.targets()
+    table = run_target.data()
     options = dict(table["cpu"]["vllm"]) | {"dtype": "float32", "skip_tokenizer_init": False}
     proc = EngineProcess("vllm", str(tiny_gpt_oss_with_tokenizer().path), options, dict(table["cpu"]["env"]),
                          tmp_path / "engine.log", start_timeout_s=float(table["timeouts"]["engine_start_s"]),

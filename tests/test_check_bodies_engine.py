@@ -29,7 +29,7 @@ from conformance.engines.observations import (
     SubmitOutcome,
 )
 from conformance.engines.worker import EngineError
-from conformance.verdicts import settings
+from conformance.run import run_target
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
 
@@ -311,7 +311,7 @@ def test_vllm_tp_check_fails_when_tp2_generates_other_tokens():
 
 
 def test_soak_check_fails_on_growing_memory(monkeypatch):
-    monkeypatch.setitem(settings.targets(), "soak", {"rounds": 5, "prompts_per_round": 2, "warmup_rounds": 1,
+    monkeypatch.setitem(run_target.data(), "soak", {"rounds": 5, "prompts_per_round": 2, "warmup_rounds": 1,
                                                      "max_rss_growth_mib": 10, "max_fd_growth": 2})
     rss = iter(range(0, 10_000, 500))
     engine = ScriptedEngine({"generate_greedy": None, "kv_state": KVState(100, 99, 16),
@@ -334,7 +334,7 @@ def no_shrinking():
 
 
 def test_random_mix_check_fails_on_out_of_vocab_samples(monkeypatch, no_shrinking):
-    monkeypatch.setitem(settings.targets(), "random_mix", {"max_examples": 3})
+    monkeypatch.setitem(run_target.data(), "random_mix", {"max_examples": 3})
     out = {"token_ids": [10_000], "finish_reason": "length"}
     engine = ScriptedEngine({"components:generate": lambda ps, params: [out], "kv_state": KVState(100, 99, 16),
                              "scheduler_limits": {"max_model_len": 1024}})

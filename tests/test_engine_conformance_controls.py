@@ -17,7 +17,8 @@ from conformance.engines.engine_configs import LIMITED_SCHEDULER, preemptible_re
 from conformance.engines.observations import StepwiseRun, SubmitOutcome
 from conformance.engines.worker import EngineProcess
 from conformance.reference import kv_model
-from conformance.verdicts import compare, settings
+from conformance.run import run_target
+from conformance.verdicts import compare
 from conformance.verdicts.limits import limits_for
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def test_kv_accounting_passes_on_the_good_engine(cpu_engine, layout, tiny):
 
 def test_kv_accounting_rejects_a_budget_overridden_by_the_environment(tiny, tmp_path):
     """The real bug this check found: VLLM_CPU_KVCACHE_SPACE silently replaces kv_cache_memory_bytes."""
-    table = settings.targets()
+    table = run_target.data()
     options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"}
     proc = EngineProcess("vllm", str(tiny.path), options, dict(table["cpu"]["env"]), tmp_path / "engine.log",
                          start_timeout_s=float(table["timeouts"]["engine_start_s"]),

@@ -13,7 +13,8 @@ import torch
 from conformance.checks import test_long_context as checks
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference.longref import LongReference
-from conformance.verdicts import longctx, profiles, settings
+from conformance.run import run_target
+from conformance.verdicts import longctx, profiles
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines
 from tests.conftest import start_cpu_engine
@@ -262,7 +263,7 @@ class _RealEngines:
         self.tiny, self.tmp_path, self.procs = tiny, tmp_path, []
 
     def options(self, **overrides):
-        return dict(settings.targets()["cpu"]["vllm"]) | overrides  # the cpu profile adds nothing
+        return dict(run_target.data()["cpu"]["vllm"]) | overrides  # the cpu profile adds nothing
 
     def get(self, **overrides):
         self.procs.append(start_cpu_engine(str(self.tiny.path), self.tmp_path / "preempt.log", **overrides))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.engines.base import Completion, StepLogprobs
+from conformance.run import run_target
 from conformance.verdicts import compare, perf
 from conformance.verdicts.limits import limits_for
 from reports.history import History
@@ -215,11 +216,10 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
     measures the stub; its saved JSON is parsed, and the replies of half the asked length fail the check."""
     from conformance.checkpoints.tokenizer import hf_build, vocab
     from conformance.engines import server_fork
-    from conformance.verdicts import settings
 
     tokenizer = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
     plan = perf.bench_plan("cpu", 1)
-    cpu = settings.targets()["cpu"]
+    cpu = run_target.data()["cpu"]
     env = {k: str(v) for k, v in cpu["env"].items()}
     fork_ctx = server_fork.client_context(cpu)
     assert fork_ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)

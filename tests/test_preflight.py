@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import preflight, targets
+from conformance.run import preflight, run_target
 
 pytestmark = pytest.mark.slow
 
@@ -94,15 +94,15 @@ def test_a_refusal_after_collection_leaves_no_reports_folder_it_made(tmp_path):
 
 
 def test_the_torch_build_sentence_is_the_checks_own():
-    """The refusal and test_torch_build_matches_target say the same (targets.resolve), and only for the flavour:
+    """The refusal and test_torch_build_matches_target say the same (run_target.resolve), and only for the flavour:
     a torch of the right flavour that sees no GPU is left to the check, which records it."""
     facts = {"torch_version": "2.9.0+cpu", "torch_flavour": "cpu", "hip_version": None, "cuda_version": None,
              "devices": [], "gcn_arch": []}
-    wrong = targets.resolve("rocm", facts)
+    wrong = run_target.resolve("rocm", facts)
     assert preflight.torch_build(wrong) == wrong.sentence() and wrong.sentence().startswith("--rocm was requested")
-    blind = targets.resolve("cuda", facts | {"torch_flavour": "cuda", "cuda_version": "12.8"})
+    blind = run_target.resolve("cuda", facts | {"torch_flavour": "cuda", "cuda_version": "12.8"})
     assert blind.problems and preflight.torch_build(blind) is None
-    assert preflight.torch_build(targets.resolve("cpu", facts)) is None
-    missing = targets.resolve("auto", {"error": "torch cannot be imported (No module named 'torch')"})
+    assert preflight.torch_build(run_target.resolve("cpu", facts)) is None
+    missing = run_target.resolve("auto", {"error": "torch cannot be imported (No module named 'torch')"})
     assert preflight.torch_build(missing).startswith("torch cannot be imported")
     assert preflight.selection("-k 'x'", 3, 25, ("p0",)) is None and preflight.selection(None, 0, 25, ("p0",)) is None

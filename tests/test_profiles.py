@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.verdicts import profiles, settings
+from conformance.run import run_target
+from conformance.verdicts import profiles
 
 SKUS = ("MI300X", "MI325X", "MI355X", "H100", "H200", "cpu")
 
@@ -35,7 +36,7 @@ def test_cpu_default_is_exactly_targets_toml():
     p = profiles.select(None, "cpu", [], "tiny", "float32")
     assert p.name == "cpu" and p.engine_options() == {} and p.engine_env() == {}
     assert p.record()["vllm"] == {}
-    assert settings.targets()["cpu"]["vllm"]["max_model_len"] == 1024  # unchanged
+    assert run_target.data()["cpu"]["vllm"]["max_model_len"] == 1024  # unchanged
 
 
 @pytest.mark.parametrize("device,model,want", [

@@ -26,7 +26,7 @@ from conformance.checkpoints.quant.checkpoint import (
 from conformance.checkpoints.quant.formats import FORMATS, WRITER_BUGS
 from conformance.checkpoints.quant.validate import validate
 from conformance.engines import forkserver
-from conformance.verdicts import settings
+from conformance.run import run_target
 
 
 def _weight(out: int = 64, k: int = 128, seed: int = 0) -> torch.Tensor:
@@ -162,7 +162,7 @@ def test_packing_matches_what_vllm_unpacks():
     payload = json.dumps({"gptq": tg["qweight"].tolist(), "awq_w": ta["qweight"].tolist(),
                           "awq_z": ta["qzeros"].tolist()})
     # in a child of the tests' forkserver, which has imported vLLM for the CPU target already
-    with forkserver.context(settings.targets()["cpu"]["env"]).Pool(1) as pool:
+    with forkserver.context(run_target.data()["cpu"]["env"]).Pool(1) as pool:
         got = json.loads(pool.apply_async(_run_printing, (VLLM_UNPACK, payload)).get(timeout=300))
     assert torch.equal(torch.tensor(got["gptq"]), g.q.T)  # [in, out]
     assert torch.equal(torch.tensor(got["awq"]), a.q.T)

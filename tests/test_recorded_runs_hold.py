@@ -105,7 +105,7 @@ def test_first_contact_failures_are_what_today_s_data_answers(run_id: str) -> No
     record = json.loads((RUNS / run_id / "results.json").read_text())
     starts = [c for c in record["checks"] if c["id"].endswith("test_engine_starts_and_generates")]
     assert starts and FIRST_CONTACT[run_id] in starts[0]["message"]
-    row = run_target._table()["cuda"]
+    row = run_target.data()["cuda"]
     absent = run_target.environment(row | {"env_without_modules": {"no_such_module_here": {"X": "1"}}})
     assert absent["X"] == "1"
     present = run_target.environment(row | {"env_without_modules": {"json": {"X": "1"}}})
@@ -145,7 +145,7 @@ def test_the_whole_p0_ran_on_vllm_on_the_h200_and_failed_only_where_the_suite_ha
     assert "No module named 'mistral_common'" in failed["test_server_starts_and_serves_chat"]
     dtype, figures = _parity(P0_BF16)
     assert over_limits(dtype, figures) == [] and figures["greedy_divergences"] == 0
-    assert run_target._table()["cuda"]["env_by_dtype"]["float32"] == {"TRITON_F32_DEFAULT": "ieee"}
+    assert run_target.data()["cuda"]["env_by_dtype"]["float32"] == {"TRITON_F32_DEFAULT": "ieee"}
     assert "mistral-common" not in wheelhouse.spec("cuda")["row"]["leave_out"]
 
 

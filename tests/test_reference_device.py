@@ -9,7 +9,7 @@ import torch
 from conformance.reference import device
 from conformance.reference.device import DeviceMismatch, DeviceReference, reference_for
 from conformance.reference.gpt_oss import Reference
-from conformance.verdicts import settings
+from conformance.run import run_target
 
 IDS = [7, 3, 91, 15, 40, 2, 66, 18, 5, 120, 33, 9, 71, 48, 12, 100, 27, 8]
 
@@ -75,7 +75,7 @@ def test_a_head_off_on_the_device_is_caught(tiny):
 
 
 def test_the_target_names_the_reference_device(tiny):
-    table = settings.targets()
+    table = run_target.data()
     assert "reference_device" not in table["cpu"], "the CPU default keeps the CPU reference"
     assert type(reference_for(tiny.path, False, table["cpu"].get("reference_device"))) is Reference
     for gpu in ("cuda", "rocm"):

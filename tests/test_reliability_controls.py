@@ -8,7 +8,8 @@ import pytest
 
 from conformance.checks import test_reliability as soak_check
 from conformance.engines.base import KVState
-from conformance.verdicts import reliability, settings
+from conformance.run import run_target
+from conformance.verdicts import reliability
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
 
 
@@ -75,7 +76,7 @@ def test_vram_growth_fails_on_a_gpu_soak_and_unread_vram_fails_closed():
 
 
 def test_soak_check_on_a_gpu_target_fails_on_growing_vram(monkeypatch):
-    monkeypatch.setitem(settings.targets(), "soak", {"rounds": 5, "prompts_per_round": 2, "warmup_rounds": 1,
+    monkeypatch.setitem(run_target.data(), "soak", {"rounds": 5, "prompts_per_round": 2, "warmup_rounds": 1,
                                                      "max_rss_growth_mib": 10, "max_fd_growth": 2,
                                                      "max_vram_growth_mib": 100})
     vram = iter(range(0, 10_000, 400))

@@ -10,7 +10,7 @@ import pytest
 
 from conformance.checks import test_reliability as reliability
 from conformance.engines.base import KVState
-from conformance.verdicts import settings
+from conformance.run import run_target
 from tests.check_fakes import FAILED, Figures, ScriptedEngine
 
 
@@ -26,7 +26,7 @@ def _engine(max_model_len: int) -> ScriptedEngine:
 
 
 def test_random_mix_check_judges_by_the_engines_model_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(settings.targets(), "random_mix", {"max_examples": 30})
+    monkeypatch.setitem(run_target.data(), "random_mix", {"max_examples": 30})
     engine = _engine(max_model_len=2)  # the CPU table says 1024: every output here would pass by it
     with pytest.raises(FAILED, match="tokens generated, more than max_tokens"):
         reliability.test_randomized_request_mixes_keep_invariants(engine, SimpleNamespace(config={"vocab_size": 200}),
@@ -35,7 +35,7 @@ def test_random_mix_check_judges_by_the_engines_model_length(monkeypatch: pytest
 
 
 def test_random_mix_check_passes_an_engine_within_its_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(settings.targets(), "random_mix", {"max_examples": 5})
+    monkeypatch.setitem(run_target.data(), "random_mix", {"max_examples": 5})
     figures = Figures()
     reliability.test_randomized_request_mixes_keep_invariants(_engine(max_model_len=4096),
                                                               SimpleNamespace(config={"vocab_size": 200}), 1.0, figures)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conformance.datafiles import DataError
 from conformance.run import cli, matrix, run_target
 from conformance.run.targets import TargetReport
 from tests.test_run_options import DOC, run_plugin
@@ -57,7 +58,7 @@ def test_engine_kinds_start_as_their_target_says_and_the_forkserver_leaves_out_w
 
 
 def test_an_unknown_target_is_one_sentence():
-    with pytest.raises(run_target.TargetDataError, match=r"targets.toml has no \[tpu\] target \(it has cpu, cuda"):
+    with pytest.raises(DataError, match=r"targets.toml has no \[tpu\] target \(it has cpu, cuda"):
         run_target.build("tpu")
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from conformance.engines import forkserver, server_fork
 from conformance.engines.vllm_server import ServerError, VllmServer
-from conformance.verdicts import perf, settings
+from conformance.run import run_target
+from conformance.verdicts import perf
 from tests.conftest import start_cpu_server
 
 
@@ -38,7 +39,7 @@ def test_without_the_variable_the_platform_keeps_its_start_method(monkeypatch):
 
 
 def test_context_for_follows_the_target_data(monkeypatch):
-    cpu = settings.targets()["cpu"]
+    cpu = run_target.data()["cpu"]
     assert cpu["server_start"] == "forkserver"
     assert server_fork.context_for({"env": {}}) == (None, {})  # no server_start: a fresh process
     assert server_fork.context_for({"server_start": "subprocess", "env": {}}) == (None, {})
@@ -50,7 +51,7 @@ def test_context_for_follows_the_target_data(monkeypatch):
 
 
 def _client_ctx():
-    ctx = server_fork.client_context(settings.targets()["cpu"])
+    ctx = server_fork.client_context(run_target.data()["cpu"])
     assert ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
     return ctx
 

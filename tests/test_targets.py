@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conformance.run import targets
+from conformance.run import run_target
 
 CPU_TORCH = {"torch_version": "2.13.0+cpu", "hip_version": None, "cuda_version": None,
              "torch_flavour": "cpu", "devices": [], "gcn_arch": []}
@@ -14,7 +14,7 @@ ROCM_TORCH = {"torch_version": "2.9.0+rocm7.0", "hip_version": "7.0.5", "cuda_ve
 
 
 def test_rocm_on_cpu_torch_fails_with_one_sentence():
-    report = targets.resolve("rocm", CPU_TORCH)
+    report = run_target.resolve("rocm", CPU_TORCH)
     assert report.problems and len(report.problems) == 1
     sentence = report.sentence()
     assert "--rocm" in sentence and "2.13.0+cpu" in sentence and "CPU build" in sentence
@@ -22,29 +22,29 @@ def test_rocm_on_cpu_torch_fails_with_one_sentence():
 
 
 def test_rocm_on_cuda_torch_fails():
-    assert "CUDA build" in targets.resolve("rocm", CUDA_TORCH).sentence()
+    assert "CUDA build" in run_target.resolve("rocm", CUDA_TORCH).sentence()
 
 
 def test_cuda_on_rocm_torch_fails():
-    assert targets.resolve("cuda", ROCM_TORCH).problems
+    assert run_target.resolve("cuda", ROCM_TORCH).problems
 
 
 def test_gpu_target_without_visible_device_fails():
-    report = targets.resolve("rocm", ROCM_TORCH | {"devices": [], "gcn_arch": []})
+    report = run_target.resolve("rocm", ROCM_TORCH | {"devices": [], "gcn_arch": []})
     assert "sees no GPU" in report.sentence()
 
 
 def test_matching_stacks_pass():
-    assert not targets.resolve("rocm", ROCM_TORCH).problems
-    assert not targets.resolve("cuda", CUDA_TORCH).problems
-    assert not targets.resolve("cpu", CPU_TORCH).problems
+    assert not run_target.resolve("rocm", ROCM_TORCH).problems
+    assert not run_target.resolve("cuda", CUDA_TORCH).problems
+    assert not run_target.resolve("cpu", CPU_TORCH).problems
 
 
 def test_auto_picks_the_visible_gpu_else_cpu():
-    assert targets.resolve("auto", ROCM_TORCH).resolved == "rocm"
-    assert targets.resolve("auto", CPU_TORCH).resolved == "cpu"
-    assert targets.resolve("auto", CUDA_TORCH | {"devices": []}).resolved == "cpu"
+    assert run_target.resolve("auto", ROCM_TORCH).resolved == "rocm"
+    assert run_target.resolve("auto", CPU_TORCH).resolved == "cpu"
+    assert run_target.resolve("auto", CUDA_TORCH | {"devices": []}).resolved == "cpu"
 
 
 def test_missing_torch_is_a_problem_not_a_crash():
-    assert "torch cannot be imported" in targets.resolve("cpu", {"error": "torch cannot be imported (x)"}).sentence()
+    assert "torch cannot be imported" in run_target.resolve("cpu", {"error": "torch cannot be imported (x)"}).sentence()

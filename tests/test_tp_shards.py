@@ -14,7 +14,7 @@ from conformance.checks import test_tp_sharding as tp_sharding
 from conformance.distributed import tp_checkpoints, tp_shards
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import Reference
-from conformance.verdicts import settings
+from conformance.run import run_target
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
 
@@ -234,7 +234,7 @@ def test_real_vllm_cpu_tp2_shards_judged_against_the_reference(tiny, tmp_path):
     overrides, env, reason = tp_settings("cpu", 0)
     if reason:
         pytest.skip(reason)
-    table = settings.targets()
+    table = run_target.data()
     options = dict(table["cpu"]["vllm"]) | {"dtype": "float32"} | overrides
     ref, log = Reference(tiny.path), tmp_path / "engine-tp2.log"  # 4 heads, 2 kv heads: 2 q heads, 1 kv head a rank
     try:

@@ -12,7 +12,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from conformance.engines.worker import EngineError
-from conformance.verdicts import reliability, settings
+from conformance.run import run_target
+from conformance.verdicts import reliability
 from conformance.verdicts.verdict import Problems, record_figures
 
 AREA = "reliability"
@@ -29,7 +30,7 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; docs/architecture.md "Tiers"
     Controls: tests/test_check_bodies_engine.py::test_soak_check_fails_on_growing_memory
     """
-    cfg = settings.targets()["soak"]  # suite-wide, not the target's
+    cfg = run_target.data()["soak"]  # suite-wide, not the target's
     vocab = int(model_under_test.config["vocab_size"])
     samples = []
     for r in range(cfg["rounds"]):
@@ -72,7 +73,7 @@ def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call
         }),
     })
 
-    @hsettings(max_examples=settings.targets()["random_mix"]["max_examples"], deadline=None, database=None,
+    @hsettings(max_examples=run_target.data()["random_mix"]["max_examples"], deadline=None, database=None,
                suppress_health_check=list(HealthCheck))
     @given(st.lists(request, min_size=1, max_size=6))
     def mix(requests: list[dict]) -> None:

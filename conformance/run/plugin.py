@@ -18,7 +18,7 @@ import pytest
 
 from conformance import datafiles
 from conformance.engines import openai_api, vllm_server
-from conformance.run import capabilities, expectations, machine_health, run_options, run_target, runrecord, targets
+from conformance.run import capabilities, expectations, machine_health, run_options, run_target, runrecord
 from conformance.run.cpu_features import amx as _cpu_amx
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
@@ -99,7 +99,7 @@ def _catch_interrupts() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     run_options.refuse_xdist(config)  # a usage error under -n, not a KeyError in the workers
     opt = config.option
-    target = targets.resolve(opt.target)
+    target = run_target.resolve(opt.target)
     run_id = opt.run_id or _new_run_id(target.resolved)
     run_dir = Path(opt.reports_dir) / run_id
     if run_dir.exists():

@@ -13,18 +13,18 @@ from typing import Any
 
 from conformance import datafiles
 from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
+from conformance.run import run_target
 from conformance.run.targets import TargetReport
-from conformance.verdicts import settings
 
 MATRIX = Path(__file__).resolve().parents[2] / "ci" / "matrix.toml"  # in a checkout; a wheel carries no matrix
 
 
 def torch_build(target: TargetReport) -> str | None:
     """`--rocm`/`--cuda` on a torch of another flavour, or no torch at all: every check would be about the wrong
-    stack. The flavour and the sentence are targets.resolve's (torch.version against targets.toml
+    stack. The flavour and the sentence are run_target.resolve's (torch.version against targets.toml
     `torch_flavours`), as test_torch_build_matches_target judges them; a right build that sees no GPU is left
     to that check (a machine's state, not an argument)."""
-    if target.torch_flavour in settings.targets()[target.resolved]["torch_flavours"]:
+    if target.torch_flavour in run_target.data()[target.resolved]["torch_flavours"]:
         return None
     return target.sentence() or None
 

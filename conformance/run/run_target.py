@@ -1,63 +1,46 @@
 """The run's target, resolved once: one frozen `RunTarget` built from data/targets.toml and what torch sees.
 
-`targets.resolve` decides which target a run tests (`--target auto` = the GPU torch sees, else the CPU) and
-what is wrong with the installed stack; `build` turns that and the target's table into one typed object, kept
-on the run (`RunContext.spec`) and handed to checks and fixtures as the `target` fixture, so no check reads
-`settings.targets()[...]` itself. The names of the targets (`--target`, `--cpu/--cuda/--rocm`, the noxfile's
-GPU flags, the matrix) come from the same file, the engine names from data/engines.toml: adding a platform or
-an engine adds a table there, no choice list in code.
+`resolve` decides which target a run tests (`--target auto` = the GPU torch sees, else the CPU) and what is
+wrong with the installed stack; `build` turns that and the target's table into one typed object, kept on the
+run and handed to checks and fixtures as the `target` fixture. `data()` is the one reader of targets.toml (the
+noxfile asks it too): the names of the targets (`--target`, `--cpu/--cuda/--rocm`, the noxfile's GPU flags,
+the matrix) come from it, the engine names from data/engines.toml: adding a platform or an engine adds a table
+there, no choice list in code.
 
 Standard library only at import (the CLI and the noxfile read the target names from here)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from conformance.datafiles import DATA, DataError, load_toml
 
 if TYPE_CHECKING:
     from conformance.run.targets import TargetReport
 
-TARGETS_TOML: Path = resources.files("conformance") / "data" / "targets.toml"  # type: ignore[assignment]
-ENGINES_TOML: Path = resources.files("conformance") / "data" / "engines.toml"  # type: ignore[assignment]
 AUTO = "auto"
 # the per-engine option tables of a target (engine name -> options; "device" configures the device checks)
 OPTION_TABLES = ("vllm", "transformers", "device")
 
 
-class TargetDataError(ValueError):
-    """targets.toml lacks what a run needs of its target."""
-
-
 @cache
-def _table() -> dict[str, Any]:
-    try:
-        return tomllib.loads(TARGETS_TOML.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise TargetDataError(f"{TARGETS_TOML} is not valid TOML ({exc}): fix that line and run again.") from None
+def data() -> dict[str, Any]:
+    """data/targets.toml, read once per process: the one reader of that file (tests may patch a table of it)."""
+    return load_toml(DATA / "targets.toml")
 
 
 def names() -> tuple[str, ...]:
     """The targets targets.toml declares (a table with `torch_flavours`), in its order."""
-    return tuple(k for k, v in _table().items() if isinstance(v, dict) and "torch_flavours" in v)
+    return tuple(k for k, v in data().items() if isinstance(v, dict) and "torch_flavours" in v)
 
 
 def engine_names() -> tuple[str, ...]:
     """The `--engine` choices: the [engines.NAME] tables of data/engines.toml (conformance/run/capabilities.py)."""
-    try:
-        return tuple(tomllib.loads(ENGINES_TOML.read_text()).get("engines", {}))
-    except tomllib.TOMLDecodeError as exc:
-        raise TargetDataError(f"{ENGINES_TOML} is not valid TOML ({exc}): fix that line and run again.") from None
+    return tuple(load_toml(DATA / "engines.toml").get("engines", {}))
 
 
 def choices() -> list[str]:
@@ -123,6 +106,60 @@ class RunTarget:
         return dict(self.engine_options.get(kind, {}))
 
 
+def flavour_name(table: dict[str, Any], flavour: str) -> str:
+    """How a sentence names a torch build of this flavour (targets.toml `flavour_name`)."""
+    row = table.get(flavour)
+    return str(row.get("flavour_name", flavour)) if isinstance(row, dict) else flavour
+
+
+def _torch_facts() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as exc:
+        return {"error": f"torch cannot be imported ({exc})"}
+    hip, cuda = getattr(torch.version, "hip", None), getattr(torch.version, "cuda", None)
+    facts: dict[str, Any] = {
+        "torch_version": torch.__version__, "hip_version": hip, "cuda_version": cuda,
+        "torch_flavour": "rocm" if hip else "cuda" if cuda else "cpu", "devices": [], "gcn_arch": [],
+    }
+    if facts["torch_flavour"] != "cpu" and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            facts["devices"].append(props.name)
+            if getattr(props, "gcnArchName", None):
+                facts["gcn_arch"].append(props.gcnArchName)
+    return facts
+
+
+def resolve(requested: str, facts: dict[str, Any] | None = None) -> TargetReport:
+    """Decide the target (`--rocm` on a CUDA or CPU build of torch is one clear sentence); `facts` can be given for
+    a known-bad stack (negative controls)."""
+    from conformance.run.targets import TargetReport
+
+    facts = facts if facts is not None else _torch_facts()
+    table = data()
+    if "error" in facts:
+        return TargetReport(requested, "cpu" if requested == "auto" else requested,
+                            problems=[f"{facts['error']}: install the stack under test first."])
+    resolved = requested
+    if requested == "auto":
+        resolved = facts["torch_flavour"] if facts["devices"] else "cpu"
+    report = TargetReport(requested, resolved, **{k: facts[k] for k in (
+        "torch_version", "torch_flavour", "hip_version", "cuda_version", "devices", "gcn_arch")})
+    need = table[resolved]
+    flavour = facts["torch_flavour"]
+    if flavour not in need["torch_flavours"]:
+        report.problems.append(
+            f"--{resolved} was requested but the installed torch {facts['torch_version']} is a "
+            f"{flavour_name(table, flavour)} build, not a {flavour_name(table, resolved)} build: run inside the "
+            f"stack you mean to test (such as the rocm/vllm container for ROCm) or drop --{resolved}.")
+    elif need["needs_device"] and not facts["devices"]:
+        report.problems.append(
+            f"--{resolved} was requested and torch {facts['torch_version']} is a {resolved} build, but it sees "
+            f"no GPU: check the driver, device nodes and *_VISIBLE_DEVICES.")
+    return report
+
+
 def environment(row: Mapping[str, Any]) -> dict[str, str]:
     """The engines' environment: [<target>.env], plus [<target>.env_without_modules.MODULE] where MODULE is not
     installed (found, not imported): vLLM's default path on CUDA imports FlashInfer's sampler, which a node may lack."""
@@ -138,13 +175,12 @@ def environment(row: Mapping[str, Any]) -> dict[str, str]:
 def build(name: str, engine: str | None = None, dtype: str | None = None, report: TargetReport | None = None,
           requested: str | None = None) -> RunTarget:
     """The RunTarget of target `name` with the run's --engine / --dtype (None: the target's defaults)."""
-    data = _table()
+    table = data()
     if name not in names():
-        raise TargetDataError(f"targets.toml has no [{name}] target (it has {', '.join(names())}): "
-                              "add its table first.")
-    row = data[name]
+        raise DataError(f"targets.toml has no [{name}] target (it has {', '.join(names())}): add its table first.")
+    row = table[name]
     try:
-        t = data["timeouts"]
+        t = table["timeouts"]
         timeouts = Timeouts(float(t["engine_start_s"]), float(t["engine_call_s"]), float(t["check_s"]))
         return RunTarget(
             name=name, requested=requested or name, description=str(row.get("description", "")),
@@ -155,10 +191,10 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
             env=_frozen(environment(row)),
             engine_options=_frozen({k: row.get(k, {}) for k in OPTION_TABLES}),
             timeouts=timeouts, table=_frozen(row),
-            suite=_frozen({k: v for k, v in data.items() if isinstance(v, dict) and k not in names()}),
+            suite=_frozen({k: v for k, v in table.items() if isinstance(v, dict) and k not in names()}),
             report=report)
     except KeyError as exc:
-        raise TargetDataError(f"targets.toml lacks {exc.args[0]!r} for [{name}] (or [timeouts]): add it.") from None
+        raise DataError(f"targets.toml lacks {exc.args[0]!r} for [{name}] (or [timeouts]): add it.") from None
 
 
 def of(run: Any) -> RunTarget:

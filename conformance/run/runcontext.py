@@ -45,7 +45,7 @@ class RunContext:
 
     def resolved(self) -> targets.TargetReport:
         if self.target is None:
-            self.target = targets.resolve(self.requested_target)
+            self.target = run_target.resolve(self.requested_target)
         return self.target
 
     @property

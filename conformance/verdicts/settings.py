@@ -1,18 +1,12 @@
-"""Suite-wide settings read from data: targets.toml, the layer probe's sizes, the prompt set (per dtype: limits.py)."""
+"""Suite-wide settings read from data: the layer probe's sizes, the prompt set (per dtype: limits.py; targets.toml:
+conformance/run/run_target.py)."""
 
 from __future__ import annotations
 
 import random
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 from conformance.datafiles import DATA, load_toml
-
-
-@cache
-def targets() -> dict[str, Any]:
-    return load_toml(DATA / "targets.toml")
 
 
 def layer_probe_settings() -> tuple[int, int]:
