@@ -79,7 +79,9 @@ class Report:
     def exit_code(self) -> int:
         if not self.kinds and not self.matches:
             return 2
-        return 1 if self.faults else 0
+        if self.faults:
+            return 1
+        return 3 if self.contradictions else 0  # the inputs disagree: worth a look even with no known fault
 
     def as_dict(self) -> dict[str, Any]:
         """The `diagnose --json` object; its schema is documented in docs/diagnose.md (and checked in the tests)."""
@@ -195,7 +197,8 @@ def build_parser(prog: str = "conformance diagnose") -> argparse.ArgumentParser:
                "every GPU, rocminfo's gfx target against the amd-smi/rocm-smi model, modinfo's driver version "
                "against amd-smi's; disagreements are listed as contradictions.\n"
                "Exit codes: 0 no known fault signature, 1 fault signature(s) found, 2 unreadable input or "
-               "bad usage.\nExample: rocm-smi | conformance diagnose -   or   conformance diagnose --json dmesg.txt")
+               "bad usage, 3 no fault signature but contradiction(s) between the facts read.\n"
+               "Example: rocm-smi | conformance diagnose -   or   conformance diagnose --json dmesg.txt")
     parser.add_argument("file", nargs="+", help="the file(s) to read, - for standard input (once)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (kinds, facts, unread, "
                                                             "signatures, contradictions, inputs, exit_code) "

@@ -208,18 +208,20 @@ HEAP_TYPES = {"0": "system", "1": "frame buffer, public", "2": "frame buffer, pr
 
 
 def is_kfd_mem_banks(text: str) -> bool:
-    keys = set(re.findall(r"^(" + "|".join(_MEM_KEYS) + r") \d+\s*$", text, re.MULTILINE))
+    keys = set(re.findall(r"^[ \t]*(" + "|".join(_MEM_KEYS) + r") \d+[ \t]*$", text, re.MULTILINE))
     named = bool(re.search(r"/mem_banks/\d+/properties", text))
     return (len(keys) >= 2 or (named and len(keys) == 1)) and ("heap_type" in keys or "size_in_bytes" in keys)
 
 
 def read_kfd_mem_banks(text: str) -> Reading:
     r = Reading("KFD topology mem_banks properties")
-    if text and not text.endswith("\n") and re.search(r"\n[a-z_]+ \d+$", text):
+    if text and not text.endswith("\n") and re.search(r"\n[ \t]*[a-z_]+ \d+$", text):
         text = text[: text.rfind("\n") + 1]  # a last line without its line end may be a number cut short
         r.unread.append("The paste ends without a line end, so its last line (whose number may be cut short) was "
                         "not read.")
-    values = {k: v for k, v in re.findall(r"^(" + "|".join(_MEM_KEYS) + r") (\d+)\s*$", text, re.MULTILINE)}
+    # indented lines too: people quote the file under its path, as in a PR description
+    values = {k: v for k, v in re.findall(r"^[ \t]*(" + "|".join(_MEM_KEYS) + r") (\d+)[ \t]*$", text,
+                                          re.MULTILINE)}
     path = re.search(r"topology/nodes/(\d+)/mem_banks/(\d+)/properties", text)
     bank = {k: values[k] for k in _MEM_KEYS if k in values}
     if path:
@@ -232,8 +234,8 @@ def read_kfd_mem_banks(text: str) -> Reading:
         r.put("vram_bytes", int(values["size_in_bytes"]))
     missing = [k for k in ("heap_type", "size_in_bytes") if k not in values]
     if missing:
-        r.unread.append(f"The properties lack {' and '.join(missing)} (the paste is cut), so the bank's kind or size "
-                        "could not be read.")
+        r.unread.append(f"The properties lack {' and '.join(missing)} (the paste is cut or shows only some lines), so "
+                        "the bank's kind or size could not be read.")
     elif heap not in ("1", "2"):
         r.unread.append("This bank is not a frame-buffer heap (heap_type 1 or 2), so its size is not the GPU's VRAM.")
     if not path:

@@ -20,7 +20,7 @@ from env_checks.diagnose import KNOWN, build_parser, diagnose_text, merge_report
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "fixtures" / "tools"
 FAMILIES = {"amd-smi_process": 3, "amd-smi_xgmi": 4, "collect_env_cuda13": 2, "amd-smi_static_jq": 1,
-            "kfd_mem_banks": 1}
+            "kfd_mem_banks": 2}
 NEW = sorted(p for family in FAMILIES for p in (TOOLS / family).iterdir())
 
 
@@ -56,6 +56,12 @@ EXPECTED: dict[str, dict[str, object]] = {
         "kfd_mem_bank": {"node": "3", "bank": "0", "heap_type": "1", "size_in_bytes": "25767706624", "flags": "0",
                          "width": "8192", "mem_clk_max": "1300"},
         "kfd_heap_type": "frame buffer, public", "vram_bytes": 25767706624},
+    # lines of a checked-in MI350X KFD capture as quoted under its path in a PR description (no heap_type line)
+    "kfd_mem_banks/kfd_mem_banks_node5_mi350x_rocm-systems-10274.excerpt.txt": {
+        "kinds": ["KFD topology mem_banks properties"],
+        "kfd_mem_bank": {"node": "5", "bank": "0", "size_in_bytes": "309220868096", "width": "8192",
+                         "mem_clk_max": "1900"},
+        "kfd_heap_type": None, "vram_bytes": None},
     "collect_env_cuda13/collect_env_torch2.9.0-cu13.0_h100_pytorch-165892.excerpt.txt": {
         "kinds": ["collect_env"], "torch_version": "2.9.0", "torch_cuda_build": "13.0",
         "cuda_runtime_version": "13.0.88", "nvidia_driver_version": "570.172.08",
@@ -92,6 +98,7 @@ def test_link_rows_are_not_counted_as_gpus_by_the_base_reader() -> None:
 DAMAGED: dict[str, tuple[str, dict[str, object]]] = {
     "derived/amd-smi_process_csv_cut.derived.txt": ("fewer columns than the header", {"gpus_with_processes": 5}),
     "derived/kfd_mem_banks_cut.derived.txt": ("lack size_in_bytes", {"kfd_heap_type": "frame buffer, public"}),
+    "kfd_mem_banks/kfd_mem_banks_node5_mi350x_rocm-systems-10274.excerpt.txt": ("lack heap_type", {}),
     "derived/amd-smi_static_jq_vram_cut.derived.json": ("cut or damaged", {"vram_type": "HBM"}),
     "amd-smi_static_jq/amd-smi_static_json_jq-vram_rocm-blog.json": ("without its 'gpu' index", {}),
     "amd-smi_xgmi/amd-smi_xgmi_mi300x-x8_short-bdf_rocm-blog.txt": ("[output truncated]", {"gpu_links": "XGMI"}),
@@ -167,6 +174,7 @@ def test_the_cli_reports_contradictions_in_text_and_json() -> None:
     text = subprocess.run([sys.executable, "-m", "conformance", "diagnose", *files], capture_output=True,
                           env=env, cwd=REPO, timeout=120, text=True)
     assert "Contradictions (1):" in text.stdout and "[driver-version]" in text.stdout, text.stdout + text.stderr
+    assert text.returncode == 3  # a contradiction and no fault signature
     out = json.loads(subprocess.run([sys.executable, "-m", "conformance", "diagnose", "--json", *files],
                                     capture_output=True, env=env, cwd=REPO, timeout=120).stdout)
     assert [c["check"] for c in out["contradictions"]] == ["driver-version"]
@@ -183,3 +191,21 @@ def test_refusal_and_help_name_the_families() -> None:
                    "update-alternatives", "collect_env"):
         assert family in refusal and family in epilog, family
     assert KNOWN in refusal
+
+
+def test_exit_code_3_is_contradictions_without_a_fault_and_a_fault_still_wins() -> None:
+    contradicting = ("issues/modinfo_amdgpu_dkms_legacy-1584.excerpt.txt",
+                     "amd-smi_default/amd-smi_default_mi300a-x4_amdsmi-docs.txt")
+    named = [(Path(n).name, diagnose_text(read(n))) for n in contradicting]
+    assert [r.exit_code for _, r in named] == [0, 0]
+    assert merge_reports(named).exit_code == 3 and merge_reports(named).as_dict()["exit_code"] == 3
+    fault = "issues/dmesg_ring-timeout_mes_gpu-reset_legacy-6273.excerpt.txt"
+    both = merge_reports([*named, (Path(fault).name, diagnose_text(read(fault)))])
+    assert both.contradictions and both.faults and both.exit_code == 1
+    agreeing = [(n, diagnose_text(read(n))) for n in ("rocminfo_mi300x_8gpu_rocm6.2.3.txt",
+                "amd-smi_default/amd-smi_default_mi325x_rocm-install-on-linux-656.excerpt.txt")]
+    assert merge_reports(agreeing).contradictions == [] and merge_reports(agreeing).exit_code == 0
+
+
+def test_help_names_exit_code_3() -> None:
+    assert "3 no fault signature but contradiction(s)" in (build_parser().epilog or "")
