@@ -73,7 +73,7 @@ def test_a_hung_rank_is_a_timeout_failure_within_the_limit():
     message = str(info.value)
     assert elapsed < timeout_s + 15, f"the launch took {elapsed:.1f} s to give up"
     assert message.startswith("Timeout") and "rank 1: 'sleeping" in message
-    assert runrecord.classify("failed", message) == "timeout"
+    assert runrecord.classify("failed", message, runrecord.exception_chain(info.value)) == "timeout"
     assert not [p for p in mp.active_children() if p.name.startswith("rank-")], "a hung rank was left running"
 
 

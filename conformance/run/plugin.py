@@ -234,6 +234,13 @@ def pytest_keyboard_interrupt(excinfo: Any) -> None:
     _STOPPING["taken"] = 1.0
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """The exception a check failed on, kept on its report for the failure class (runrecord.classify)."""
+    outcome = yield
+    outcome.get_result().exception_chain = runrecord.exception_chain(call.excinfo.value if call.excinfo else None)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if "at" in _STOPPING and "taken" not in _STOPPING:  # raised where Python only prints it (a finalizer, a gc
         raise KeyboardInterrupt("a signal earlier in this check")  # callback): the run stops here instead
@@ -258,7 +265,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         outcome = "error"
     if outcome is not None:
         rec.outcome, rec.message = outcome, _message(report)
-        rec.failure_class = runrecord.classify(outcome, rec.message)
+        rec.failure_class = runrecord.classify(outcome, rec.message, getattr(report, "exception_chain", None))
         rec.bug_link = expectations.link_of(rec.message) if outcome in ("xfailed", "xpassed") else None
     if report.when == "teardown":
         _progress(config, rec)

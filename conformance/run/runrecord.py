@@ -71,15 +71,30 @@ def area_of(item: Any) -> str:
     return area or Path(str(item.fspath)).stem.removeprefix("test_")
 
 
-def classify(outcome: str, message: str) -> str | None:
+PYTEST_TIMEOUT = "Timeout (>"  # how pytest-timeout's own failure (pytest.fail) begins: its only mark
+
+
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """The exception and those it was raised from or while handling (a check's pytest.fail inside
+    `except EngineError` keeps the engine's exception as its context)."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def classify(outcome: str, message: str, chain: list[BaseException] | None = None) -> str | None:
+    """The failure class of a check's outcome: from the type of the exception it failed on (`failure_class` of
+    EngineHung, EngineDied, DistributedTimeout, anywhere in its chain), not from its text; pytest-timeout's
+    failure, a plain pytest.fail, is known by its own opening words."""
     if outcome == "xfailed":
         return "known_bug"
     if outcome == "failed":
-        if "engine hung" in message or "Timeout" in message:
-            return "timeout"
-        if "engine died" in message:
-            return "crash"
-        return "new_failure"
+        declared = [c for c in (getattr(e, "failure_class", None) for e in chain or []) if c]
+        if declared:
+            return declared[0]
+        return "timeout" if message.lstrip().startswith(PYTEST_TIMEOUT) else "new_failure"
     if outcome == "error":
         return "could_not_run"
     return None
