@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.datafiles import DataError
-from conformance.run import cli, matrix, run_target
+from conformance.run import cli, matrix, options, plugin, run_target
 from conformance.run.targets import TargetReport
 from tests.test_run_options import DOC, run_plugin
 
@@ -107,3 +107,16 @@ def test_needs_nothing():
     assert got["test_needs_paged_kv"] == ("skipped", "Skipped: the transformers engine has no paged KV cache to "
                                                      "inspect")
     assert got["test_needs_nothing"][0] == "passed"
+
+
+def test_options_are_declared_once_and_handed_on_by_the_same_table():
+    """conformance/run/options.py declares every option both sides take; the CLI and the plugin name none."""
+    for module in (cli, plugin):
+        source = Path(module.__file__).read_text()
+        assert not [o.flag for o in options.OPTIONS if f'"{o.flag}"' in source], module.__name__
+    parser = argparse.ArgumentParser()
+    cli.run_parser(parser.add_subparsers(dest="command"))
+    ns = parser.parse_args(["run", "--rocm", "--tier", "p0,p1", "--dtype", "bfloat16", "--fresh-reference", "--server"])
+    args = cli.build_pytest_args(ns)
+    assert {"--rocm", "--dtype=bfloat16", "--fresh-reference", f"--server={options.SERVER_FROM_ENV}"} <= set(args)
+    assert args[args.index("--tier") + 1] == "p0,p1" and "--model" not in " ".join(args)

@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from conformance.run import run_target
-from conformance.run.tiers import DEFAULT_TIERS, TIERS
+from conformance.run import options
+from conformance.run.tiers import DEFAULT_TIERS
 
 CHECKS = Path(__file__).parent.parent / "checks"
 # No pytest plugin autoloads into a run: the plugins the checks use are loaded by module name (junitxml is built
@@ -25,63 +25,29 @@ CHECKS = Path(__file__).parent.parent / "checks"
 # rerun-on-failure or reordering plugin would change what a run means), and out of its start-up: autoloading
 # hypothesis, anyio and xdist took ~1.5 s of every run here.
 NEEDED_PLUGINS = ("pytest_timeout", "_hypothesis_pytestplugin")
-# `--server` without a URL: the openai SDK's variable names the server (conformance.engines.openai_api)
-SERVER_FROM_ENV = "$OPENAI_BASE_URL"
 
 
 def run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run conformance checks against the installed stack",
                        description="Run the checks of the given tiers against the stack installed here and "
                                    "write reports/runs/<run-id>/{results.json,junit.xml,fingerprint.json}.")
-    p.add_argument("--tier", action="append", choices=list(TIERS),
-                   help=f"tier to run (repeatable; default {', '.join(DEFAULT_TIERS)})")
     target = p.add_mutually_exclusive_group()
-    for name in run_target.names():  # data/targets.toml
-        target.add_argument(f"--{name}", dest="target", action="store_const", const=name,
-                            help=f"assert the {name} stack and test it")
-    p.add_argument("--model", help="local gpt-oss checkpoint directory (default: the tiny generated one)")
-    p.add_argument("--engine", choices=list(run_target.engine_names()), help="engine under test (default per target)")
-    p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default per target)")
-    p.add_argument("--combo", help="matrix combination id to record")
-    p.add_argument("--server", nargs="?", const=SERVER_FROM_ENV,
-                   help="URL of a running OpenAI-compatible server to test instead of starting one, with or "
-                        "without /v1 (alone: $OPENAI_BASE_URL; key: $CONFORMANCE_SERVER_API_KEY or $OPENAI_API_KEY)")
-    p.add_argument("--tokenizer-vocab", help="o200k_base.tiktoken file or folder (nothing is downloaded)")
-    p.add_argument("--eval-data", help="folder of local eval datasets for the P3 accuracy checks")
-    p.add_argument("--history-db", help="history store for the serving drift (default reports/history.sqlite); "
-                                        "the pinned baselines are baselines.json beside it, or $CONFORMANCE_BASELINES")
-    p.add_argument("--profile", help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the production "
-                                    "profile of the detected SKU and model; `cpu` on the CPU default); NAME:all "
-                                    "runs once per backend row, the rows after the first the engine-level checks")
-    p.add_argument("--health-policy", help="machine-health policy TOML (default: the suite's data/health.toml)")
-    p.add_argument("--fresh-reference", action="store_true",
-                   help="compute every fp64 reference result again: by default a result already computed for the "
-                        "same checkpoint bytes, token ids, options and reference source is read from the cache")
-    p.add_argument("--reference-pack", metavar="FILE|DIR",
-                   help="fp64 reference results keyed by model, prompt set and reference version: read where the "
-                        "pack exists, written at the run's end, so another node skips computing them; a FILE made "
-                        "for another key is refused")
-    p.add_argument("--planted-fault", help="negative controls only: plant this fault of conformance/engines/"
-                   "faults.py in the engine under test; the run is recorded as a control, never as a platform result")
-    p.add_argument("--reports-dir", default="reports/runs", help="where runs are written (default reports/runs)")
+    for flag in options.target_flags():  # data/targets.toml
+        flag.add_to(target.add_argument)
+    for option in options.OPTIONS:  # declared once, with the plugin (conformance/run/options.py)
+        option.add_to(p.add_argument)
     p.add_argument("-k", dest="keyword", help="only checks matching this pytest -k expression")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
 
 
 def build_pytest_args(ns: argparse.Namespace) -> list[str]:
-    tiers = ns.tier or list(DEFAULT_TIERS)
+    values = vars(ns) | {"tier": ns.tier or list(DEFAULT_TIERS)}
     # the cache (--lf, --ff) lives beside the runs, never in the installed package that is the rootdir
     cache_dir = Path(ns.reports_dir).resolve().parent / ".pytest_cache"
-    args = [str(CHECKS), "-p", "conformance.run.plugin", *(a for t in tiers for a in ("--tier", t)), "-q",
-            "-o", f"cache_dir={cache_dir}", "--rootdir", str(CHECKS), "--reports-dir", ns.reports_dir,
-            "-o", "console_output_style=classic"]
+    args = [str(CHECKS), "-p", "conformance.run.plugin", "-q", "-o", f"cache_dir={cache_dir}", "--rootdir",
+            str(CHECKS), "-o", "console_output_style=classic"]
     args += [a for name in NEEDED_PLUGINS if importlib.util.find_spec(name) for a in ("-p", name)]
-    for flag in ("model", "engine", "dtype", "combo", "server", "tokenizer_vocab", "eval_data", "history_db",
-                 "profile", "health_policy", "planted_fault", "reference_pack"):
-        if getattr(ns, flag):  # one token: a value that starts with '-' or a bare --server stays this option's
-            args.append(f"--{flag.replace('_', '-')}={getattr(ns, flag)}")
-    if ns.fresh_reference:
-        args.append("--fresh-reference")
+    args += [a for option in options.OPTIONS for a in option.relayed(values[option.dest])]  # one table, both sides
     if ns.target:
         args.append(f"--{ns.target}")
     if ns.keyword:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from conformance import datafiles
-from conformance.engines import openai_api, vllm_server
-from conformance.run import capabilities, expectations, machine_health, run_options, run_target, runrecord
+from conformance.engines import vllm_server
+from conformance.run import capabilities, expectations, machine_health, options, run_options, run_target, runrecord
 from conformance.run.cpu_features import amx as _cpu_amx
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
@@ -32,33 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("conformance", "GPU LLM inference stack conformance")
     g.addoption("--target", default=run_target.AUTO, choices=run_target.choices(),  # data/targets.toml
                 help="stack to test; auto = the GPU torch sees, else the CPU default")
-    for name in run_target.names():
-        g.addoption(f"--{name}", dest="target", action="store_const", const=name,
-                    help=f"assert and test the {name} stack (same as --target {name})")
-    g.addoption("--model", default=None, help="local gpt-oss checkpoint dir (default: the tiny one)")
-    g.addoption("--engine", default=None, choices=run_target.engine_names(), help="engine under test")
-    g.addoption("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per target)")
-    g.addoption("--reports-dir", default="reports/runs", help="where runs are written")
+    for option in (*options.target_flags(), *options.OPTIONS):  # declared once, with the CLI (run/options.py)
+        option.add_to(g.addoption)
     g.addoption("--run-id", default=None, help="run id (default: time + target + random)")
-    g.addoption("--combo", default=None, help="matrix combination id recorded in the run")
-    g.addoption("--server", default=None, nargs="?", const=openai_api.FROM_ENV,
-                help="URL of a running OpenAI-compatible server to test, with or without /v1 (alone: "
-                     "$OPENAI_BASE_URL; key: $CONFORMANCE_SERVER_API_KEY or $OPENAI_API_KEY)")
-    run_options.add_options(g)  # --tier
-    g.addoption("--tokenizer-vocab", default=None, help="o200k_base.tiktoken file or folder (offline vocab)")
-    g.addoption("--eval-data", default=None, help="folder with local eval datasets (gsm8k, GPQA, AIME) for P3")
-    g.addoption("--history-db", default=None, help="history store holding the serving baselines (P2)")
-    g.addoption("--profile", default=None,
-                help="serving profile NAME[:BACKEND] from data/profiles.toml (default: the SKU's production one)")
-    g.addoption("--health-policy", default=None, help="machine-health policy TOML (default: data/health.toml)")
-    g.addoption("--planted-fault", default=None,
-                help="negative controls only: a fault of conformance/engines/faults.py planted in the engine "
-                     "under test")
-    g.addoption("--fresh-reference", action="store_true",
-                help="compute every fp64 reference result again instead of reading the suite's result cache")
-    g.addoption("--reference-pack", default=None,
-                help="fp64 reference results of this model and prompt set: read from FILE (or DIR/<key>.json) "
-                     "where it exists, written there at the end (conformance/reference/pack.py)")
 
 
 def _new_run_id(target: str) -> str:

@@ -20,12 +20,6 @@ XDIST_SENTENCE = ("the conformance plugin runs its checks in one process (its en
                   "`nox -s matrix -- --gpus N`).")
 
 
-def add_options(group: Any) -> None:
-    group.addoption("--tier", action="append", default=None, metavar="TIER",
-                    help=f"run only this tier ({', '.join(tiers.TIERS)}; repeatable or comma-separated; default: "
-                         "all); combines with -m and -k")
-
-
 def refuse_xdist(config: pytest.Config) -> None:
     """A UsageError (one sentence) under `-n N` / `--dist`: without it the workers die on a KeyError."""
     opt = config.option
