@@ -68,8 +68,9 @@ class Figures:
 def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", devices: list[str] | None = None,
             run_dir: Path | None = None, model_arg: str | None = None) -> SimpleNamespace:
     report = TargetReport(target, target, devices=list(devices or []))
+    spec = run_target.build(target, engine, dtype, report, model=model_arg)
     return SimpleNamespace(resolved=lambda: report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
-                           model_arg=model_arg, spec=run_target.build(target, engine, dtype, report))
+                           model_arg=model_arg, spec=spec, target=spec, profile=spec.profile and spec.profile.label)
 
 
 class CollectedItem:

@@ -21,7 +21,6 @@ from conformance.checks import (
 )
 from conformance.engines.worker import EngineError
 from conformance.run.fixtures import EngineFactory, ModelUnderTest
-from conformance.verdicts import profiles
 from tests.check_fakes import run_ctx
 
 T = {"kind": "transformers"}
@@ -158,7 +157,6 @@ def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):
     gives get() arguments the factory accepts."""
     modules = [test_bad_requests, test_kv_accounting, test_long_context, test_model_math, test_scheduling]
     run = run_ctx("cpu", run_dir=tmp_path)
-    run.serving_profile = profiles.of(run)
     config = json.loads((tiny.path / "config.json").read_text())
     model = ModelUnderTest("tiny", tiny.path, None, config, 0)
     engines = SimpleNamespace(run=run, model=model, options=EngineFactory(run, model).options,

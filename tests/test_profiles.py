@@ -112,9 +112,8 @@ def test_the_server_serves_on_the_profile_row_the_engines_run(dtype, backend, tm
     from tests.check_fakes import run_ctx
 
     run = run_ctx("cuda", dtype=dtype, devices=["NVIDIA H200"], run_dir=tmp_path)
-    run.serving_profile = profiles.of(run)
     model = SimpleNamespace(path=tmp_path, name="tiny")
     server = serving_fixtures.new_server(run, model, tmp_path, tmp_path / "server.log")
     assert server.options.get("attention_backend") == backend
-    assert server.options["max_model_len"] == run.serving_profile.engine_options()["max_model_len"]
+    assert server.options["max_model_len"] == run.spec.profile.engine_options()["max_model_len"]
     assert server.options["dtype"] == dtype

@@ -11,12 +11,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from conformance.datafiles import DataError
 from conformance.run import cli, matrix, options, plugin, run_target
+from conformance.run.runcontext import RunContext
 from conformance.run.targets import TargetReport
 from tests.test_run_options import DOC, run_plugin
 
@@ -62,13 +62,27 @@ def test_an_unknown_target_is_one_sentence():
         run_target.build("tpu")
 
 
-def test_the_run_builds_its_target_once_and_again_only_when_it_changes():
+def test_the_run_target_is_built_whole_and_the_run_state_takes_nothing_undeclared(tmp_path: Path):
     report = TargetReport("auto", "cpu", devices=[])
-    run = SimpleNamespace(resolved=lambda: report, engine_kind=None, dtype=None, requested_target="auto")
-    first = run_target.of(run)
-    assert run_target.of(run) is first and (first.name, first.requested, first.engine) == ("cpu", "auto", "vllm")
-    run.engine_kind = "transformers"
-    assert run_target.of(run).engine == "transformers"
+    t = run_target.build("cpu", None, None, report, "auto", str(tmp_path))
+    assert (t.name, t.requested, t.engine, t.dtype, t.model, t.profile.label) == \
+        ("cpu", "auto", "vllm", "float32", str(tmp_path), "cpu")
+    run = RunContext("id", tmp_path, "now", t)
+    assert (run.target is t, run.engine, run.dtype_name, run.model_arg, run.resolved()) == (True, "vllm", "float32",
+                                                                                          str(tmp_path), report)
+    with pytest.raises(AttributeError):
+        run.shortfal = "a typo"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("engine, dtype, profile, sentence", [
+    ("sglang", None, None, "--engine 'sglang' is no engine of data/engines.toml: use one of vllm, transformers."),
+    (None, "float8", None, "--dtype 'float8' is not a dtype the suite has limits for"),
+    (None, None, "nosuch", "there is no serving profile 'nosuch'"),
+])
+def test_engine_dtype_and_profile_the_data_does_not_allow_are_one_sentence(engine, dtype, profile, sentence):
+    with pytest.raises(run_target.RunRefused) as exc:
+        run_target.build("cpu", engine, dtype, profile=profile)
+    assert str(exc.value).startswith(sentence) and "\n" not in str(exc.value)
 
 
 def test_choices_come_from_the_data_files():

@@ -4,7 +4,6 @@ import pytest
 
 from conformance.run import fit
 from conformance.run.fixtures import EngineFactory
-from conformance.verdicts import profiles
 from conformance.verdicts.verdict import record_figures
 
 AREA = "engine"
@@ -32,5 +31,5 @@ def test_serving_profile_fits_device(run, model_under_test, record_figure):
     except fit.FitError as exc:
         pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
     record_figures(record_figure, verdict)
-    assert verdict.ok, f"profile {profiles.of(run).label}: {verdict.sentence}"
+    assert verdict.ok, f"profile {run.spec.profile.label}: {verdict.sentence}"
 

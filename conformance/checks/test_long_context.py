@@ -8,7 +8,7 @@ import pytest
 
 from conformance.engines.worker import EngineError
 from conformance.run import capabilities
-from conformance.verdicts import compare, longctx, profiles
+from conformance.verdicts import compare, longctx
 from conformance.verdicts.verdict import Problems, record_figures
 
 AREA = "model-math"
@@ -21,9 +21,9 @@ def long_settings():
 
 def _long_options(run) -> dict:
     capabilities.require(run, "long_context")
-    extra = dict(profiles.of(run).long_context)
+    extra = dict(run.spec.profile.long_context)
     if not extra.get("max_model_len"):
-        pytest.fail(f"profile {profiles.of(run).label} names no long_context.max_model_len (data/profiles.toml)",
+        pytest.fail(f"profile {run.spec.profile.label} names no long_context.max_model_len (data/profiles.toml)",
                     pytrace=False)
     return extra
 

@@ -114,13 +114,12 @@ def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer,
       https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
     Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
     """
-    from conformance.verdicts import profiles
 
     input_len, output_len = bench_shapes.lengths(run.spec.name, shape)
-    limit = profiles.of(run).engine_options().get("max_model_len", run.spec.options_for("vllm").get("max_model_len"))
+    limit = run.spec.profile.engine_options().get("max_model_len", run.spec.options_for("vllm").get("max_model_len"))
     if limit is not None and int(limit) < input_len + output_len:
         pytest.skip(f"shape {shape} needs {input_len + output_len} tokens per request; the served profile "
-                    f"{profiles.of(run).label} has max_model_len {limit}")
+                    f"{run.spec.profile.label} has max_model_len {limit}")
     test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
                                        record_figure, request)
 

@@ -183,9 +183,8 @@ def device_memory_bytes(profile: Any) -> tuple[float, str]:
 
 def gate(run: Any, model_dir: Path, config: dict[str, Any], options: dict[str, Any], what: str) -> FitVerdict:
     """The session-start gate of the engines fixture: the run's profile against this device."""
-    from conformance.verdicts import profiles
 
-    profile = profiles.of(run)
+    profile = run.spec.profile
     if run.spec.name == "cpu":
         return cpu_kv_fits(config, options, [(int(t), int(n)) for t, n in profile.fit.get("requests", [])]
                            or [(int(options.get("max_model_len", 1024)), 1)])

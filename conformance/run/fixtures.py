@@ -21,7 +21,7 @@ from conformance.engines.worker import EngineError, EngineProcess
 from conformance.run import capabilities, phases
 from conformance.run.run_target import RunTarget
 from conformance.run.runcontext import RunContext, ctx_of
-from conformance.verdicts import profiles, settings
+from conformance.verdicts import settings
 from conformance.verdicts.compare import LogprobTolerance
 from conformance.verdicts.limits import Limits, limits_for
 
@@ -106,7 +106,7 @@ class EngineFactory:
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
-        profile = profiles.of(self.run).engine_options() if kind == "vllm" else {}  # data/profiles.toml
+        profile = self.run.spec.profile.engine_options() if kind == "vllm" else {}  # data/profiles.toml
         fault = getattr(self.run, "planted_fault", None)  # --planted-fault: every engine of the kind under test
         planted = {"planted_fault": fault} if fault and kind == self.run.engine else {}
         return self.run.spec.options_for(kind) | profile | {"dtype": self.run.dtype_name} | planted | overrides
@@ -158,7 +158,7 @@ class EngineFactory:
 
     def _start(self, kind: str, model_dir: str, options: dict[str, Any], wait: bool = True) -> EngineProcess:
         target = self.run.spec
-        env = dict(target.env) | (profiles.of(self.run).engine_env() if kind == "vllm" else {})
+        env = dict(target.env) | (self.run.spec.profile.engine_env() if kind == "vllm" else {})
         env |= target.table.get("env_by_dtype", {}).get(options.get("dtype"), {})  # data/targets.toml
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
         return EngineProcess(kind, model_dir, options, env, log,

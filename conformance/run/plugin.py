@@ -75,27 +75,19 @@ def _catch_interrupts() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     run_options.refuse_xdist(config)  # a usage error under -n, not a KeyError in the workers
     opt = config.option
-    target = run_target.resolve(opt.target)
-    run_id = opt.run_id or _new_run_id(target.resolved)
+    report = run_target.resolve(opt.target)
+    try:  # --engine, --dtype (every limit the checks read) and --profile against the data: one sentence each
+        target = run_target.build(report.resolved, opt.engine, opt.dtype, report, opt.target, opt.model, opt.profile)
+    except (run_target.RunRefused, datafiles.DataError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    run_id = opt.run_id or _new_run_id(target.name)
     run_dir = Path(opt.reports_dir) / run_id
     if run_dir.exists():
         raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
     config.stash[REPORTS_EXISTED] = run_dir.parent.exists()
-    ctx = RunContext(run_id, run_dir, runrecord.now_iso(), opt.target, opt.engine, opt.dtype, opt.model,
-                     opt.combo)
-    ctx.target = target
-    from conformance.verdicts import limits
-
-    # the run's dtype (--dtype, else its target's) and its exact one have every limit the checks read (`limits`)
-    refused = limits.refusal(opt.dtype, ctx.spec.dtype, ctx.spec.exact_dtype)
-    if refused:
-        raise pytest.UsageError(refused)
-    ctx.planted_fault = opt.planted_fault
-    ctx.narrowed_by = " ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr))
-                               if value) or None
-    from conformance.verdicts import profiles
-
-    profiles.configure(ctx, opt.profile)  # one-sentence UsageError for a bad --profile
+    narrowed_by = " ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr))
+                           if value) or None
+    ctx = RunContext(run_id, run_dir, runrecord.now_iso(), target, opt.combo, opt.planted_fault, narrowed_by)
     config.stash[RUN_KEY] = ctx
     _CONFIG["config"] = config
     if not getattr(opt, "xmlpath", None):
@@ -104,7 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     from conformance.run import preflight  # every argument, once, before any check, engine or server starts
 
-    bad = preflight.problems(opt, target, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
+    bad = preflight.problems(opt, report, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
     if bad:
         raise pytest.UsageError("\n".join(bad))
     capabilities.register(config)  # the `needs` marker: what a check needs of the engine (data/engines.toml)
@@ -307,7 +299,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a GPU fault during the run fails it
     from conformance.run import run_minimum
 
-    ctx.shortfall = run_minimum.shortfall(ctx.records.values())  # type: ignore[attr-defined]
+    ctx.shortfall = run_minimum.shortfall(ctx.records.values())
     if ctx.shortfall and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # every check skipped, or P0 without its core verdicts
     ctx.run_dir.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None),
                                 getattr(ctx, "narrowed_by", None), bool(ctx.resolved().problems)),
         "profile": ctx.profile,
-        "profile_settings": ctx.serving_profile.record() if ctx.serving_profile is not None else None,
+        "profile_settings": ctx.target.profile.record() if ctx.target.profile is not None else None,
         "tiers": sorted({r.tier for r in records}),
         "model": ctx.model_meta,
         "fingerprint": fp,

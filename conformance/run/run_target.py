@@ -12,7 +12,7 @@ Standard library only at import (the CLI and the noxfile read the target names f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from conformance.datafiles import DATA, DataError, load_toml
 
 if TYPE_CHECKING:
     from conformance.run.targets import TargetReport
+    from conformance.verdicts.profiles import Profile
 
 AUTO = "auto"
 # the per-engine option tables of a target (engine name -> options; "device" configures the device checks)
@@ -61,7 +62,8 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class RunTarget:
-    """What the run tests, read once: its target's table (data/targets.toml) resolved against the stack."""
+    """What the run tests, read once at configure and validated there: its target's table (data/targets.toml)
+    resolved against the stack, the engine, the dtypes, the serving profile and the model."""
 
     name: str                        # cpu | cuda | rocm (what `--target auto` became)
     requested: str
@@ -79,6 +81,8 @@ class RunTarget:
     table: Mapping[str, Any]         # the whole [<target>] table (server start settings and the rest)
     suite: Mapping[str, Any]         # the suite-wide tables of targets.toml: [soak], [random_mix], ...
     report: TargetReport | None = field(default=None, compare=False)  # torch's facts, the stack's problems
+    model: str | None = None         # --model: the checkpoint directory under test (None: the tiny one)
+    profile: Profile | None = field(default=None, compare=False)  # the serving profile (data/profiles.toml)
 
     @property
     def problems(self) -> list[str]:
@@ -172,17 +176,26 @@ def environment(row: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+class RunRefused(ValueError):
+    """An option of the run that the data does not allow (--engine, --dtype, --profile): one sentence."""
+
+
 def build(name: str, engine: str | None = None, dtype: str | None = None, report: TargetReport | None = None,
-          requested: str | None = None) -> RunTarget:
-    """The RunTarget of target `name` with the run's --engine / --dtype (None: the target's defaults)."""
+          requested: str | None = None, model: str | None = None, profile: str | None = None) -> RunTarget:
+    """The RunTarget of target `name` with the run's --engine / --dtype / --model / --profile (None: the target's
+    defaults, the tiny model and the production profile of the SKU). An engine, dtype or profile the data does
+    not allow is RunRefused; a target table short of a key is DataError."""
     table = data()
     if name not in names():
         raise DataError(f"targets.toml has no [{name}] target (it has {', '.join(names())}): add its table first.")
+    if engine is not None and engine not in engine_names():
+        raise RunRefused(f"--engine {engine!r} is no engine of data/engines.toml: use one of "
+                         f"{', '.join(engine_names())}.")
     row = table[name]
     try:
         t = table["timeouts"]
         timeouts = Timeouts(float(t["engine_start_s"]), float(t["engine_call_s"]), float(t["check_s"]))
-        return RunTarget(
+        target = RunTarget(
             name=name, requested=requested or name, description=str(row.get("description", "")),
             needs_device=bool(row["needs_device"]), vllm_platform=str(row["vllm_platform"]),
             engine=engine or str(row["default_engine"]), dtype=dtype or str(row["dtype"]),
@@ -192,17 +205,21 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
             engine_options=_frozen({k: row.get(k, {}) for k in OPTION_TABLES}),
             timeouts=timeouts, table=_frozen(row),
             suite=_frozen({k: v for k, v in table.items() if isinstance(v, dict) and k not in names()}),
-            report=report)
+            report=report, model=model)
     except KeyError as exc:
         raise DataError(f"targets.toml lacks {exc.args[0]!r} for [{name}] (or [timeouts]): add it.") from None
+    from conformance.verdicts import limits, profiles
 
-
-def of(run: Any) -> RunTarget:
-    """The run's target, built once and kept on the run context."""
-    report = run.resolved()
-    key = (id(report), run.engine_kind, run.dtype)
-    cached = getattr(run, "_spec", None)
-    if cached is None or cached[0] != key:  # built again only if the run's target or options were replaced
-        cached = (key, build(report.resolved, run.engine_kind, run.dtype, report, run.requested_target))
-        run._spec = cached
-    return cached[1]
+    # the run's dtype and its exact one have every limit the checks read (the `limits` fixture)
+    refused = limits.refusal(dtype, target.dtype, target.exact_dtype)
+    if refused:
+        raise RunRefused(refused)
+    devices = list(report.devices) if report else []
+    # the dtype a profile's vLLM attention backend must serve; other engines do not use that backend
+    backend_dtype = target.dtype if target.engine == "vllm" else None
+    try:
+        chosen = profiles.select(profile, name, devices, profiles.model_key(profiles.read_config(model)),
+                                 backend_dtype)
+    except profiles.ProfileError as exc:
+        raise RunRefused(str(exc)) from None
+    return replace(target, profile=chosen)

@@ -11,23 +11,24 @@ from typing import Any
 
 import pytest
 
-from conformance.run import run_target, targets
+from conformance.run import run_target
 from conformance.run.runrecord import CheckRecord
+from conformance.run.targets import TargetReport
 
 RUN_KEY = pytest.StashKey["RunContext"]()
 
 
-@dataclass
+@dataclass(slots=True)  # slots: an attribute not declared here is an AttributeError, never patched on
 class RunContext:
+    """The run's mutable state; what the run tests is `target`, one frozen RunTarget built at configure."""
+
     run_id: str
     run_dir: Path
     started_at: str
-    requested_target: str
-    engine_kind: str | None
-    dtype: str | None
-    model_arg: str | None
-    combo: str | None
-    target: targets.TargetReport | None = None
+    target: run_target.RunTarget
+    combo: str | None = None
+    planted_fault: str | None = None  # --planted-fault: a negative-control run (engines/faults.py), never evidence
+    narrowed_by: str | None = None  # a user's -k / -m: the run judged only part of its tiers
     records: dict[str, CheckRecord] = field(default_factory=dict)
     model_meta: dict[str, Any] = field(default_factory=lambda: {"name": "tiny-gpt-oss", "content_hash": None})
     engine_info: dict[str, Any] = field(default_factory=dict)
@@ -36,30 +37,33 @@ class RunContext:
     unmatched_expectations: list[str] = field(default_factory=list)
     # (what, seconds) of each engine or server start-up: where a run's time goes (the summary's last lines)
     startups: list[tuple[str, float]] = field(default_factory=list)
-    # the serving profile (data/profiles.toml) the engines run under: its label, and the Profile itself
-    profile: str | None = None
-    serving_profile: Any = None
-    narrowed_by: str | None = None  # a user's -k / -m: the run judged only part of its tiers
-    planted_fault: str | None = None  # --planted-fault: a negative-control run (engines/faults.py), never evidence
     engine_factory: Any = None  # the run's EngineFactory while the engines fixture is set up (fixtures.py)
+    shortfall: str | None = None  # what the run lacks of data/run_minimum.toml (run_minimum.py), set at its end
 
-    def resolved(self) -> targets.TargetReport:
-        if self.target is None:
-            self.target = run_target.resolve(self.requested_target)
+    # Read-only views of `target` for the code that still takes the run (checks take the `target` fixture).
+    @property
+    def spec(self) -> run_target.RunTarget:
         return self.target
 
     @property
-    def spec(self) -> run_target.RunTarget:
-        """The run's target, resolved once into one frozen object (conformance/run/run_target.py)."""
-        return run_target.of(self)
-
-    @property
     def engine(self) -> str:
-        return self.spec.engine
+        return self.target.engine
 
     @property
     def dtype_name(self) -> str:
-        return self.spec.dtype
+        return self.target.dtype
+
+    @property
+    def model_arg(self) -> str | None:
+        return self.target.model
+
+    @property
+    def profile(self) -> str | None:
+        return self.target.profile.label if self.target.profile else None
+
+    def resolved(self) -> TargetReport:
+        assert self.target.report is not None, "the run's target is built with torch's facts (pytest_configure)"
+        return self.target.report
 
 
 def ctx_of(config: pytest.Config) -> RunContext:

@@ -24,7 +24,6 @@ from conformance.engines import heartbeat, openai_api, server_fork
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
 from conformance.run import capabilities, phases
 from conformance.run.runcontext import RunContext
-from conformance.verdicts import profiles
 
 # The conversation date the suite's own server renders (vLLM reads it from this env var), so the
 # harmony reference can be rendered without guessing the server's clock.
@@ -198,7 +197,7 @@ def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: P
     started yet), with a fresh key. First contact on the H200 in fp16: the server, left on vLLM's own attention
     choice (FlashAttention 3, bf16 sinks only) while the engines ran the profile's TRITON_ATTN row, died at its
     first request ("We only support bf16 dtype for S aux")."""
-    target, profile = run.spec, profiles.of(run)  # the server serves as the engines do: the profile and its row
+    target, profile = run.spec, run.spec.profile  # the server serves as the engines do: the profile and its row
     options = target.options_for("vllm") | profile.engine_options() | {"dtype": target.dtype}
     env = {k: v for k, v in (dict(target.env) | profile.engine_env()).items() if k not in NOT_FOR_SERVER}
     env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}

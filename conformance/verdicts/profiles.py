@@ -175,32 +175,3 @@ def kv_fp8_unsupported(target: str, cpu_isa: str, table: dict[str, Any] | None =
     """Why the engine cannot run an fp8 KV cache here (None when it can)."""
     row = (table or data())["kv_fp8"].get(target, {})
     return row.get("unsupported_isa", {}).get(cpu_isa)
-
-
-def _backend_dtype(run: Any) -> str | None:
-    """The dtype a profile's vLLM attention backend must serve; other engines do not use that backend."""
-    return run.dtype_name if getattr(run, "engine", "vllm") == "vllm" else None
-
-
-def configure(ctx: Any, requested: str | None) -> Profile:
-    """Pick the run's profile and put it on the RunContext (`profile`, `serving_profile`); a bad choice is a
-    pytest usage error in one sentence."""
-    import pytest
-
-    t = ctx.resolved()
-    try:
-        chosen = select(requested, t.resolved, list(t.devices), model_key(read_config(ctx.model_arg)),
-                        _backend_dtype(ctx))
-    except (ProfileError, datafiles.DataError) as exc:
-        raise pytest.UsageError(str(exc)) from None
-    ctx.profile, ctx.serving_profile = chosen.label, chosen
-    return chosen
-
-
-def of(run: Any) -> Profile:
-    """The run's profile (the default one when the plugin did not choose, as in the suite's own tests)."""
-    chosen = getattr(run, "serving_profile", None)
-    if chosen is None:
-        t = run.resolved()
-        chosen = select(None, t.resolved, list(t.devices), model_key(read_config(run.model_arg)), _backend_dtype(run))
-    return chosen
