@@ -70,7 +70,7 @@ def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", d
     report = TargetReport(target, target, devices=list(devices or []))
     spec = run_target.build(target, engine, dtype, report, model=model_arg)
     return SimpleNamespace(resolved=lambda: report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
-                           model_arg=model_arg, spec=spec, target=spec, profile=spec.profile and spec.profile.label)
+                           model_arg=model_arg, target=spec, profile=spec.profile and spec.profile.label)
 
 
 class CollectedItem:

@@ -18,7 +18,7 @@ from conformance.run.targets import TargetReport
 
 def run_on(target: str) -> SimpleNamespace:
     report = TargetReport(target, target)
-    return SimpleNamespace(resolved=lambda: report, spec=run_target.build(target, report=report))
+    return SimpleNamespace(resolved=lambda: report, target=run_target.build(target, report=report))
 
 
 def engine_with(**info) -> SimpleNamespace:

@@ -35,7 +35,7 @@ def _factory(tiny, tmp_path: Path, items, target: str = "cpu", depth: int | None
     """A factory over real engines; `depth` engines start ahead (None: as the target's data says)."""
     run = run_ctx(target, run_dir=tmp_path)
     if depth is not None:
-        run.spec = dataclasses.replace(run.spec, table=run.spec.table | {"engines_ahead": depth})
+        run.target = dataclasses.replace(run.target, table=run.target.table | {"engines_ahead": depth})
     run.startups, run.engine_info = [], {}
     model = ModelUnderTest("tiny", tiny.path, None, {}, 0)
     return EngineFactory(run, model, items=items)
@@ -116,7 +116,7 @@ def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one
 def test_the_cpu_target_starts_two_ahead_and_closes_engines_without_waiting_for_each(tiny, tmp_path):
     items = _abc_items()
     factory = _factory(tiny, tmp_path, items, depth=None)
-    assert int(factory.run.spec.table["engines_ahead"]) == 2  # data/targets.toml [cpu]
+    assert int(factory.run.target.table["engines_ahead"]) == 2  # data/targets.toml [cpu]
     factory.max_alive = 2
     try:
         factory.start_ahead()
@@ -149,7 +149,7 @@ def test_nothing_starts_ahead_where_the_target_says_0(tiny, tmp_path):
     factory = _factory(tiny, tmp_path, _items(plan_module, ["check_a"]), target="cuda", depth=None)
     factory.start_ahead()
     assert not factory.ahead and not factory._plans
-    assert int(factory.run.spec.table.get("engines_ahead", 0)) == 0
+    assert int(factory.run.target.table.get("engines_ahead", 0)) == 0
 
 
 def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):

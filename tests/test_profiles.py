@@ -115,5 +115,5 @@ def test_the_server_serves_on_the_profile_row_the_engines_run(dtype, backend, tm
     model = SimpleNamespace(path=tmp_path, name="tiny")
     server = serving_fixtures.new_server(run, model, tmp_path, tmp_path / "server.log")
     assert server.options.get("attention_backend") == backend
-    assert server.options["max_model_len"] == run.spec.profile.engine_options()["max_model_len"]
+    assert server.options["max_model_len"] == run.target.profile.engine_options()["max_model_len"]
     assert server.options["dtype"] == dtype

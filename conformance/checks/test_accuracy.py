@@ -79,7 +79,7 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
     try:
         score = accuracy.run_lm_eval(accuracy.lm_eval_settings(), server.client.base_url, server.model,
                                      server.api_key, spec, effort, files, run.run_dir / "accuracy" / f"{task}-{effort}",
-                                     server_fork.client_context(run.spec.table))
+                                     server_fork.client_context(run.target.table))
     except accuracy.AccuracyError as exc:
         pytest.fail(str(exc), pytrace=False)
     verdict = accuracy.accuracy_verdict(score, reference, accuracy.pass_rule())

@@ -31,5 +31,5 @@ def test_serving_profile_fits_device(run, model_under_test, record_figure):
     except fit.FitError as exc:
         pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
     record_figures(record_figure, verdict)
-    assert verdict.ok, f"profile {run.spec.profile.label}: {verdict.sentence}"
+    assert verdict.ok, f"profile {run.target.profile.label}: {verdict.sentence}"
 

@@ -14,12 +14,12 @@ AREA = "kv-cache"
 def _fp8_or_skip(run):
     from conformance.run.cpu_features import vector_isa
 
-    target = run.spec.name
+    target = run.target.name
     reason = profiles.kv_fp8_unsupported(target, vector_isa())  # only a target whose kernels need an ISA lists one
     if reason:
         pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "
                     "tested in tests/test_kv_fp8.py")
-    return profiles.kv_fp8_format(target, run.spec.gcn_arch), profiles.kv_fp8_rounding(target)
+    return profiles.kv_fp8_format(target, run.target.gcn_arch), profiles.kv_fp8_rounding(target)
 
 
 @pytest.fixture(scope="module")

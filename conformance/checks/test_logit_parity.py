@@ -67,7 +67,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, limits, p
     max_len = int(engines.options().get("max_model_len") or model_under_test.config["max_position_embeddings"])
     probe_prompts = _probe_prompts(prompts, model_under_test, max_len, decode_steps, long_prompt)
     # targets.toml: per engine kind, eager where graphs hide the blocks from the probe's hooks
-    probe_options = dict(run.spec.table.get("probe_options", {}).get(run.engine, {}))
+    probe_options = dict(run.target.table.get("probe_options", {}).get(run.engine, {}))
     probe_engine = engines.get(**probe_options) if probe_options else engine
     try:
         probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, timeout_s=call_timeout_s)
@@ -89,9 +89,9 @@ def test_exact_float32_logprobs_match_reference(run, exact_limits, engines, refe
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
     Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks
     """
-    exact = run.spec.exact_dtype
+    exact = run.target.exact_dtype
     if not exact:
-        pytest.skip(f"targets.toml names no exact_dtype for {run.spec.name}")
+        pytest.skip(f"targets.toml names no exact_dtype for {run.target.name}")
     if exact == run.dtype_name:
         pytest.skip(f"the run's dtype is {run.dtype_name}: test_greedy_logprobs_match_reference is the exact verdict")
     need, have = model_under_test.num_params * 4, _device_memory_bytes()

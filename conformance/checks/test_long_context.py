@@ -21,9 +21,9 @@ def long_settings():
 
 def _long_options(run) -> dict:
     capabilities.require(run, "long_context")
-    extra = dict(run.spec.profile.long_context)
+    extra = dict(run.target.profile.long_context)
     if not extra.get("max_model_len"):
-        pytest.fail(f"profile {run.spec.profile.label} names no long_context.max_model_len (data/profiles.toml)",
+        pytest.fail(f"profile {run.target.profile.label} names no long_context.max_model_len (data/profiles.toml)",
                     pytrace=False)
     return extra
 

@@ -39,7 +39,7 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
         engine.call("generate_greedy", prompts, 8, 1, timeout_s=call_timeout_s)
         usage = engine.call("components:process_usage", timeout_s=call_timeout_s)
         samples.append(usage | {"kv_used": float(engine.call("kv_state", timeout_s=call_timeout_s).used_blocks)})
-    vram = cfg["max_vram_growth_mib"] if run.spec.needs_device else None
+    vram = cfg["max_vram_growth_mib"] if run.target.needs_device else None
     report = reliability.soak_verdict(samples, cfg["warmup_rounds"], cfg["max_rss_growth_mib"], cfg["max_fd_growth"],
                                       vram)
     record_figures(record_figure, report)

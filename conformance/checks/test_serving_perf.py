@@ -34,7 +34,7 @@ def bench_tokenizer(run, server, request) -> Path:
 def run_lineage(run) -> str:
     from conformance.run.recorder import fingerprint
 
-    return perf.lineage_of(run.spec.name, run.fingerprint or fingerprint(run), run.combo, run.engine)
+    return perf.lineage_of(run.target.name, run.fingerprint or fingerprint(run), run.combo, run.engine)
 
 
 @pytest.mark.p2
@@ -57,12 +57,12 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
       tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
       tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence
     """
-    target = run.spec.name
+    target = run.target.name
     plan = bench_shapes.plan(target, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
-    env = {k: str(v) for k, v in run.spec.env.items()}
+    env = {k: str(v) for k, v in run.target.env.items()}
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
-                                run.run_dir / "bench", env, server_fork.client_context(run.spec.table))
+                                run.run_dir / "bench", env, server_fork.client_context(run.target.table))
     except perf.PerfError as exc:
         pytest.fail(str(exc), pytrace=False)
     record_figures(record_figure, result)
@@ -114,12 +114,12 @@ def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer,
       https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
     Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
     """
-
-    input_len, output_len = bench_shapes.lengths(run.spec.name, shape)
-    limit = run.spec.profile.engine_options().get("max_model_len", run.spec.options_for("vllm").get("max_model_len"))
+    target = run.target
+    input_len, output_len = bench_shapes.lengths(target.name, shape)
+    limit = target.profile.engine_options().get("max_model_len", target.options_for("vllm").get("max_model_len"))
     if limit is not None and int(limit) < input_len + output_len:
         pytest.skip(f"shape {shape} needs {input_len + output_len} tokens per request; the served profile "
-                    f"{run.spec.profile.label} has max_model_len {limit}")
+                    f"{target.profile.label} has max_model_len {limit}")
     test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
                                        record_figure, request)
 
@@ -137,7 +137,7 @@ def test_graph_mode_matches_eager(run, prompts, limits, call_timeout_s, record_f
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
     Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens
     """
-    target = run.spec.name
+    target = run.target.name
     capability = perf.graph_capability(target, run.engine)
     if not capability.supported:
         pytest.skip(f"target {target}: {capability.reason} (perf.toml [graph_mode.{target}])")

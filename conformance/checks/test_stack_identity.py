@@ -29,9 +29,9 @@ def test_vllm_platform_matches_target(run, engine):
     Reference: https://docs.vllm.ai/en/latest/getting_started/installation/ (platform detection)
     Controls: tests/test_check_bodies_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
     """
-    want = run.spec.vllm_platform
+    want = run.target.vllm_platform
     assert engine.info.get("platform") == want, (
-        f"vLLM detected platform {engine.info.get('platform')!r} but target {run.spec.name} needs {want!r}")
+        f"vLLM detected platform {engine.info.get('platform')!r} but target {run.target.name} needs {want!r}")
 
 
 @pytest.mark.p0

@@ -67,7 +67,7 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
 def vllm_tp(run, engines):
     """(vLLM at tensor_parallel_size > 1 on the model under test, its TP size), started once for this
     module's checks; a start that fails is the checks' failure."""
-    target = run.spec
+    target = run.target
     overrides, env, reason = tp_settings(target.name, len(target.devices))
     if reason:
         pytest.skip(reason)

@@ -79,7 +79,7 @@ class EngineFactory:
     def __init__(self, run: RunContext, model: ModelUnderTest, max_alive: int | None = None,
                  items: list[pytest.Item] | None = None) -> None:
         self.run, self.model = run, model
-        self.max_alive = max_alive or int(run.spec.table.get("engines_alive", 2))  # data/targets.toml
+        self.max_alive = max_alive or int(run.target.table.get("engines_alive", 2))  # data/targets.toml
         self._numbers = itertools.count()  # the engines' log files
         self._last: str | None = None  # the key get() handed out last
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
@@ -87,7 +87,7 @@ class EngineFactory:
         self.ahead_waited = self.ahead_hidden = 0.0
         self.unclaimed = 0  # engines started ahead and closed unasked (a plan that does not match its checks)
         self._closing: list[EngineProcess] = []  # asked to close (_retire), waited for by close()
-        self._depth = int(run.spec.table.get("engines_ahead", 0)) if items else 0
+        self._depth = int(run.target.table.get("engines_ahead", 0)) if items else 0
         self._remaining: dict[tuple[str, str], int] = {}  # (module, check name) -> its items not yet finished
         self._item_names: dict[str, tuple[tuple[str, str], ...]] = {}
         modules: dict[str, Any] = {}
@@ -106,10 +106,10 @@ class EngineFactory:
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
-        profile = self.run.spec.profile.engine_options() if kind == "vllm" else {}  # data/profiles.toml
+        profile = self.run.target.profile.engine_options() if kind == "vllm" else {}  # data/profiles.toml
         fault = getattr(self.run, "planted_fault", None)  # --planted-fault: every engine of the kind under test
         planted = {"planted_fault": fault} if fault and kind == self.run.engine else {}
-        return self.run.spec.options_for(kind) | profile | {"dtype": self.run.dtype_name} | planted | overrides
+        return self.run.target.options_for(kind) | profile | {"dtype": self.run.dtype_name} | planted | overrides
 
     def _key(self, model: Path | None, kind: str | None, overrides: dict[str, Any]) -> tuple[str, str, str, dict]:
         kind = kind or self.run.engine
@@ -157,8 +157,8 @@ class EngineFactory:
         return proc
 
     def _start(self, kind: str, model_dir: str, options: dict[str, Any], wait: bool = True) -> EngineProcess:
-        target = self.run.spec
-        env = dict(target.env) | (self.run.spec.profile.engine_env() if kind == "vllm" else {})
+        target = self.run.target
+        env = dict(target.env) | (self.run.target.profile.engine_env() if kind == "vllm" else {})
         env |= target.table.get("env_by_dtype", {}).get(options.get("dtype"), {})  # data/targets.toml
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
         return EngineProcess(kind, model_dir, options, env, log,
@@ -282,8 +282,9 @@ def fingerprint(run: RunContext, engine: EngineProcess) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def target(run: RunContext) -> RunTarget:
-    """The run's target, resolved once (conformance/run/run_target.py): name, dtype, engine options, timeouts."""
-    return run.spec
+    """What the run tests, built and validated once at configure (conformance/run/run_target.py): the target's
+    name and table, torch's facts, the engine, the dtypes, the serving profile and the model."""
+    return run.target
 
 
 @pytest.fixture(scope="session")

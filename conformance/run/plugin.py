@@ -130,9 +130,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
                 "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules(),
-                "needs_device": ctx.spec.needs_device}
+                "needs_device": ctx.target.needs_device}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
-    check_s = ctx.spec.timeouts.check_s
+    check_s = ctx.target.timeouts.check_s
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
@@ -156,7 +156,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ref = runrecord.docstring_field(item.function, "Reference") or ""
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
-    target = ctx.spec
+    target = ctx.target
     from conformance.run import phases
 
     if not target.problems and target.forks_engines and phases.need_engines(items):
@@ -277,7 +277,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         except pack.PackRefused as exc:
             raise pytest.UsageError(str(exc)) from None
     if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
-        machine_health.start(ctx_of(session.config).spec.name, session.config.option.health_policy)
+        machine_health.start(ctx_of(session.config).target.name, session.config.option.health_policy)
 
 
 @pytest.hookimpl(trylast=True)

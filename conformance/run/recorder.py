@@ -58,7 +58,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "finished_at": runrecord.now_iso(),
         "complete": complete,
         "exit_status": exit_status,
-        "target": ctx.spec.name,
+        "target": ctx.target.name,
         "engine": ctx.engine,
         "dtype": ctx.dtype_name,
         "combo": ctx.combo,

@@ -42,10 +42,6 @@ class RunContext:
 
     # Read-only views of `target` for the code that still takes the run (checks take the `target` fixture).
     @property
-    def spec(self) -> run_target.RunTarget:
-        return self.target
-
-    @property
     def engine(self) -> str:
         return self.target.engine
 

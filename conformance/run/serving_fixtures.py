@@ -126,7 +126,7 @@ def prestart_server(run: RunContext) -> None:
                 phases.wait_built(built)
             ready = phases.forkserver_ready()  # a forked server would wait for its imports anyway: so
             if ready is not None:              # its start_seconds is its own start, not theirs
-                ready.wait(run.spec.timeouts.engine_start_s)
+                ready.wait(run.target.timeouts.engine_start_s)
             vocab_path = vocab.ensure_o200k()
             with _PRESTART_LOCK:  # an interrupted run discards it first: then no server is launched at all
                 if _PRESTART.get("discarded"):
@@ -197,7 +197,7 @@ def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: P
     started yet), with a fresh key. First contact on the H200 in fp16: the server, left on vLLM's own attention
     choice (FlashAttention 3, bf16 sinks only) while the engines ran the profile's TRITON_ATTN row, died at its
     first request ("We only support bf16 dtype for S aux")."""
-    target, profile = run.spec, run.spec.profile  # the server serves as the engines do: the profile and its row
+    target, profile = run.target, run.target.profile  # the server serves as the engines do: the profile and its row
     options = target.options_for("vllm") | profile.engine_options() | {"dtype": target.dtype}
     env = {k: v for k, v in (dict(target.env) | profile.engine_env()).items() if k not in NOT_FOR_SERVER}
     env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
@@ -244,4 +244,4 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
 
 @pytest.fixture(scope="session")
 def server_call_timeout_s(run: RunContext) -> float:
-    return run.spec.timeouts.engine_call_s
+    return run.target.timeouts.engine_call_s

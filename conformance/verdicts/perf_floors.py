@@ -97,7 +97,7 @@ def no_baseline(run: Any, plan: Any, figures: dict[str, float], skip_reason: str
 
     from conformance.verdicts import profiles
 
-    prof = run.spec.profile
+    prof = run.target.profile
     model = profiles.model_key(profiles.read_config(run.model_arg))
     floor = floor_for(prof.sku, model, plan.input_len, plan.output_len, plan.concurrency)
     if floor is None or not run.model_arg:
