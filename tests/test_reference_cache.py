@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.engines.base import Completion
 from conformance.reference import cache
 from conformance.reference.gpt_oss import Reference
 from conformance.reference.longref import LongReference
@@ -41,6 +42,22 @@ def test_a_hit_is_exactly_the_computed_result(tiny, cached: Path):
     assert long.score_from([5, 6, 7, 8], [9, 10], 4, 2) == long.score_from([5, 6, 7, 8], [9, 10], 4, 2)
     assert cache.counts.hits == 2
 
+
+
+def test_compute_seconds_count_computes_not_reads(cached: Path, monkeypatch, tmp_path: Path):
+    """The run's `reference` phase sums these: a computed result adds its seconds, a read adds none."""
+    clock = iter([10.0, 12.5, 20.0, 21.0])
+    monkeypatch.setattr(cache.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(cache, "_model_digest", lambda model_dir: "model")
+    result = Completion([1, 2], [3], [], [])
+    assert cache.counts.compute_s == 0.0  # enable() reset it
+    assert cache.completion(tmp_path, {}, ["score", [1, 2], [3], 1], lambda: result) == result
+    assert cache.counts.compute_s == 2.5 and cache.counts.misses == 1
+    cache.completion(tmp_path, {}, ["score", [1, 2], [3], 1], lambda: result)
+    assert cache.counts.compute_s == 2.5 and cache.counts.hits == 1
+    cache.disable()
+    cache.completion(tmp_path, {}, ["score", [1, 2], [3], 1], lambda: result)  # off: computed, and timed
+    assert cache.counts.compute_s == 3.5
 
 def test_another_path_variant_or_checkpoint_is_computed(tiny, cached: Path, tmp_path: Path):
     Reference(tiny.path).score([5, 6, 7], [8], 4)

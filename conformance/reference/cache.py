@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ class Pack(Protocol):
 class Counts:
     hits: int = 0
     misses: int = 0
+    compute_s: float = 0.0  # seconds spent computing results, cached or not (the run's `reference` phase)
 
 
 _root: Path | None = None
@@ -54,6 +56,7 @@ def enable(root: Path) -> None:
     global _root
     _root = root
     counts.hits = counts.misses = 0
+    counts.compute_s = 0.0
 
 
 def disable() -> None:
@@ -113,7 +116,7 @@ def completion(model_dir: Path, variant: dict[str, Any], call: list[Any], comput
                ) -> Completion:
     """`compute()` unless the run's pack or the cache holds the result for this model, variant and call."""
     if _root is None and _pack is None:
-        return compute()
+        return _timed(compute)
     key = hashlib.sha256(json.dumps([_source_digest(), _model_digest(model_dir), variant, call],
                                     sort_keys=True, default=repr).encode()).hexdigest()
     packed = _pack.get(key, call) if _pack is not None else None
@@ -122,7 +125,7 @@ def completion(model_dir: Path, variant: dict[str, Any], call: list[Any], comput
         return packed
     result = _cached(_root, key, call) if _root is not None else None
     if result is None:
-        result = compute()
+        result = _timed(compute)
         counts.misses += 1
         if _root is not None:
             _store(_root, key, result)
@@ -131,6 +134,14 @@ def completion(model_dir: Path, variant: dict[str, Any], call: list[Any], comput
     if _pack is not None:
         _pack.put(key, result)
     return result
+
+
+def _timed(compute: Callable[[], Completion]) -> Completion:
+    started = time.perf_counter()
+    try:
+        return compute()
+    finally:
+        counts.compute_s += time.perf_counter() - started
 
 
 def _cached(root: Path, key: str, call: list[Any]) -> Completion | None:

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,12 @@ def run(request: pytest.FixtureRequest) -> RunContext:
 
 @pytest.fixture(scope="session")
 def model_under_test(run: RunContext) -> ModelUnderTest:
+    """The checkpoint under test; its `load` phase: the tiny one waited for (it builds in the background), or
+    --model's directory inspected and content-hashed (every byte read: a minute at gpt-oss-120b's size)."""
     from conformance.checkpoints.models import tiny_gpt_oss
     from conformance.datafiles import content_hash
 
+    started = time.perf_counter()
     if run.model_arg:
         try:
             info = inspect_model_dir(Path(run.model_arg))
@@ -61,6 +64,7 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
         m = ModelUnderTest("tiny-gpt-oss", tiny.path, tiny.content_hash, info.config, info.num_params)
     run.model_meta = {"name": m.name, "content_hash": m.content_hash, "path": str(m.path) if run.model_arg else None,
                       "num_params": m.num_params}
+    phases.record("load", time.perf_counter() - started)
     return m
 
 
@@ -330,19 +334,26 @@ def _host_memory_bytes() -> int:
 
 
 @pytest.fixture(scope="session")
-def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Any:
+def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Iterator[Any]:
     """The fp64 reference; streaming (one layer and only routed experts resident) for big checkpoints; on the
-    target's `reference_device` where it names one (data/targets.toml), spot-checked against the CPU."""
+    target's `reference_device` where it names one (data/targets.toml), spot-checked against the CPU. Its
+    `reference` phase: its set-up plus every result the run computed (not those read from the cache or a pack;
+    the computes happen inside the checks, so the phase overlaps their durations)."""
+    from conformance.reference import cache as reference_cache
     from conformance.reference.device import reference_for
 
+    started, computed_before = time.perf_counter(), reference_cache.counts.compute_s
     cfg = model_under_test.config
     resident = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * 8  # embeddings + lm_head in fp64
     host = _host_memory_bytes()
     if host and resident > host // 2:
         pytest.skip(f"the fp64 reference needs {resident / 2**30:.0f} GiB resident for embeddings and lm_head; "
                     f"this host has {host / 2**30:.0f} GiB")
-    return reference_for(model_under_test.path, model_under_test.num_params > STREAMING_ABOVE_PARAMS,
-                         target.table.get("reference_device"))
+    ref = reference_for(model_under_test.path, model_under_test.num_params > STREAMING_ABOVE_PARAMS,
+                        target.table.get("reference_device"))
+    set_up_s = time.perf_counter() - started
+    yield ref
+    phases.record("reference", set_up_s + reference_cache.counts.compute_s - computed_before)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,11 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
 - `imports`: the forkserver's import of torch, vLLM and transformers (conformance/engines/forkserver.py), from its
   start to the first child it forks;
 - `checkpoints`: building (or, when cached, verifying) the tiny checkpoints and the o200k vocabulary;
+- `load`: the model under test made ready (the `model_under_test` fixture): the tiny checkpoint waited for, or
+  --model's directory inspected and content-hashed; each engine's own weight load is part of its start;
+- `reference`: the fp64 reference's set-up and every result the run computed rather than read from the cache or a
+  reference pack (the `reference` fixture, reference/cache.py); the computes run inside checks, so this overlaps
+  their durations;
 - `engine: <kind> #<n>` and `server`: each engine start and the suite's server start (RunContext.startups);
 - `parity_decode`: the greedy decode with prompt logprobs that the parity checks share;
 - `report`: the end of the last check to the record (fingerprint, machine health, summary);
