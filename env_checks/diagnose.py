@@ -139,7 +139,7 @@ KNOWN = ("rocminfo (whole or part of an agent block), amd-smi (default view, sta
          "topology, xgmi, partition, firmware, bad-pages, process, version; text, --csv, --json or a jq fragment), "
          "rocm-smi, nvidia-smi, collect_env (PyTorch's and vLLM's, CUDA 12/13 and ROCm), hipconfig, modinfo amdgpu, "
          "amdgpu_firmware_info, KFD topology mem_banks properties, update-alternatives --display rocm, a kernel log, "
-         "a vLLM log or an error trace")
+         "a HIP runtime log (AMD_LOG_LEVEL, hipErrorNoBinaryForGpu), a vLLM log or an error trace")
 
 
 def _fact_text(value: Any) -> str:
@@ -192,7 +192,8 @@ def build_parser(prog: str = "conformance diagnose") -> argparse.ArgumentParser:
                "(table, -q, -q -x, --query-gpu --format=csv); python -m torch.utils.collect_env / vLLM collect_env "
                "(CUDA 12/13, ROCm); hipconfig; modinfo amdgpu; /sys/kernel/debug/dri/N/amdgpu_firmware_info; "
                "/sys/class/kfd/kfd/topology/nodes/N/mem_banks/M/properties; update-alternatives --display rocm; "
-               "dmesg / journalctl -k; a HIP/CUDA error trace; a vLLM server log.\n"
+               "dmesg / journalctl -k (page faults, RAS/ACA, probe and IP discovery failures); a HIP runtime log "
+               "(AMD_LOG_LEVEL, hipErrorNoBinaryForGpu); a HIP/CUDA error trace; a vLLM server log.\n"
                "Several files of one machine (a.txt b.txt -) are merged and cross-checked: firmware the same on "
                "every GPU, rocminfo's gfx target against the amd-smi/rocm-smi model, modinfo's driver version "
                "against amd-smi's; disagreements are listed as contradictions.\n"

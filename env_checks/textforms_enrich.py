@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 
 from env_checks import textforms_extra as extra
+from env_checks import textforms_faults as faults
 from env_checks import textforms_fragments as fragments
 from env_checks.textforms import Reading, json_pairs, json_start
 
@@ -134,6 +135,7 @@ def _both(*fns: Callable[[str, Reading], None]) -> Callable[[str, Reading], None
 ENRICHERS: dict[str, Callable[[str, Reading], None]] = {
     "rocminfo": enrich_rocminfo, "amd-smi": enrich_amd_smi, "rocm-smi": enrich_rocm_smi,
     "collect_env": _both(enrich_collect_env, enrich_target_ids), "error trace": enrich_target_ids,
+    "kernel log": faults.enrich_kernel_log, "hipconfig": faults.enrich_hipconfig,
 }
 
 
@@ -152,6 +154,7 @@ def extend(detectors: list[Detector]) -> list[Detector]:
     fragment is only read when no other reader for rocminfo fires."""
     rocminfo = next((detect for kind, detect, _ in detectors if kind == "rocminfo"), None)
     out: list[Detector] = list(extra.DETECTORS) + list(fragments.DETECTORS)
+    out.append(("HIP runtime log", faults.is_hip_log, faults.read_hip_log))
     for kind, detect, read in extra.FRAGMENTS:
         out.append((kind, _unless(detect, rocminfo), read))
     for kind, detect, read in detectors:
