@@ -426,7 +426,9 @@ def bench(session: nox.Session) -> None:
     """Run tiers N times through nox (what a user types) and print per phase the median/min/max wall time:
     venv, imports, checkpoints, each engine start, the server start, each check, the report, and P0's wall
     over its floor; then the dashboard's build of 1,000 runs. A benchmark, not a timed test:
-    `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/tooling/bench.py, reports/bench.py)."""
+    `nox -s bench -- --runs 3 --tiers p0,p1` (conformance/tooling/bench.py, reports/bench.py). At gpt-oss-120b's
+    real dimensions on a GPU, per layer count, with the fit of wall against layers extrapolated to 36:
+    `nox -s bench -- --realdim 2,8,24 --tiers p0 --runs 1 -- --cuda` (conformance/tooling/bench_realdim.py)."""
     if not _STACK:
         session.error("the shared stack venv was not prepared: run bench without --no-dependencies.")
     nox_cmd = f"{sys.executable} -m nox -f {ROOT / 'noxfile.py'}"

@@ -1,12 +1,18 @@
 """`nox -s bench`: run tiers N times and print, per phase, the median/min/max wall time.
 
   python -m conformance.tooling.bench --runs 3 --tiers p0,p1 [--nox "python -m nox"] [--reports-dir DIR] [-- run args]
+  python -m conformance.tooling.bench --realdim 2,8,24 --tiers p0 --runs 1 [--realdim-dir DIR] -- --cuda
+  python -m conformance.tooling.bench --from-runs RUN_DIR...
 
 Each run is `nox -s <tier> -- ...` when a nox command is given (what a user types: its time beyond the run
 itself is the `venv` phase), else `python -m conformance run --tier <tier> ...`. The phases come from each
 run's results.json (`phases`, conformance/run/phases.py) and its checks' durations; `floor_ratio` is the run's
 wall over its floor (its first vLLM engine start plus the parity decode, both measured in the same run).
 The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers.
+With --realdim, each tier runs at gpt-oss-120b's real dimensions with each of these layer counts (the checkpoint
+written once per count, its writing the `generate` row), a table per layer count, then the fit of wall against
+layers and its extrapolation to the real depth (conformance/tooling/bench_realdim.py). --from-runs tabulates recorded
+runs the same way, grouping real-dimension runs by their layer count.
 A benchmark, not a test: it never fails on a time, only when a run could not be read.
 """
 
@@ -25,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 # Row order of the table: the run's own phases first, then each check, then the totals.
-HEAD = ("load_1m", "venv", "startup", "imports", "checkpoints")
-TAIL = ("parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio")
+HEAD = ("load_1m", "generate", "venv", "startup", "imports", "checkpoints", "load")
+TAIL = ("reference", "parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio")
 
 
 class BenchError(RuntimeError):
@@ -86,10 +92,12 @@ def _order(name: str) -> tuple[int, str]:
 
 def format_table(tier: str, stats: dict[str, Stat], runs: int, check_order: list[str] | None = None) -> str:
     """The table of one tier: phase, median, min, max (seconds; floor_ratio and load are plain numbers)."""
+    from conformance.tooling.bench_realdim import heading
+
     order = {name: i for i, name in enumerate(check_order or [])}
     names = sorted(stats, key=lambda n: (*_order(n), order.get(n, len(order)), n))
     width = max([len(n) for n in names] + [len("phase")])
-    lines = [f"{tier.upper()}: {runs} run(s)",
+    lines = [f"{heading(tier)}: {runs} run(s)",
              f"{'phase':{width}s} {'median':>9s} {'min':>9s} {'max':>9s}  runs"]
     for name in names:
         st = stats[name]
@@ -109,10 +117,10 @@ def read_record(run_dir: Path) -> dict[str, Any]:
         raise BenchError(f"{path} is not JSON ({exc}).") from None
 
 
-def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, extra: list[str]
+def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, extra: list[str], label: str = ""
              ) -> tuple[dict[str, Any], float, float]:
     """One run of `tier`: (its record, its outer wall seconds, the 1-minute load before it)."""
-    run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-bench-{tier}-{index}"
+    run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-bench-{tier}{label}-{index}"
     args = ["--reports-dir", str(reports_dir), *extra]
     if nox:
         cmd = [*nox, "-s", tier, "--", *args, "--", "--run-id", run_id]
@@ -129,7 +137,80 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
     return record, wall, load
 
 
+def _key(record: dict[str, Any], tier: str | None = None) -> tuple[str, int | None]:
+    """What a run is tabulated under: its tier and dtype ('p0 bfloat16'), and its real-dimension layer count."""
+    from conformance.tooling.bench_realdim import layers_of
+
+    name = tier or ",".join(record.get("tiers", [])) or "?"
+    return f"{name} {record['dtype']}" if record.get("dtype") else name, layers_of(record)
+
+
+def print_tables(results: dict[tuple[str, int | None], list[dict[str, Any]]], outside: str | None,
+                 extra_rows: dict[int, dict[str, float]] | None = None, variant: str = "gpt-oss-120b") -> None:
+    """A table per (tier, layer count), in run order; then, per tier benched at two or more layer counts, the
+    fit of wall against layers. `extra_rows`: rows the bench measured itself per layer count (`generate`)."""
+    from conformance.tooling import bench_realdim
+
+    by_tier: dict[str, dict[int, list[dict[str, float]]]] = {}
+    for (tier, layers), records in results.items():
+        samples = [phases_of(r, *r["_outer"], outside=outside) if "_outer" in r and outside else phases_of(r)
+                   for r in records]
+        if layers is not None and extra_rows and layers in extra_rows:
+            samples[0] |= extra_rows[layers]
+        order = ["check: " + str(c["id"]).split("::")[-1] for c in records[0].get("checks", [])]
+        title = tier if layers is None else f"{tier} at {layers} layers"
+        print(format_table(title, aggregate(samples), len(samples), order) + "\n")
+        if layers is not None:
+            by_tier.setdefault(tier, {})[layers] = samples
+    for tier, by_layers in by_tier.items():
+        if len(by_layers) > 1:
+            print(bench_realdim.format_fit(tier, by_layers, bench_realdim.real_layers(variant)) + "\n")
+        else:
+            print(f"{bench_realdim.heading(tier)}: runs at one layer count ({next(iter(by_layers))}): no fit of "
+                  "wall against layers (bench two counts or more, e.g. --realdim 2,8).\n")
+
+
+def bench_runs(ns: argparse.Namespace) -> None:
+    """Run the tiers ns.runs times (per real-dimension layer count with --realdim) and print the tables."""
+    from conformance.tooling import bench_realdim
+
+    tiers = [t.strip() for t in ns.tiers.split(",") if t.strip()]
+    nox = shlex.split(ns.nox) if ns.nox else None
+    reports = Path(ns.reports_dir)
+    reports.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
+    generated: dict[int, dict[str, float]] = {}
+    checkpoints: list[bench_realdim.Checkpoint | None] = [None]
+    if ns.realdim:
+        root = Path(ns.realdim_dir) if ns.realdim_dir else _cache_root() / "realdim"
+        checkpoints = list(bench_realdim.plan(bench_realdim.parse_layers(ns.realdim), root, ns.variant))
+    for ckpt in checkpoints:
+        extra, label = list(ns.extra), ""
+        if ckpt is not None:
+            if not ckpt.present:
+                bench_realdim.check_disk(ckpt, bench_realdim.free_bytes(ckpt.path.parent))
+                generated[ckpt.layers] = {"generate": bench_realdim.generate(ckpt, ns.variant, sys.executable)}
+            extra, label = [*extra, "--model", str(ckpt.path)], f"-L{ckpt.layers}"
+        try:
+            for index in range(ns.runs):
+                for tier in tiers:
+                    record, wall, load = run_once(tier, index, reports, nox, extra, label)
+                    results.setdefault(_key(record, tier), []).append(record | {"_outer": (wall, load)})
+        finally:
+            if ckpt is not None and not ckpt.present and not ns.keep_checkpoints:
+                bench_realdim.remove(ckpt)  # room for the next, deeper one
+    print_tables(results, "venv" if nox else "exit", generated, ns.variant)
+
+
+def _cache_root() -> Path:
+    from conformance.datafiles import cache_root
+
+    return cache_root()
+
+
 def main(argv: list[str] | None = None) -> int:
+    from conformance.tooling.bench_realdim import RealdimError
+
     parser = argparse.ArgumentParser(prog="conformance.tooling.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="runs per tier (default 3)")
@@ -138,32 +219,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reports-dir", default="reports/runs/bench", help="where the runs go")
     parser.add_argument("--from-runs", nargs="*", default=None,
                         help="tabulate these recorded run directories instead of running anything")
+    parser.add_argument("--realdim", default=None, metavar="L1,L2,...",
+                        help="run at gpt-oss's real dimensions with these layer counts (e.g. 2,8,24) and fit wall "
+                             "against layers")
+    parser.add_argument("--realdim-dir", default=None,
+                        help="where the real-dimension checkpoints go (default: the suite's cache, realdim/)")
+    parser.add_argument("--variant", default="gpt-oss-120b", choices=["gpt-oss-120b", "gpt-oss-20b"],
+                        help="whose real dimensions (default gpt-oss-120b)")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep the real-dimension checkpoints the bench wrote (default: removed after their runs)")
     parser.add_argument("extra", nargs="*", help="arguments for `conformance run` (after --)")
     ns, unknown = parser.parse_known_args(argv)  # --rocm, --cuda, --model ...: for `conformance run`
     ns.extra = [*unknown, *ns.extra]
     try:
         if ns.from_runs is not None:
-            by_tier: dict[str, list[dict[str, Any]]] = {}
+            recorded: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
             for d in ns.from_runs:
                 record = read_record(Path(d))
-                by_tier.setdefault(",".join(record.get("tiers", [])) or "?", []).append(phases_of(record))
-            for tier, samples in by_tier.items():
-                print(format_table(tier, aggregate(samples), len(samples)) + "\n")
+                recorded.setdefault(_key(record), []).append(record)
+            print_tables(recorded, None, variant=ns.variant)
             return 0
-        tiers = [t.strip() for t in ns.tiers.split(",") if t.strip()]
-        nox = shlex.split(ns.nox) if ns.nox else None
-        reports = Path(ns.reports_dir)
-        reports.mkdir(parents=True, exist_ok=True)
-        results: dict[str, list[dict[str, Any]]] = {t: [] for t in tiers}
-        for index in range(ns.runs):
-            for tier in tiers:
-                record, wall, load = run_once(tier, index, reports, nox, list(ns.extra))
-                results[tier].append(record | {"_outer": (wall, load)})
-        for tier in tiers:
-            samples = [phases_of(r, *r["_outer"], outside="venv" if nox else "exit") for r in results[tier]]
-            order = ["check: " + str(c["id"]).split("::")[-1] for c in results[tier][0].get("checks", [])]
-            print(format_table(tier, aggregate(samples), len(samples), order) + "\n")
-    except BenchError as exc:
+        bench_runs(ns)
+    except (BenchError, RealdimError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -33,6 +33,24 @@ def real_config(variant: str, layers: int) -> dict:
     return cfg
 
 
+
+def tensor_sizes(variant: str, layers: int) -> tuple[int, int]:
+    """(bf16 elements, u8 elements) of the checkpoint `write` makes: what its disk use and parameter count follow."""
+    cfg = real_config(variant, layers)
+    h, inter, e = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    per_layer_bf16 = (2 * h + h * q + h + cfg["num_attention_heads"] + e * h + e + e * 2 * inter + e * h
+                      + (q + 2 * kv) * (h + 1))
+    per_layer_u8 = e * 2 * inter * (h // 32) * 17 + e * h * (inter // 32) * 17  # 16 block bytes + 1 scale per 32
+    ends = 2 * cfg["vocab_size"] * h + h  # embeddings, lm_head, the final norm
+    return ends + layers * per_layer_bf16, layers * per_layer_u8
+
+
+def checkpoint_bytes(variant: str, layers: int) -> int:
+    """The disk the checkpoint's weights take (about 1.75 GB a layer and 2.3 GB of embeddings at 120b's size)."""
+    bf16, u8 = tensor_sizes(variant, layers)
+    return 2 * bf16 + u8
+
 def _mxfp4(gen: torch.Generator, experts: int, out: int, inp: int, std: float) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = torch.randint(0, 256, (experts, out, inp // 32, 16), generator=gen, dtype=torch.int32).to(torch.uint8)
     exp = round(torch.log2(torch.tensor(std)).item() - E2M1_RMS_LOG2)

@@ -1,0 +1,174 @@
+"""`nox -s bench -- --realdim 2,8,24` (conformance/tooling/bench_realdim.py, bench.py): the plan of real-dimension
+checkpoints, the tables per layer count on recorded H200 runs, and the fit of wall against layers. No checkpoint is
+written here: the writer and the runs are stood in for."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.checkpoints.quant.realdim import checkpoint_bytes, tensor_sizes
+from conformance.tooling import bench, bench_realdim
+
+DEVICE_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "device_runs"
+REALDIM_2_LAYERS = ["20261201T131759-cuda-da3bc7", "20261201T132918-cuda-f443fa", "20261201T134244-cuda-b8c3be"]
+
+
+def realdim_record(index: int = 0) -> dict:
+    return json.loads((DEVICE_RUNS / REALDIM_2_LAYERS[index] / "results.json").read_text())
+
+
+# -- the checkpoints ------------------------------------------------------------------------------------
+
+def test_disk_use_follows_the_writers_tensors():
+    assert sum(tensor_sizes("gpt-oss-120b", 2)) == realdim_record()["model"]["num_params"]  # the H200 run's count
+    per_layer = checkpoint_bytes("gpt-oss-120b", 3) - checkpoint_bytes("gpt-oss-120b", 2)
+    assert 1.7e9 < per_layer < 1.8e9  # 128 MXFP4 experts a layer: why 36 layers do not fit a 64 GB disk
+    assert checkpoint_bytes("gpt-oss-120b", 36) > 64e9 > checkpoint_bytes("gpt-oss-120b", 24)
+
+
+def test_layer_counts_parse_sorted_once_and_refuse_nonsense():
+    assert bench_realdim.parse_layers("8,2, 24,2") == [2, 8, 24]
+    for bad in ("", "two", "0,2", "2;8"):
+        with pytest.raises(bench_realdim.RealdimError, match="--realdim wants layer counts like 2,8,24"):
+            bench_realdim.parse_layers(bad)
+
+
+def fake_checkpoint(path: Path, layers: int) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "s0.safetensors"}}))
+    (path / "s0.safetensors").write_bytes(b"")
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def test_plan_reuses_a_complete_checkpoint_only(tmp_path):
+    fake_checkpoint(bench_realdim.checkpoint_dir(tmp_path, "gpt-oss-120b", 2), 2)
+    half = fake_checkpoint(bench_realdim.checkpoint_dir(tmp_path, "gpt-oss-120b", 8), 8)
+    (half / "tokenizer.json").unlink()  # a writer that stopped before its end
+    two, eight, four = bench_realdim.plan([2, 8, 4], tmp_path, "gpt-oss-120b")
+    assert (two.present, eight.present, four.present) == (True, False, False)
+    assert two.path.name == "realdim-gpt-oss-120b-2-layers" and two.bytes == checkpoint_bytes("gpt-oss-120b", 2)
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_refused_before_writing(tmp_path):
+    ckpt = bench_realdim.Checkpoint(36, tmp_path / "realdim-gpt-oss-120b-36-layers", 65_000_000_000, False)
+    with pytest.raises(bench_realdim.RealdimError) as err:
+        bench_realdim.check_disk(ckpt, 60_000_000_000)
+    assert str(err.value) == (f"the 36-layer checkpoint needs 68.2 GB and {tmp_path} has 60.0 GB free: bench fewer "
+                              "layers or free the disk.")
+    bench_realdim.check_disk(bench_realdim.Checkpoint(36, ckpt.path, ckpt.bytes, True), 0)  # already there
+
+
+def test_layers_of_a_recorded_run():
+    assert bench_realdim.layers_of(realdim_record()) == 2
+    tiny = json.loads((DEVICE_RUNS / "20261203T165223-cuda-0ad1a6" / "results.json").read_text())
+    assert bench_realdim.layers_of(tiny) is None
+
+
+# -- the fit ------------------------------------------------------------------------------------------------
+
+def test_fit_recovers_a_line_and_extrapolates():
+    fit = bench_realdim.fit([(2, 130.0), (8, 250.0), (24, 570.0), (2, 130.0)])
+    assert fit.a == pytest.approx(90.0) and fit.b == pytest.approx(20.0) and fit.r2 == pytest.approx(1.0)
+    assert fit.at(36) == pytest.approx(810.0) and fit.n == 4
+
+
+def test_fit_of_noisy_points_is_least_squares():
+    fit = bench_realdim.fit([(2, 100.0), (2, 120.0), (8, 260.0), (8, 240.0)])
+    assert (fit.a, fit.b) == (pytest.approx(190.0 / 3), pytest.approx(70.0 / 3))  # through the two means
+    assert fit.r2 == pytest.approx(1 - 400.0 / 20000.0)
+    assert bench_realdim.fit([(2, 100.0), (8, 250.0)]).r2 is None  # two points: a line through both, no r2
+
+
+def test_fit_needs_two_layer_counts():
+    with pytest.raises(bench_realdim.RealdimError, match=r"needs runs at two layer counts at least \(got \[2\]\)"):
+        bench_realdim.fit([(2, 400.0), (2, 410.0)])
+
+
+def test_format_fit_compares_the_extrapolation_with_the_goal():
+    by_layers = {2: [{"wall": 492.0, "engine: transformers engine #1": 31.0, "reference": 200.0}],
+                 8: [{"wall": 1200.0, "engine: transformers engine #1": 34.0, "reference": 800.0}]}
+    text = bench_realdim.format_fit("p0", by_layers, 36)
+    first = text.splitlines()[0]
+    assert first.startswith("P0 wall against layers (2 runs at [2, 8] layers): 256.0 s + 118.00 s x layers; "
+                            "at 36 layers 4504 s = 75.1 min, over the 10-minute goal (7.51 x)")
+    rows = [line.split()[0] for line in text.splitlines()[2:]]
+    assert rows[0] == "reference"  # the phase largest at 36 layers first
+    assert "within the 10-minute goal" in bench_realdim.format_fit(
+        "p0", {2: [{"wall": 100.0}], 8: [{"wall": 130.0}]}, 36)
+
+
+# -- bench: tables per layer count, from recorded runs and from (stood-in) runs ------------------------------
+
+def test_from_runs_tables_the_h200_realdim_runs_per_layer_count(capsys):
+    assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in REALDIM_2_LAYERS)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("P0 bfloat16 at 2 layers: 1 run(s)")  # one table per dtype: their walls differ
+    assert "\nP0 float16 at 2 layers: 2 run(s)" in out
+    assert "check: test_exact_float32_logprobs_match_reference" in out
+    assert "P0 float16: runs at one layer count (2): no fit of wall against layers" in out
+
+
+def test_realdim_bench_writes_each_checkpoint_once_runs_it_and_fits(tmp_path, monkeypatch, capsys):
+    written, runs = [], []
+
+    def generate(ckpt, variant, python):
+        fake_checkpoint(ckpt.path, ckpt.layers)
+        written.append(ckpt.layers)
+        return 30.0 * ckpt.layers
+
+    def run_once(tier, index, reports_dir, nox, extra, label=""):
+        model = Path(extra[extra.index("--model") + 1])
+        assert model.is_dir() and label == f"-L{len(written) and written[-1]}"
+        layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+        record = copy.deepcopy(realdim_record())
+        record["model"] |= {"name": str(model), "path": str(model)}
+        record["phases"] |= {"wall": 100.0 + 20.0 * layers + 2 * index, "reference": 10.0 * layers,
+                             "load": 2.0 * layers}
+        runs.append((tier, layers, extra))
+        return record, record["phases"]["wall"] + 5.0, 0.5
+
+    monkeypatch.setattr(bench_realdim, "generate", generate)
+    monkeypatch.setattr(bench_realdim, "free_bytes", lambda root: 10**12)
+    monkeypatch.setattr(bench, "run_once", run_once)
+    root = tmp_path / "realdim"
+    code = bench.main(["--realdim", "2,8", "--tiers", "p0", "--runs", "2", "--realdim-dir", str(root),
+                       "--reports-dir", str(tmp_path / "runs"), "--", "--cuda"])
+    assert code == 0 and written == [2, 8]
+    assert [(t, L) for t, L, _ in runs] == [("p0", 2), ("p0", 2), ("p0", 8), ("p0", 8)]
+    assert all(extra[0] == "--cuda" for _, _, extra in runs)
+    assert not list(root.iterdir()), "the checkpoints the bench wrote are removed after their runs"
+    out = capsys.readouterr().out
+    two = out[out.index("P0 bfloat16 at 2 layers: 2 run(s)"):out.index("P0 bfloat16 at 8 layers: 2 run(s)")]
+    assert next(line for line in two.splitlines() if line.startswith("generate")).split()[1:4] == ["60.00s"] * 3
+    assert next(line for line in two.splitlines() if line.startswith("reference")).split()[1] == "20.00s"
+    assert "P0 bfloat16 wall against layers (4 runs at [2, 8] layers, r2 " in out
+    assert "101.0 s + 20.00 s x layers; at 36 layers 821 s = 13.7 min, over the 10-minute goal" in out
+
+
+def test_realdim_bench_keeps_and_reuses_checkpoints(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "realdim"
+    fake_checkpoint(bench_realdim.checkpoint_dir(root, "gpt-oss-120b", 2), 2)
+    monkeypatch.setattr(bench_realdim, "generate", lambda *a: pytest.fail("a complete checkpoint is rewritten"))
+
+    def run_once(tier, index, reports_dir, nox, extra, label=""):
+        record = copy.deepcopy(realdim_record())
+        return record, record["phases"]["wall"], 0.0
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    assert bench.main(["--realdim", "2", "--tiers", "p0", "--runs", "1", "--realdim-dir", str(root),
+                       "--reports-dir", str(tmp_path / "runs")]) == 0
+    assert bench_realdim.is_complete(bench_realdim.checkpoint_dir(root, "gpt-oss-120b", 2), 2)  # not the bench's
+    assert not any(line.startswith("generate") for line in capsys.readouterr().out.splitlines())
+
+
+def test_realdim_bench_refuses_a_checkpoint_too_big_in_one_sentence(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench_realdim, "free_bytes", lambda root: 10 * 10**9)
+    monkeypatch.setattr(bench, "run_once", lambda *a, **k: pytest.fail("ran without its checkpoint"))
+    assert bench.main(["--realdim", "8", "--realdim-dir", str(tmp_path), "--reports-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("bench: the 8-layer checkpoint needs 17.1 GB and ")
