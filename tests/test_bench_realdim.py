@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
+from conformance.checkpoints.quant import realdim
 from conformance.checkpoints.quant.realdim import checkpoint_bytes, tensor_sizes
 from conformance.tooling import bench, bench_realdim
 
@@ -50,9 +52,18 @@ def test_plan_reuses_a_complete_checkpoint_only(tmp_path):
     fake_checkpoint(bench_realdim.checkpoint_dir(tmp_path, "gpt-oss-120b", 2), 2)
     half = fake_checkpoint(bench_realdim.checkpoint_dir(tmp_path, "gpt-oss-120b", 8), 8)
     (half / "tokenizer.json").unlink()  # a writer that stopped before its end
-    two, eight, four = bench_realdim.plan([2, 8, 4], tmp_path, "gpt-oss-120b")
+    two, eight, four = bench_realdim.plan([2, 8, 4], tmp_path, "gpt-oss-120b", sys.executable)  # the writer asked
     assert (two.present, eight.present, four.present) == (True, False, False)
     assert two.path.name == "realdim-gpt-oss-120b-2-layers" and two.bytes == checkpoint_bytes("gpt-oss-120b", 2)
+
+
+def test_the_writer_answers_sizes_and_the_cache_place(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
+    realdim.main(["--sizes", "2,24", "--variant", "gpt-oss-20b"])
+    assert json.loads(capsys.readouterr().out) == {
+        "bytes": {"2": checkpoint_bytes("gpt-oss-20b", 2), "24": checkpoint_bytes("gpt-oss-20b", 24)},
+        "root": str(tmp_path / "realdim")}
+    assert bench_realdim.real_layers("gpt-oss-120b") == 36 and bench_realdim.real_layers("gpt-oss-20b") == 24
 
 
 def test_a_checkpoint_the_disk_cannot_hold_is_refused_before_writing(tmp_path):
@@ -114,6 +125,11 @@ def test_from_runs_tables_the_h200_realdim_runs_per_layer_count(capsys):
     assert "P0 float16: runs at one layer count (2): no fit of wall against layers" in out
 
 
+def written_sizes(layer_counts, variant, python):
+    """`realdim --sizes` without its child process (which imports torch)."""
+    return {"bytes": {str(n): checkpoint_bytes(variant, n) for n in layer_counts}, "root": "unused"}
+
+
 def test_realdim_bench_writes_each_checkpoint_once_runs_it_and_fits(tmp_path, monkeypatch, capsys):
     written, runs = [], []
 
@@ -135,6 +151,7 @@ def test_realdim_bench_writes_each_checkpoint_once_runs_it_and_fits(tmp_path, mo
 
     monkeypatch.setattr(bench_realdim, "generate", generate)
     monkeypatch.setattr(bench_realdim, "free_bytes", lambda root: 10**12)
+    monkeypatch.setattr(bench_realdim, "sizes", written_sizes)
     monkeypatch.setattr(bench, "run_once", run_once)
     root = tmp_path / "realdim"
     code = bench.main(["--realdim", "2,8", "--tiers", "p0", "--runs", "2", "--realdim-dir", str(root),
@@ -155,6 +172,7 @@ def test_realdim_bench_keeps_and_reuses_checkpoints(tmp_path, monkeypatch, capsy
     root = tmp_path / "realdim"
     fake_checkpoint(bench_realdim.checkpoint_dir(root, "gpt-oss-120b", 2), 2)
     monkeypatch.setattr(bench_realdim, "generate", lambda *a: pytest.fail("a complete checkpoint is rewritten"))
+    monkeypatch.setattr(bench_realdim, "sizes", written_sizes)
 
     def run_once(tier, index, reports_dir, nox, extra, label=""):
         record = copy.deepcopy(realdim_record())
@@ -169,6 +187,7 @@ def test_realdim_bench_keeps_and_reuses_checkpoints(tmp_path, monkeypatch, capsy
 
 def test_realdim_bench_refuses_a_checkpoint_too_big_in_one_sentence(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_realdim, "free_bytes", lambda root: 10 * 10**9)
+    monkeypatch.setattr(bench_realdim, "sizes", written_sizes)
     monkeypatch.setattr(bench, "run_once", lambda *a, **k: pytest.fail("ran without its checkpoint"))
     assert bench.main(["--realdim", "8", "--realdim-dir", str(tmp_path), "--reports-dir", str(tmp_path)]) == 1
     assert capsys.readouterr().err.startswith("bench: the 8-layer checkpoint needs 17.1 GB and ")

@@ -182,8 +182,9 @@ def bench_runs(ns: argparse.Namespace) -> None:
     generated: dict[int, dict[str, float]] = {}
     checkpoints: list[bench_realdim.Checkpoint | None] = [None]
     if ns.realdim:
-        root = Path(ns.realdim_dir) if ns.realdim_dir else _cache_root() / "realdim"
-        checkpoints = list(bench_realdim.plan(bench_realdim.parse_layers(ns.realdim), root, ns.variant))
+        root = Path(ns.realdim_dir) if ns.realdim_dir else None
+        checkpoints = list(bench_realdim.plan(bench_realdim.parse_layers(ns.realdim), root, ns.variant,
+                                              sys.executable))
     for ckpt in checkpoints:
         extra, label = list(ns.extra), ""
         if ckpt is not None:
@@ -200,12 +201,6 @@ def bench_runs(ns: argparse.Namespace) -> None:
             if ckpt is not None and not ckpt.present and not ns.keep_checkpoints:
                 bench_realdim.remove(ckpt)  # room for the next, deeper one
     print_tables(results, "venv" if nox else "exit", generated, ns.variant)
-
-
-def _cache_root() -> Path:
-    from conformance.datafiles import cache_root
-
-    return cache_root()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 GOAL_S = 600.0  # issue 38: real-size P0 on one GPU in 10 minutes, weights load included
+GPT_OSS = Path(__file__).resolve().parents[1] / "data" / "gpt_oss.toml"  # the published models' dimensions
 DISK_MARGIN = 1.05  # the writer's shards plus the tokenizer files and some room
 _NAME = re.compile(r"realdim-(?P<variant>[\w.-]+?)-(?P<layers>\d+)-layers")
 
@@ -61,9 +62,12 @@ def parse_layers(text: str) -> list[int]:
 
 def real_layers(variant: str) -> int:
     """The published model's depth (36 for gpt-oss-120b): what the fit extrapolates to."""
-    from conformance.checkpoints import gptoss_config
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
-    return int(gptoss_config.spec()["variants"][variant]["num_hidden_layers"])
+    return int(tomllib.loads(GPT_OSS.read_text())["variants"][variant]["num_hidden_layers"])
 
 
 def checkpoint_dir(root: Path, variant: str, layers: int) -> Path:
@@ -82,13 +86,27 @@ def is_complete(path: Path, layers: int) -> bool:
             and all((path / s).is_file() for s in shards))
 
 
-def plan(layer_counts: list[int], root: Path, variant: str) -> list[Checkpoint]:
-    from conformance.checkpoints.quant.realdim import checkpoint_bytes
+def sizes(layer_counts: list[int], variant: str, python: str) -> dict[str, Any]:
+    """The writer's own answer (`realdim --sizes`, in the stack's Python: this module imports nothing of the suite)
+    to how much disk each layer count takes, and the cache's place for the checkpoints."""
+    cmd = [python, "-m", "conformance.checkpoints.quant.realdim", "--variant", variant,
+           "--sizes", ",".join(map(str, layer_counts))]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise RealdimError(f"{' '.join(cmd)} exited {done.returncode} without its sizes: "
+                           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}") from None
 
+
+def plan(layer_counts: list[int], root: Path | None, variant: str, python: str) -> list[Checkpoint]:
+    """The checkpoint of each layer count, under `root` (default: the suite's cache, realdim/)."""
+    known = sizes(layer_counts, variant, python)
+    root = root if root is not None else Path(known["root"])
     out = []
     for layers in layer_counts:
         path = checkpoint_dir(root, variant, layers)
-        out.append(Checkpoint(layers, path, checkpoint_bytes(variant, layers), is_complete(path, layers)))
+        out.append(Checkpoint(layers, path, int(known["bytes"][str(layers)]), is_complete(path, layers)))
     return out
 
 

@@ -117,14 +117,30 @@ def _write_tokenizer(out_dir: Path) -> None:
         shutil.copyfile(tok_dir / name, out_dir / name)
 
 
-def main() -> None:
+def sizes(variant: str, layer_counts: list[int]) -> dict:
+    """What `nox -s bench --realdim` plans with (conformance/tooling/bench_realdim.py, which imports nothing of the
+    suite): each layer count's disk use, and where the suite's cache keeps such checkpoints by default."""
+    from conformance.datafiles import cache_root
+
+    return {"bytes": {str(n): checkpoint_bytes(variant, n) for n in layer_counts},
+            "root": str(cache_root() / "realdim")}
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("out_dir", type=Path, nargs="?")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--variant", default="gpt-oss-120b", choices=["gpt-oss-120b", "gpt-oss-20b"])
     ap.add_argument("--seed", type=int, default=120)
-    args = ap.parse_args()
-    print(write(args.out_dir, args.layers, args.variant, args.seed))
+    ap.add_argument("--sizes", metavar="L1,L2,...", help="write nothing: print as JSON the disk each of these layer "
+                                                         "counts takes and the cache's place for such checkpoints")
+    args = ap.parse_args(argv)
+    if args.sizes:
+        print(json.dumps(sizes(args.variant, [int(n) for n in args.sizes.split(",")])))
+    elif args.out_dir is None:
+        ap.error("the checkpoint's directory is required (or --sizes)")
+    else:
+        print(write(args.out_dir, args.layers, args.variant, args.seed))
 
 
 if __name__ == "__main__":
