@@ -55,7 +55,7 @@ def test_shape_check_fails_when_requests_fail_at_a_long_shape(monkeypatch, tmp_p
 
     def bench(plan, *args, **kwargs):
         ran.append(plan)
-        return compare.VerdictReport("vllm bench serve c8", figures={"completed": 5.0},
+        return compare.VerdictReport("vllm bench serve c8", measured={"completed": 5.0},
                                      problems=["3 of 8 requests failed under load"])
 
     monkeypatch.setattr(perf, "run_bench", bench)

@@ -224,7 +224,7 @@ def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp
     from conformance.verdicts import compare, perf
     from tests.check_fakes import run_ctx
 
-    failed = compare.VerdictReport("vllm bench serve c8", figures={"completed": 29.0},
+    failed = compare.VerdictReport("vllm bench serve c8", measured={"completed": 29.0},
                                    problems=["3 of 32 requests failed under load"])
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: failed)
     server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)

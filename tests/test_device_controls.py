@@ -94,7 +94,7 @@ def test_gemm_numerics_accepts_fp32_and_rejects_tf32():
     a, b = _inputs()
     assert device.gemm_verdict("float32", a, b, a @ b).ok
     tf32 = device.gemm_verdict("float32", a, b, _tf32(a) @ _tf32(b))
-    assert not tf32.ok and "tolerance" in tf32.message()
+    assert not tf32.ok and "tolerance" in tf32.failure_message()
     assert tf32.rel_err > 10 * device.gemm_tolerance("float32").rel_fro
     # the same product is within the tolerance of the tf32 check
     assert device.gemm_verdict("tf32", a, b, _tf32(a) @ _tf32(b)).ok
@@ -159,7 +159,8 @@ def test_gemm_report_names_failing_shapes_and_seed():
     good = device.gemm_verdict("float16", a, b, a @ b, shape=(128, 1024, 128))
     bad = device.gemm_verdict("float16", a, b, a @ b * 1.01, shape=(129, 2880, 201088))
     report = device.GemmReport("float16", 12345, [good, bad])
-    assert not report.ok and "seed 12345" in report.message() and "M=129 K=2880 N=201088" in report.message()
+    message = report.failure_message()
+    assert not report.ok and "seed 12345" in message and "M=129 K=2880 N=201088" in message
     assert report.figures()["entries_checked"] == 2 * 128 * 128 and report.figures()["gemm_rel_err"] > 9e-3
     assert not device.GemmReport("float16", 1, []).ok
 
@@ -171,7 +172,7 @@ def test_cpu_probe_returns_the_sampled_block(dtype):
     out = probe.gemm_sample(*shape, dtype, 11, rows, cols)
     assert out["a"].shape == (3, 96) and out["w"].shape == (3, 96) and out["c"].shape == (3, 3)
     verdict = device.gemm_verdict(dtype, out["a"], out["w"].t(), out["c"], shape=shape)
-    assert verdict.ok, verdict.message()
+    assert verdict.ok, verdict.failure_message()
     again = probe.gemm_sample(*shape, dtype, 11, rows, cols)
     assert torch.equal(out["c"], again["c"])  # the seed fixes the inputs
 

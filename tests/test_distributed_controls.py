@@ -38,13 +38,13 @@ def _run(op: str, fault: str | None, cases=SMALL_CASES) -> VerdictReport:
 def test_correct_collectives_pass(op):
     report = _run(op, None)
     assert report.ok, report.problems
-    assert report.figures["cases"] == 2 * len(SMALL_CASES)
+    assert report.measured["cases"] == 2 * len(SMALL_CASES)
 
 
 def test_all_reduce_with_a_rank_counted_twice_fails():
     report = _run("all_reduce", "rank_counted_twice")
     assert not report.ok
-    assert report.figures["int32_mismatches"] > 0 and report.figures["float32_max_err_over_bound"] > 1
+    assert report.measured["int32_mismatches"] > 0 and report.measured["float32_max_err_over_bound"] > 1
     assert any("rank 0" in p for p in report.problems) and any("rank 1" in p for p in report.problems)
 
 
@@ -52,7 +52,7 @@ def test_all_reduce_with_a_rank_counted_twice_fails():
 def test_chunks_in_the_wrong_order_fail(op):
     report = _run(op, "chunks_rotated")
     assert not report.ok
-    assert report.figures["int32_mismatches"] > 0
+    assert report.measured["int32_mismatches"] > 0
     with pytest.raises(AssertionError, match=op):
         report.raise_if_failed()
 
@@ -147,7 +147,7 @@ def test_correct_sharding_recombines_exactly(tiny_tp):
     path, layers, want = tiny_tp
     report = tpref.recombined_close(_sharded(path, layers, 4, None), want, float(TP["rel_tol"]), "tiny TP 4")
     assert report.ok, report.problems
-    assert report.figures["moe_max_rel_err"] < 1e-13 and report.figures["attention_max_rel_err"] < 1e-13
+    assert report.measured["moe_max_rel_err"] < 1e-13 and report.measured["attention_max_rel_err"] < 1e-13
 
 
 @pytest.mark.parametrize("mutation", tpref.MUTATIONS)
@@ -155,7 +155,7 @@ def test_sharding_bugs_fail_the_tp_verdict(mutation, tiny_tp):
     path, layers, want = tiny_tp
     report = tpref.recombined_close(_sharded(path, layers, 4, mutation), want, float(TP["rel_tol"]), mutation)
     assert not report.ok
-    worst = max(report.figures.values())
+    worst = max(report.measured.values())
     assert worst > 1e4 * float(TP["rel_tol"]), f"{mutation} moved the outputs by only {worst:.3g}"
 
 
@@ -171,8 +171,8 @@ def test_dropping_the_tail_block_of_120b_fails(tp, slice_120b):
     path, want = slice_120b
     got = _sharded(path, [0], tp, "tail_block_dropped")
     report = tpref.recombined_close(got, want, float(TP["rel_tol"]), f"120b slice TP {tp}, tail dropped")
-    assert not report.ok and report.figures["moe_max_rel_err"] > 1e-4
-    assert report.figures["attention_max_rel_err"] < 1e-12  # attention is untouched by the MoE split
+    assert not report.ok and report.measured["moe_max_rel_err"] > 1e-4
+    assert report.measured["attention_max_rel_err"] < 1e-12  # attention is untouched by the MoE split
 
 
 def test_cpu_bind_gives_each_rank_its_own_cores():

@@ -40,7 +40,7 @@ def test_gpu_collectives_pass_and_planted_faults_fail():
     assert not _run("all_reduce", "rank_counted_twice").ok
     for op in ("reduce_scatter", "all_gather"):
         bad = _run(op, "chunks_rotated")
-        assert not bad.ok and bad.figures["int32_mismatches"] > 0
+        assert not bad.ok and bad.measured["int32_mismatches"] > 0
 
 
 def test_a_rank_hung_in_a_gpu_collective_is_a_timeout_failure():

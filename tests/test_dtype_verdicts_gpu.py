@@ -95,7 +95,7 @@ def test_clean_stack_passes_every_seed_and_mutants_fail(dtype, tiny, reference):
     probes = engine.call("components:layer_io", [*prompts.prompts, prompts.prompts[-1] * 3], 8)
     for name in MUTATIONS:
         report = mathcheck.layers_close(probes, Reference(tiny.path, name), tol)
-        worst = report.figures["layer_worst_ratio_to_limit"]
+        worst = report.measured["layer_worst_ratio_to_limit"]
         row["mutants"][name] = {"worst_ratio": worst, "margin_over_clean": worst / clean,
                                 "failing_strata": report.problems[:3]}
         if name == "yarn_rounded":  # its angles drift with position: the RoPE table check owns it

@@ -140,7 +140,7 @@ def test_preemption_check_rejects_a_cache_that_never_preempts(cpu_engine, tiny_p
     before = cpu_engine.call("metrics")
     cpu_engine.call("generate_greedy", reqs, max_tokens, 1)
     report = compare.counter_delta("vllm:num_preemptions", before, cpu_engine.call("metrics"), minimum=1)
-    assert not report.ok and report.figures["num_preemptions_delta"] == 0
+    assert not report.ok and report.measured["num_preemptions_delta"] == 0
     after = cpu_engine.call("metrics")
     missing = compare.counter_delta("vllm:num_preemptions_total", before, after, minimum=1)
     assert not missing.ok and "no metric" in missing.problems[0]  # a renamed counter fails, never passes
@@ -174,7 +174,7 @@ def test_prefix_cache_checks_reject_a_cache_that_never_hits_or_never_forgets(cpu
     before = cpu_engine.call("metrics")
     cpu_engine.call("generate_greedy", [prompt], 4, 1)  # no reset: served from the cache
     kept = compare.counter_delta("vllm:prefix_cache_hits", before, cpu_engine.call("metrics"), maximum=0)
-    assert not kept.ok and kept.figures["prefix_cache_hits_delta"] >= 128
+    assert not kept.ok and kept.measured["prefix_cache_hits_delta"] >= 128
 
 
 def test_bad_request_check_rejects_accepted_slow_and_vague_answers(cpu_engine, tiny_prompts):

@@ -106,12 +106,12 @@ def test_preflight_rejects_120b_at_0_3_on_one_mi300x(model_120b):
 def test_preflight_accepts_120b_at_0_9_and_at_tp2_at_0_3(model_120b):
     ok = _verdict(model_120b, 0.9)
     assert ok.ok, ok.sentence
-    assert ok.figures["budget_gb_per_gpu"] == pytest.approx(172.8)
+    assert ok.measured["budget_gb_per_gpu"] == pytest.approx(172.8)
     # KV: 64 requests x (18 full layers x 9216 tokens + 18 sliding layers x 3 blocks of 64) x 2 x 8 heads x 64 x 2 B
-    assert ok.figures["kv_gb_per_gpu"] == pytest.approx(64 * (18 * 9216 + 18 * 3 * 64) * 2048 / 1e9, rel=1e-9)
+    assert ok.measured["kv_gb_per_gpu"] == pytest.approx(64 * (18 * 9216 + 18 * 3 * 64) * 2048 / 1e9, rel=1e-9)
     tp2 = _verdict(model_120b, 0.3, tp=2)
     assert tp2.ok, tp2.sentence
-    assert tp2.figures["weights_gb_per_gpu"] == pytest.approx(ok.figures["weights_gb_per_gpu"] / 2)
+    assert tp2.measured["weights_gb_per_gpu"] == pytest.approx(ok.measured["weights_gb_per_gpu"] / 2)
     assert "on each of 2 AMD Instinct MI300X" in tp2.sentence
 
 

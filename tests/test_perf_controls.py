@@ -43,7 +43,7 @@ def test_complete_bench_result_parses_every_figure():
     result = perf.parse_bench_result(_bench_json(), PLAN)
     assert result.ok, result.problems
     assert {"output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
-            "itl_p99_ms"} <= set(result.figures)
+            "itl_p99_ms"} <= set(result.measured)
 
 
 def test_missing_figure_in_bench_result_fails():
@@ -72,7 +72,7 @@ def test_regression_beyond_tolerance_fails_and_within_passes():
     within = perf.regression_verdict({"output_tok_s": 950.0, "ttft_p50_ms": 110.0, "tpot_p50_ms": 10.4, **{
         lim.name: 1.0 for lim in limits if lim.name not in base.figures}}, base, limits)
     assert within.ok, within.problems
-    assert within.figures["output_tok_s_vs_baseline"] == pytest.approx(0.95)
+    assert within.measured["output_tok_s_vs_baseline"] == pytest.approx(0.95)
     slow = perf.regression_verdict({"output_tok_s": 850.0, "ttft_p50_ms": 150.0, "tpot_p50_ms": 10.0, **{
         lim.name: 1.0 for lim in limits if lim.name not in base.figures}}, base, limits)
     assert len(slow.problems) == 2, slow.problems
@@ -224,5 +224,5 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
     fork_ctx = server_fork.client_context(cpu)
     assert fork_ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
     result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env, fork_ctx)
-    assert result.figures["completed"] == plan.num_prompts and result.figures["output_tok_s"] > 0
+    assert result.measured["completed"] == plan.num_prompts and result.measured["output_tok_s"] > 0
     assert not result.ok and "cut short" in result.problems[0], result.problems

@@ -74,7 +74,7 @@ def _ingest(db: Path, *records: dict) -> None:
 def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float]
                ) -> tuple[str, str, Figures]:
     """The check's own body at c8 on a run whose benchmark measured `figures`: (outcome, message, figures)."""
-    measured = compare.VerdictReport("vllm bench serve at concurrency 8", figures=dict(figures))
+    measured = compare.VerdictReport("vllm bench serve at concurrency 8", measured=dict(figures))
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: measured)
     run = run_ctx(target, run_dir=tmp_path)
     run.model_meta, run.combo = {"name": MODEL}, COMBO

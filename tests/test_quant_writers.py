@@ -176,7 +176,7 @@ def test_written_checkpoint_validates_and_matches_the_known_weights(fmt, tmp_pat
     assert len(found.quantized_modules) == 4 * TinySpec().num_hidden_layers
     report = known_weights_match(path)
     assert report.ok, report.problems
-    assert 0.5 < report.figures["max_weight_error_in_steps"] <= 1.0  # the step bound is tight, not loose
+    assert 0.5 < report.measured["max_weight_error_in_steps"] <= 1.0  # the step bound is tight, not loose
     plain = dequantized_copy(path)
     from safetensors.torch import load_file
 
@@ -193,7 +193,7 @@ def test_known_weights_step_catches_a_planted_writer_bug(fmt, tmp_path):
     bad = write_quantized_checkpoint(fmt, TinySpec(), tmp_path / "bad", bug=WRITER_BUGS[fmt])
     validate(bad)
     report = known_weights_match(bad)
-    assert not report.ok and report.figures["max_weight_error_in_steps"] > 2.0
+    assert not report.ok and report.measured["max_weight_error_in_steps"] > 2.0
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "awq", "fp8-tensor"])

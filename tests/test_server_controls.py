@@ -145,7 +145,7 @@ def test_metrics_check_rejects_missing_series(stub: ServerClient):
 def test_metrics_check_reads_timestamps_and_escaped_labels(stub: ServerClient):
     probe = probes.metrics(stub, MODEL)
     assert probe.ok, probe.problems
-    assert probe.figures["kv_cache_usage_perc"] == 0.0 and len(probe.figures) == len(probes.METRIC_SERIES)
+    assert probe.measured["kv_cache_usage_perc"] == 0.0 and len(probe.measured) == len(probes.METRIC_SERIES)
 
 
 @pytest.mark.parametrize("stub", [("garbled_metrics",)], indirect=True)

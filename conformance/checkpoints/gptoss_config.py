@@ -18,10 +18,6 @@ class ConfigReport(Verdict):
     variant: str | None
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
 
 def spec() -> dict[str, Any]:
     return datafiles.load_toml(datafiles.DATA / "gpt_oss.toml")

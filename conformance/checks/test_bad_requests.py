@@ -98,7 +98,7 @@ def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_
     rejected = compare.rejected_clearly(served.intruders[0], REJECT_WITHIN_S, words)
     undisturbed = compare.completions_equivalent(served.completions, alone, tol,
                                                  ("beside the bad request", "without it"))
-    record_figure("reject_s", rejected.figures["reject_s"])
+    record_figure("reject_s", rejected.measured["reject_s"])
     record_figure("good_requests_unfinished", served.unfinished)
     record_figure("steps_to_serve_good_requests", served.steps)
     rejected.raise_if_failed()

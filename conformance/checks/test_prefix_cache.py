@@ -60,8 +60,8 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_u
                compare.counter_delta(HITS, b2, a2, minimum=bs),         # same prefix, other suffix
                compare.completions_equivalent(warm, cold, tol, ("cached", "uncached")),
                compare.completions_equivalent(shared, cold2, tol, ("cached prefix", "uncached"))]
-    record_figure("prefix_hit_tokens_same_prompt", reports[1].figures.get("prefix_cache_hits_delta", -1))
-    record_figure("prefix_hit_tokens_shared_prefix", reports[2].figures.get("prefix_cache_hits_delta", -1))
+    record_figure("prefix_hit_tokens_same_prompt", reports[1].measured.get("prefix_cache_hits_delta", -1))
+    record_figure("prefix_hit_tokens_shared_prefix", reports[2].measured.get("prefix_cache_hits_delta", -1))
     record_figure("max_abs_dlogprob", max(reports[3].max_abs_dlogprob, reports[4].max_abs_dlogprob))
     for r in reports:
         r.raise_if_failed()
@@ -90,8 +90,8 @@ def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, toler
     reports = [compare.counter_delta(HITS, bw, aw, minimum=bs),
                compare.counter_delta(HITS, bc, ac, maximum=0),
                compare.completions_equivalent(cold, warm, tol, ("after reset", "cached"))]
-    record_figure("prefix_hit_tokens_before_reset", reports[0].figures.get("prefix_cache_hits_delta", -1))
-    record_figure("prefix_hit_tokens_after_reset", reports[1].figures.get("prefix_cache_hits_delta", -1))
+    record_figure("prefix_hit_tokens_before_reset", reports[0].measured.get("prefix_cache_hits_delta", -1))
+    record_figure("prefix_hit_tokens_after_reset", reports[1].measured.get("prefix_cache_hits_delta", -1))
     assert reset_ok, "reset_prefix_cache() returned False on an idle engine"
     for r in reports:
         r.raise_if_failed()

@@ -80,7 +80,7 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
     ref = Reference(reference_dir)
     report = compare.logprobs_close(got, [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tolerance,
                                     names)
-    record_figures(record_figure, {**report.figures(), **applied.figures})
+    record_figures(record_figure, {**report.figures(), **applied.measured})
     applied.raise_if_failed()
     report.raise_if_failed()
 

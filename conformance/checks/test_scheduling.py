@@ -105,7 +105,7 @@ def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, cal
     report = compare.completions_equivalent(chunked.completions, whole.completions, tol,
                                             ("chunked", "unchunked"))
     _record(record_figure, report)
-    record_figure("max_prefill_steps_chunked", steps[1].figures["max_prefill_steps"])
+    record_figure("max_prefill_steps_chunked", steps[1].measured["max_prefill_steps"])
     for r in steps:
         r.raise_if_failed()
     report.raise_if_failed()

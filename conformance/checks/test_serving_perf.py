@@ -76,11 +76,11 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     except baselines.PinError as exc:
         pytest.fail(str(exc), pytrace=False)
     if baseline is None:
-        perf_floors.no_baseline(run, plan, result.figures, f"no pinned baseline for lineage {run_lineage!r} and model "
+        perf_floors.no_baseline(run, plan, result.measured, f"no pinned baseline for lineage {run_lineage!r} and model "
                                 f"{model!r} in {pins} (promote one from accepted runs with `conformance baseline "
                                 f"promote`, docs/results.md)", record_figure)
         return
-    verdict = perf.regression_verdict(result.figures, baseline, limits)
+    verdict = perf.regression_verdict(result.measured, baseline, limits)
     since: list[baselines.AcceptedRun] = []
     if db.is_file():  # the drift since the pin; the verdict is the pin's alone
         from reports.history import History, HistoryError  # the one read of the history store (docs/architecture.md)
@@ -90,7 +90,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
                 since = baselines.runs_of(history, run_lineage, model, check_id, since=baseline.started_at)
         except HistoryError as exc:
             pytest.fail(str(exc), pytrace=False)
-    perf.drift_since_pin(verdict, result.figures, baseline, since, limits)
+    perf.drift_since_pin(verdict, result.measured, baseline, since, limits)
     record_figures(record_figure, verdict)
     verdict.raise_if_failed()
 

@@ -190,10 +190,10 @@ def verdict(op: str, per_rank: list[list[dict[str, Any]]]) -> VerdictReport:
     for dtype in sorted({c.dtype for c in cases}):
         mine = [c for c in cases if c.dtype == dtype]
         key = "mismatches" if dtype == "int32" or op == "all_gather" else "max_err_over_bound"
-        r.figures[f"{dtype}_{key}"] = float(sum(c.mismatches for c in mine)) if key == "mismatches" \
+        r.measured[f"{dtype}_{key}"] = float(sum(c.mismatches for c in mine)) if key == "mismatches" \
             else max(c.worst_ratio for c in mine)
-    r.figures["cases"] = float(len(cases))
-    r.figures["max_bytes"] = float(max(c.nbytes for c in cases))
+    r.measured["cases"] = float(len(cases))
+    r.measured["max_bytes"] = float(max(c.nbytes for c in cases))
     for c in cases:
         if not c.ok:
             r.problems.append(f"rank {c.rank}: {op} {c.dtype} {c.nbytes} B: {c.mismatches} of {c.numel} elements "

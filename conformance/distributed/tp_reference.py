@@ -250,7 +250,7 @@ def recombined_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
         worst[kind] = max(worst.get(kind, 0.0), rel)
         if not rel <= rel_tol:
             report.problems.append(f"{name}: max |Δ| / max |unsharded| = {rel:.3g} exceeds {rel_tol:.3g}")
-    report.figures = {f"{k}_max_rel_err": v for k, v in worst.items()}
+    report.measured = {f"{k}_max_rel_err": v for k, v in worst.items()}
     return report
 
 

@@ -17,7 +17,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from conformance.reference import kv_model
 from conformance.verdicts.verdict import Verdict
@@ -99,13 +99,18 @@ def kv_bytes_per_gpu(config: dict[str, Any], tokens: int, requests: int, dtype_b
 
 @dataclass
 class FitVerdict(Verdict):
-    failure: ClassVar[type[AssertionError]] = AssertionError
-    ok: bool
-    sentence: str
-    figures: dict[str, float] = field(default_factory=dict)
+    """Whether it fits, and the sentence with the sums either way (a misfit's one problem)."""
 
-    def failure_message(self) -> str:
-        return self.sentence
+    fits: bool
+    sentence: str
+    measured: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[str]:
+        return [] if self.fits else [self.sentence]
+
+    def figures(self) -> dict[str, float]:
+        return dict(self.measured)
 
 
 def preflight(config: dict[str, Any], tensors: list[Tensor], *, device_bytes: float, utilization: float, tp: int,

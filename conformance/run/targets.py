@@ -27,9 +27,5 @@ class TargetReport(Verdict):
     def sentence(self) -> str:
         return " ".join(self.problems)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def failure_message(self) -> str:
         return self.sentence()

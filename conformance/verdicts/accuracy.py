@@ -289,10 +289,6 @@ class AccuracyVerdict(Verdict):
     def pass_mark(self) -> float:
         return self.rule.pass_mark(self.reference.value)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def figures(self) -> dict[str, float]:
         out = {"score": self.score.score, "reference": self.reference.value, "pass_mark": self.pass_mark,
                "samples": float(self.score.samples), "answered": float(self.score.answered)}

@@ -202,10 +202,6 @@ class KVReport(Verdict):
     after: KVState
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def figures(self) -> dict[str, float]:
         return {"kv_blocks_total": float(self.after.num_blocks),
                 "kv_blocks_used_during": float(self.during.used_blocks),
@@ -242,14 +238,17 @@ class VerdictReport(Verdict):
     a report that measured nothing fails too (a comparison that compared nothing proves nothing)."""
 
     what: str
-    figures: dict[str, float] = field(default_factory=dict)
+    measured: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     require_figures: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.problems and (bool(self.figures) or not self.require_figures)
+        return not self.problems and (bool(self.measured) or not self.require_figures)
+
+    def figures(self) -> dict[str, float]:
+        return dict(self.measured)
 
     def failure_message(self) -> str:
         more = ("\n  " + "\n  ".join(self.details[:12])) if self.details else ""
@@ -264,7 +263,7 @@ def _group_kind(kind: str) -> str:
 def kv_layout_matches(layout: KVLayout, want: kv_model.ExpectedKV) -> VerdictReport:
     """The engine's KV groups, page size and block count equal what the model config implies."""
     r = VerdictReport("KV-cache accounting")
-    r.figures = {"kv_blocks_total": float(layout.num_blocks),
+    r.measured = {"kv_blocks_total": float(layout.num_blocks),
                  "kv_blocks_expected": float(want.num_blocks or -1),
                  "kv_bytes_per_block": float(want.bytes_per_block), "kv_groups": float(len(layout.groups)),
                  "kv_budget_bytes": float(layout.budget_bytes or -1),
@@ -330,7 +329,7 @@ def request_blocks_match(samples: list[RequestBlocks], layout: KVLayout, prompt_
     if decode_samples == 0:
         r.problems.append("no sample was taken after a decode step: nothing was verified")
     last = samples[-1] if samples else None
-    r.figures = {"kv_blocks_held_" + _group_kind(g.kind): float(h)
+    r.measured = {"kv_blocks_held_" + _group_kind(g.kind): float(h)
                  for g, h in zip(layout.groups, last.held if last else [])}
     return r
 
@@ -339,7 +338,7 @@ def kv_no_leak(rounds: list[KVState]) -> VerdictReport:
     """After every round of traffic all blocks are free, nothing is queued and the pool keeps its size."""
     r = VerdictReport("KV blocks over repeated rounds")
     worst = max((s.used_blocks for s in rounds), default=-1)
-    r.figures = {"rounds": float(len(rounds)), "max_used_after_round": float(worst)}
+    r.measured = {"rounds": float(len(rounds)), "max_used_after_round": float(worst)}
     if not rounds:
         r.problems.append("no round was recorded")
     for n, s in enumerate(rounds):
@@ -370,7 +369,7 @@ def counter_delta(metric: str, before: dict[str, float], after: dict[str, float]
         r.problems.append(f"the engine reports no metric {metric} (has: {', '.join(sorted(after)[:12])} ...)")
         return r
     delta = after[metric] - before.get(metric, 0.0)
-    r.figures = {metric.split(":")[-1] + "_delta": delta}
+    r.measured = {metric.split(":")[-1] + "_delta": delta}
     if minimum is not None and not delta >= minimum:
         r.problems.append(f"{metric} moved by {delta:g}, expected at least {minimum:g}")
     if maximum is not None and not delta <= maximum:
@@ -381,7 +380,7 @@ def counter_delta(metric: str, before: dict[str, float], after: dict[str, float]
 def concurrency_within(run: StepwiseRun, limit: int) -> VerdictReport:
     """Never more than `limit` requests running, the limit reached, the rest queued, all finished."""
     r = VerdictReport(f"max_num_seqs={limit}")
-    r.figures = {"max_running": float(run.max_running), "max_waiting": float(run.max_waiting),
+    r.measured = {"max_running": float(run.max_running), "max_waiting": float(run.max_waiting),
                  "steps": float(run.steps)}
     r.details = ["running per step: " + " ".join(str(c.running) for c in run.trace[:80])]
     if run.max_running > limit:
@@ -400,7 +399,7 @@ def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int,
     Unchunked: every first token comes out in the request's arrival step."""
     r = VerdictReport("chunked prefill" if chunked else "unchunked prefill")
     spans = [f - a + 1 if f >= 0 else -1 for f, a in zip(run.first_token_step, run.arrivals)]
-    r.figures = {"max_prefill_steps": float(max(spans, default=-1))}
+    r.measured = {"max_prefill_steps": float(max(spans, default=-1))}
     r.details = [f"prompt of {n} tokens: first token after {s} step(s)" for n, s in zip(prompt_lens, spans)]
     for n, s in zip(prompt_lens, spans):
         need = -(-n // token_budget) if chunked else 1
@@ -414,7 +413,7 @@ def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int,
 def rejected_clearly(outcome: SubmitOutcome, max_seconds: float, words: tuple[str, ...]) -> VerdictReport:
     """The engine refused the request at submission, quickly, with a message that names the problem."""
     r = VerdictReport(f"bad request '{outcome.label}'")
-    r.figures = {"reject_s": outcome.seconds}
+    r.measured = {"reject_s": outcome.seconds}
     r.details = [f"{outcome.error_type or 'accepted'}: {outcome.message[:300]}"]
     if outcome.accepted:
         r.problems.append("it was accepted" + (" (the probe aborted it at once)" if outcome.aborted else ""))

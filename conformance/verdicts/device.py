@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -130,8 +130,6 @@ def gemm_sample(shape: tuple[int, int, int], seed: int) -> tuple[list[int], list
 
 @dataclass
 class GemmVerdict(Verdict):
-    failure: ClassVar[type[AssertionError]] = AssertionError
-
     dtype: str
     rel_err: float
     entry_err: float
@@ -146,10 +144,12 @@ class GemmVerdict(Verdict):
         return (self.nonfinite == 0 and self.rel_err <= self.tolerance.rel_fro
                 and self.entry_err <= self.tolerance.entry)
 
-    def failure_message(self) -> str:
-        return self.message()
+    @property
+    def problems(self) -> list[str]:
+        return [] if self.ok else [self.failure_message()]
 
-    def message(self) -> str:
+    def failure_message(self) -> str:
+        """The shape's figures against the tolerance, whether it passed or not."""
         m, k, n = self.shape
         return (f"{self.dtype} GEMM M={m} K={k} N={n}: relative error {self.rel_err:.3g} (tolerance "
                 f"{self.tolerance.rel_fro:.3g}), worst entry {self.entry_err:.3g} (tolerance "
@@ -181,10 +181,6 @@ class GemmReport(Verdict):
     verdicts: list[GemmVerdict]
     not_applicable: list[tuple[int, int, int]] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return bool(self.verdicts) and all(v.ok for v in self.verdicts)
-
     def figures(self) -> dict[str, float]:
         def worst(values: list[float]) -> float:
             return float("nan") if any(x != x for x in values) else max(values, default=float("nan"))
@@ -195,12 +191,15 @@ class GemmReport(Verdict):
                 "entries_checked": sum(v.entries for v in self.verdicts), "shapes": len(self.verdicts),
                 "shapes_not_applicable": len(self.not_applicable), "seed": self.seed}
 
-    failure: ClassVar[type[AssertionError]] = AssertionError
+    @property
+    def problems(self) -> list[str]:
+        if not self.verdicts:
+            return [f"no {self.dtype} GEMM shape was checked (seed {self.seed})"]
+        return [p for v in self.verdicts for p in v.problems]
 
     def failure_message(self) -> str:
-        return self.message()
-
-    def message(self) -> str:
-        bad = [v.message() for v in self.verdicts if not v.ok]
+        bad = [v for v in self.verdicts if not v.ok]
+        if not bad:
+            return "; ".join(self.problems)
         head = f"{len(bad)} of {len(self.verdicts)} {self.dtype} GEMM shapes out of tolerance (seed {self.seed})"
-        return "; ".join([head, *bad]) if bad else f"no {self.dtype} GEMM shape was checked (seed {self.seed})"
+        return "; ".join([head, *self.problems])

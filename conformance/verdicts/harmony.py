@@ -134,10 +134,6 @@ class RenderingReport(Verdict):
     want: list[int]
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def failure_message(self) -> str:
         head = f"{self.case}: {self.source} vs openai-harmony rendering"
         return head + "\n  " + "\n  ".join(self.problems)

@@ -59,7 +59,7 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     g_inv, w_inv = torch.atan2(gs[i1], gc[i1]), torch.atan2(ws[i1], wc[i1])
     inv_rel = ((g_inv - w_inv).abs() / w_inv.abs()).max().item()
     far = int(pos[:, 0].argmax())
-    report.figures = {"rope_inv_freq_max_rel_err": inv_rel, "rope_concentration_abs_err": conc_abs,
+    report.measured = {"rope_inv_freq_max_rel_err": inv_rel, "rope_concentration_abs_err": conc_abs,
                       "rope_table_max_abs_err": torch.maximum((gc - wc).abs(), (gs - ws).abs()).max().item(),
                       "rope_table_max_storage_excess": excess.max().item(),
                       f"rope_angle_err_rad_at_{positions[far]}": angle_err[far].item(),
@@ -130,7 +130,7 @@ def moe_close(got: torch.Tensor, want: torch.Tensor, rel_tol: float, label: str)
         return report
     scale = want.abs().max().item() or 1.0
     rel = ((got.double() - want.double()).abs().max().item()) / scale
-    report.figures = {"moe_max_rel_err": rel if math.isfinite(rel) else float("inf")}
+    report.measured = {"moe_max_rel_err": rel if math.isfinite(rel) else float("inf")}
     if not rel <= rel_tol:
         report.problems.append(f"max |Δ| / max |reference| = {rel:.3g} exceeds {rel_tol:.3g}")
     return report
@@ -184,7 +184,7 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
         base = tol.blocks[block]
         lim = type(base)(base.median * grow, base.p90 * grow, base.max * grow)
         name = f"layer_{block}_{kind}_{band}_{phase}"
-        report.figures[name + "_p90"] = p90
+        report.measured[name + "_p90"] = p90
         ratio = max(med / lim.median, p90 / lim.p90, top / lim.max)
         worst = max(worst, ratio if math.isfinite(ratio) else math.inf)
         line = (f"{block:4s} {kind:7s} positions {band:9s} {phase:7s}: median {med:.3g} p90 {p90:.3g} max {top:.3g} "
@@ -195,10 +195,10 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
                                    f"{med:.3g} (limit {lim.median:.3g}), p90 {p90:.3g} (limit {lim.p90:.3g}), max "
                                    f"{top:.3g} (limit {lim.max:.3g})")
     if strata:
-        report.figures["layer_worst_ratio_to_limit"] = worst
+        report.measured["layer_worst_ratio_to_limit"] = worst
         every = [v for values in strata.values() for v in values]
-        report.figures["layer_rel_err_median"] = statistics.median(every)
-        report.figures["layer_rel_err_max"] = max(every)
+        report.measured["layer_rel_err_median"] = statistics.median(every)
+        report.measured["layer_rel_err_max"] = max(every)
     if tol.source:
         report.details.append(f"limits: {tol.source}")
     return report

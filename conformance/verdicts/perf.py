@@ -107,12 +107,12 @@ def parse_bench_result(data: dict[str, Any], plan: BenchPlan) -> VerdictReport:
     missing = [key for key in keys.values() if not isinstance(data.get(key), (int, float))]
     for name, key in keys.items():
         if key not in missing:
-            result.figures[name] = float(data[key])
+            result.measured[name] = float(data[key])
     if missing:
         result.problems.append(f"its result has no {', '.join(missing)} (bench serve changed its JSON, or the "
                                f"run measured nothing)")
     completed, failed = int(data.get("completed") or 0), int(data.get("failed") or 0)
-    result.figures |= {"completed": float(completed), "failed": float(failed), "concurrency": float(plan.concurrency)}
+    result.measured |= {"completed": float(completed), "failed": float(failed), "concurrency": float(plan.concurrency)}
     if failed or completed != plan.num_prompts:
         errors = sorted({str(e)[:200] for e in data.get("errors") or [] if e})
         result.problems.append(f"{completed} of {plan.num_prompts} requests completed, {failed} failed"
@@ -251,7 +251,7 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
                 + ")")
         verdict.details.append(line)
         if base:
-            verdict.figures[f"{lim.name}{suffix}"] = value / base
+            verdict.measured[f"{lim.name}{suffix}"] = value / base
         if lim.regressed(value, base):
             verdict.problems.append(f"{lim.name} regressed to {value:.4g} from {base:.4g}")
     return verdict
@@ -293,14 +293,14 @@ def drift_since_pin(verdict: VerdictReport, current: dict[str, float], baseline:
     from the history store) up to this run: each figure's detail line gets its series, and the figures
     `<figure>_drift_since_pin` (this run over the first run after the pin, this run itself when it is the
     first) and `runs_since_pin` (with this one). The verdict stays the pinned comparison's."""
-    verdict.figures["runs_since_pin"] = float(len(since) + 1)
+    verdict.measured["runs_since_pin"] = float(len(since) + 1)
     for lim in limits:
         if lim.name not in current or lim.name not in baseline.figures:
             continue
         series = [r.figures[lim.name] for r in since if lim.name in r.figures] + [current[lim.name]]
         first, base = series[0], baseline.figures[lim.name]
         if first:
-            verdict.figures[f"{lim.name}_drift_since_pin"] = current[lim.name] / first
+            verdict.measured[f"{lim.name}_drift_since_pin"] = current[lim.name] / first
         shown = series if len(series) <= 6 else [*series[:3], "…", *series[-2:]]
         text = " -> ".join(v if isinstance(v, str) else f"{v:.4g}" for v in shown)
         line = (f"since the pin: {text} (this run) over {len(series)} run(s), "

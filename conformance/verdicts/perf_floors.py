@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar
+from typing import Any
 
 from conformance import datafiles
 from conformance.verdicts.verdict import Verdict, record_figures
@@ -28,15 +28,13 @@ class Floor:
 
 @dataclass
 class FloorVerdict(Verdict):
-    failure: ClassVar[type[AssertionError]] = AssertionError
     floor: Floor
     problems: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
-    figures: dict[str, float] = field(default_factory=dict)
+    measured: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    def figures(self) -> dict[str, float]:
+        return dict(self.measured)
 
     def failure_message(self) -> str:
         return "; ".join(self.problems) + "\n  " + "\n  ".join(self.details)
@@ -80,7 +78,7 @@ def judge(floor: Floor, figures: dict[str, float], tensor_parallel_size: int = 1
     if floor.per_gpu:
         value = value / max(1, tensor_parallel_size)
     unit = f"{floor.figure}{' per GPU' if floor.per_gpu else ''}"
-    v.figures[f"{floor.figure}_vs_floor"] = value / floor.floor
+    v.measured[f"{floor.figure}_vs_floor"] = value / floor.floor
     v.details.append(f"{unit} {value:.4g} vs floor {floor.floor:.4g} (half of the published {floor.published:g}, "
                      f"{floor.sku} {floor.model} {floor.input_len}/{floor.output_len} at concurrency "
                      f"{floor.concurrency}: {floor.source})")

@@ -17,10 +17,6 @@ class PinReport(Verdict):
     problems: list[str] = field(default_factory=list)
     advisories: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def failure_message(self) -> str:
         return f"manifest {self.manifest}: " + "; ".join(self.problems)
 

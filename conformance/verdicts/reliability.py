@@ -12,10 +12,6 @@ class SoakReport(Verdict):
     samples: list[dict[str, float]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def figures(self) -> dict[str, float]:
         if not self.samples:
             return {}

@@ -17,6 +17,8 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from conformance.verdicts.verdict import Verdict
+
 ALPHA = 1e-6          # false-failure rate of the goodness-of-fit test per case
 MIN_EXPECTED = 10.0   # expected count under which tokens are pooled (the chi-square tail holds from there)
 
@@ -89,7 +91,7 @@ def chi2_sf(x: float, dof: int) -> float:
 
 
 @dataclass
-class SamplingReport:
+class SamplingReport(Verdict):
     case: Case
     samples: int = 0               # draws the test used
     outside_top: int = 0           # untruncated: draws outside the engine's top-k (conditioned out)
@@ -99,10 +101,6 @@ class SamplingReport:
     p_value: float = 1.0
     bins: list[tuple[str, int, float]] = field(default_factory=list)   # (token or "rare", observed, expected)
     problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
     def figures(self) -> dict[str, float]:
         c = self.case.name

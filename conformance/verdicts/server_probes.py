@@ -52,7 +52,7 @@ def chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[VerdictRep
     probe = VerdictReport("/v1/chat/completions")
     res = client.post("/v1/chat/completions", body, timeout_s=timeout_s)
     data = res.json()
-    probe.figures["chat_latency_s"] = res.seconds
+    probe.measured["chat_latency_s"] = res.seconds
     if res.status != 200:
         probe.problems.append(f"HTTP {res.status}: {_error_text(data)}")
         return probe, data
@@ -76,7 +76,7 @@ def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[V
     probe = VerdictReport("/v1/chat/completions stream=true")
     head, events = client.stream("/v1/chat/completions", body | {"stream_options": {"include_usage": True}},
                                  timeout_s=timeout_s)
-    probe.figures["stream_events"] = float(len(events))
+    probe.measured["stream_events"] = float(len(events))
     if head.status != 200:
         probe.problems.append(f"HTTP {head.status}: {head.body[:300]!r}")
         return probe, ""
@@ -98,7 +98,7 @@ def streamed_chat(client: ServerClient, body: dict, timeout_s: float) -> tuple[V
     if not usage:
         probe.problems.append("no usage chunk although stream_options.include_usage was set")
     else:
-        probe.figures["stream_completion_tokens"] = float(usage.get("completion_tokens", -1))
+        probe.measured["stream_completion_tokens"] = float(usage.get("completion_tokens", -1))
     return probe, text
 
 
@@ -118,7 +118,7 @@ def metrics(client: ServerClient, model: str) -> VerdictReport:
         if not mine:
             probe.problems.append(f"no {series} series for model_name={model!r}")
             continue
-        probe.figures[series.removeprefix("vllm:")] = mine[0]
+        probe.measured[series.removeprefix("vllm:")] = mine[0]
         if series.endswith("_perc") and not 0.0 <= mine[0] <= 1.0:
             probe.problems.append(f"{series} = {mine[0]} is outside 0..1")
         elif mine[0] < 0:
@@ -148,7 +148,7 @@ def oversized_prompt_rejected(client: ServerClient, model: str, limit: int) -> V
     probe = VerdictReport(f"prompt of {limit + 16} tokens against max_model_len {limit}")
     res = client.post("/v1/completions", {"model": model, "prompt": [13] * (limit + 16), "max_tokens": 4},
                       timeout_s=60.0)
-    probe.figures["reject_s"] = res.seconds
+    probe.measured["reject_s"] = res.seconds
     if res.status != 400:
         probe.problems.append(f"HTTP {res.status}, not 400: {res.body[:200]!r}")
     if res.seconds > REJECT_WITHIN_S:
@@ -171,7 +171,7 @@ def malformed_bodies_rejected(client: ServerClient, model: str) -> VerdictReport
     name = json.dumps(model).encode()
     for what, template in MALFORMED_BODIES.items():
         res = client.post("/v1/completions", template % name, timeout_s=60.0)
-        probe.figures["reject_s"] = max(probe.figures.get("reject_s", 0.0), res.seconds)
+        probe.measured["reject_s"] = max(probe.measured.get("reject_s", 0.0), res.seconds)
         if res.status not in CLIENT_ERRORS:
             probe.problems.append(f"{what}: HTTP {res.status}, not one of {CLIENT_ERRORS}: {res.body[:200]!r}")
         if res.seconds > REJECT_WITHIN_S:
@@ -199,7 +199,7 @@ def responses_api(client: ServerClient, model: str, max_output_tokens: int, time
     probe = VerdictReport("/v1/responses")
     body = _responses_request(model, max_output_tokens)
     res = client.post("/v1/responses", body, timeout_s=timeout_s)
-    probe.figures["responses_latency_s"] = res.seconds
+    probe.measured["responses_latency_s"] = res.seconds
     if res.status != 200:
         probe.problems.append(f"plain: HTTP {res.status}, not 200: {_error_text(res.json())}")
         return probe
@@ -224,7 +224,7 @@ def responses_api(client: ServerClient, model: str, max_output_tokens: int, time
     if head.status != 200 or not kinds:
         probe.problems.append(f"stream: HTTP {head.status} with {len(kinds)} events")
         return probe
-    probe.figures["responses_stream_events"] = float(len(kinds))
+    probe.measured["responses_stream_events"] = float(len(kinds))
     if kinds[0] != "response.created":
         probe.problems.append(f"stream: first event {kinds[0]!r}, not response.created")
     deltas = "".join(e.get("delta", "") for e in events if isinstance(e, dict)
@@ -256,7 +256,7 @@ def responses_terminal_event(client: ServerClient, model: str, max_output_tokens
         return probe
     status = (last.get("response") or {}).get("status")
     want = TERMINAL_EVENTS.get(status)
-    probe.figures["responses_stream_events"] = float(len(events))
+    probe.measured["responses_stream_events"] = float(len(events))
     if want is None:
         probe.problems.append(f"the last event {last.get('type')!r} carries no final status (status {status!r})")
     elif last.get("type") != want:
@@ -290,7 +290,7 @@ def concurrent_completions(client: ServerClient, model: str, clients: int, max_t
     for i, (status, n, err) in enumerate(results):
         if status != 200 or n != max_tokens or err:
             probe.problems.append(f"client {i}: HTTP {status}, {n}/{max_tokens} tokens {err}")
-    probe.figures |= {"concurrent_wall_s": wall, "concurrent_output_tokens_per_s": clients * max_tokens / wall}
+    probe.measured |= {"concurrent_wall_s": wall, "concurrent_output_tokens_per_s": clients * max_tokens / wall}
     return probe
 
 

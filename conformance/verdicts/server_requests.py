@@ -191,7 +191,7 @@ def stop_strings(client: ServerClient, model: str, timeout_s: float, max_tokens:
         return probe
     stop, at = chosen
     absent = next(s for s in ABSENT_STOPS if s not in text)
-    probe.figures |= {"stop_string_chars": float(len(stop)), "stop_string_at_char": float(at),
+    probe.measured |= {"stop_string_chars": float(len(stop)), "stop_string_at_char": float(at),
                       "unconstrained_chars": float(len(text))}
     probe.details.append(f"the reply without a stop string: {_short(text)}, token boundaries at {bounds}; "
                          f"stop strings [{absent!r}, {stop!r}], the second first at character {at}")
@@ -248,7 +248,7 @@ def max_tokens_exact(client: ServerClient, model: str, timeout_s: float, counts:
                     probe.problems.append(f"{reply.where}: usage.completion_tokens {used}, not max_tokens {n}")
                 if reply.finishes.get(0) != ["length"]:
                     probe.problems.append(f"{reply.where}: finish_reason {reply.finishes.get(0)}, not ['length']")
-            probe.figures["max_tokens_requests"] = probe.figures.get("max_tokens_requests", 0.0) + 2
+            probe.measured["max_tokens_requests"] = probe.measured.get("max_tokens_requests", 0.0) + 2
     return probe
 
 
@@ -274,7 +274,7 @@ def usage_consistent(client: ServerClient, model: str, timeout_s: float, max_tok
                                   f"non-streamed text {_short(plain.texts)}")
         total = (plain.usage or {}).get("total_tokens")
         if isinstance(total, int):
-            probe.figures[f"{'chat' if path == CHAT else 'completion'}_total_tokens"] = float(total)
+            probe.measured[f"{'chat' if path == CHAT else 'completion'}_total_tokens"] = float(total)
     return probe
 
 
@@ -340,6 +340,6 @@ def n_choices(client: ServerClient, model: str, timeout_s: float, noise: float, 
     repeated = sorted(i for i, count in Counter(i for r in (*alone, *together) for i in r.ids).items() if count > 1)
     if repeated:
         probe.problems.append(f"response ids repeat across {2 * requests} requests: {repeated[:4]}")
-    probe.figures |= {"n_choices": float(n), "n_requests": float(2 * requests + 1),
+    probe.measured |= {"n_choices": float(n), "n_requests": float(2 * requests + 1),
                       "choices_flipped_on_noise": float(flips)}
     return probe

@@ -1,16 +1,18 @@
 """The one verdict type: every report a comparison helper returns derives from `Verdict`, so a check says no in
-one way (`raise_if_failed`) and records its figures in one way (`figures()`, through `record_figures`).
+one way (`raise_if_failed`, which raises `CheckFailed`) and records its figures in one way (`figures()`, through
+`record_figures`).
 
-A report lists what went wrong in `problems` and says whether it passed in `ok`; its failure message is
-`failure_message()`, by default the problems joined with "; ". A report whose message needs a header or the
-two sides printed below the problems overrides `failure_message`. This module imports nothing of the suite, so
-any floor may use it."""
+Every verdict has the same shape: `problems` (the sentences of what went wrong), `ok` (a property: by default no
+problems; a verdict that also fails on having compared nothing says so in its own `ok`), `figures()` (what it
+measured, by name) and `failure_message()` (by default the problems joined with "; "; a report whose message
+needs a header or the two sides printed below the problems overrides it). This module imports nothing of the
+suite, so any floor may use it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, NoReturn
 
 
 class CheckFailed(AssertionError):
@@ -18,20 +20,24 @@ class CheckFailed(AssertionError):
 
 
 class Verdict:
-    """Mixin for report dataclasses. Subclasses provide `problems` (a list of sentences) and `ok` (a property
-    or a field: some verdicts carry a computed pass/fail of their own, which is why this base does not define
-    it). `failure` is the exception raised; a few legacy verdicts raise a plain AssertionError."""
+    """Base of every report dataclass. Subclasses hold `problems` (a list of sentences, or a property that
+    derives them) and override `ok`, `figures` or `failure_message` where theirs differ from the default."""
 
-    failure: ClassVar[type[AssertionError]] = CheckFailed
     problems: list[str]
-    ok: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def figures(self) -> dict[str, float]:
+        return {}
 
     def failure_message(self) -> str:
         return "; ".join(self.problems)
 
     def raise_if_failed(self) -> None:
         if not self.ok:
-            raise self.failure(self.failure_message())
+            raise CheckFailed(self.failure_message())
 
 
 @dataclass
@@ -43,10 +49,6 @@ class Problems(Verdict):
     headline: str = ""
     note: str = ""
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
     def failure_message(self) -> str:
         return self.headline + "; ".join(self.problems) + self.note
 
@@ -56,17 +58,19 @@ def at_least(value: float, floor: float, sentence: str) -> Problems:
     return Problems([] if value >= floor else [sentence])
 
 
-def figure_values(report: Any) -> dict[str, float]:
-    """A report's figures: a mapping as it is, else its `figures` (a method or a dict field); none: empty."""
-    if isinstance(report, Mapping):
-        return dict(report)
-    figures = getattr(report, "figures", None)
-    if figures is None:
-        return {}
-    return dict(figures() if callable(figures) else figures)
+def fail(sentence: str) -> NoReturn:
+    """A check that cannot reach its verdict (its engine failed, its data is missing) says no in one sentence,
+    failing as any verdict does, with `CheckFailed`."""
+    raise CheckFailed(sentence)
 
 
-def record_figures(record: Callable[[str, float], Any], report: Any, prefix: str = "") -> None:
+def figure_values(report: Verdict | Mapping[str, float]) -> dict[str, float]:
+    """A report's figures: a mapping as it is, else the verdict's `figures()`."""
+    return dict(report) if isinstance(report, Mapping) else report.figures()
+
+
+def record_figures(record: Callable[[str, float], Any], report: Verdict | Mapping[str, float],
+                   prefix: str = "") -> None:
     """The one way a check records a report's figures: each through the `record_figure` fixture, in order."""
     for name, value in figure_values(report).items():
         record(f"{prefix}{name}", value)

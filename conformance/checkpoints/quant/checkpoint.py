@@ -145,6 +145,6 @@ def known_weights_match(model_dir: Path, spec: TinySpec | None = None) -> Verdic
                 r.problems.append(f"{name} differs from the known weight")
     if checked == 0:
         r.problems.append(f"no {fmt.name} linear layer was found in {model_dir}")
-    r.figures = {"quantized_linears": float(checked), "max_weight_error_in_steps": worst_steps,
+    r.measured = {"quantized_linears": float(checked), "max_weight_error_in_steps": worst_steps,
                  "max_abs_weight_error": worst_abs}
     return r

@@ -66,7 +66,7 @@ def quantization_applied(methods: dict[str, str], patterns: list[str], engine: s
     r = VerdictReport(f"quantization applied in {engine}")
     hit = {n: m for n, m in methods.items() if any(p in n for p in patterns)}
     plain = sorted(n for n, m in hit.items() if m.startswith("Unquantized") or m == "Linear")
-    r.figures = {"quantized_layers": float(len(hit) - len(plain))}
+    r.measured = {"quantized_layers": float(len(hit) - len(plain))}
     r.details = [f"{n}: {m}" for n, m in sorted(methods.items())[:12]]
     if patterns and not hit:
         r.problems.append(f"no layer named like {patterns} was reported: the engine's model layout changed")
