@@ -5,11 +5,10 @@ from typing import Any
 
 def call_or_fail(engine: Any, method: str, *args: Any, timeout_s: float, **kwargs: Any) -> Any:
     """engine.call(method, ...), or the check fails with the engine's one sentence (no traceback of the suite's)."""
-    import pytest
-
     from conformance.engines.worker import EngineError
+    from conformance.verdicts.verdict import fail
 
     try:
         return engine.call(method, *args, timeout_s=timeout_s, **kwargs)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))

@@ -11,7 +11,7 @@ import pytest
 from conformance.engines import server_fork
 from conformance.engines.vllm_server import SERVER_URL_ENV
 from conformance.verdicts import accuracy
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "accuracy"
 CASES = accuracy.cases()
@@ -30,7 +30,7 @@ def _published_model(run) -> str | None:
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
-        pytest.fail(f"{path} cannot be read as JSON: --model must be a checkpoint directory", pytrace=False)
+        fail(f"{path} cannot be read as JSON: --model must be a checkpoint directory")
     model = accuracy.identify_model(config, None)
     if model is None:
         pytest.skip(f"no published figures for this model (model_type {config.get('model_type')}, "
@@ -81,7 +81,7 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
                                      server.api_key, spec, effort, files, run.run_dir / "accuracy" / f"{task}-{effort}",
                                      server_fork.client_context(run.target.table))
     except accuracy.AccuracyError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     verdict = accuracy.accuracy_verdict(score, reference, accuracy.pass_rule())
     record_figures(record_figure, verdict)
     verdict.raise_if_failed()

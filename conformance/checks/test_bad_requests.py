@@ -8,6 +8,7 @@ import pytest
 
 from conformance.engines.engine_configs import WITH_TOKENIZER
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import fail
 
 AREA = "bad-requests"
 REJECT_WITHIN_S = 1.0   # validation is arithmetic on the request; anything slower is waiting on the engine
@@ -47,7 +48,7 @@ def _model_with_tokenizer(run, model_under_test) -> tuple[Path, int]:
     try:
         return tiny_gpt_oss_with_tokenizer(vocab_path=vocab.ensure_o200k()).path, TOKENIZER_SPEC.vocab_size
     except vocab.VocabUnavailable as exc:
-        pytest.fail(f"the out-of-vocabulary probe needs the o200k tokenizer: {exc}", pytrace=False)
+        fail(f"the out-of-vocabulary probe needs the o200k tokenizer: {exc}")
 
 
 
@@ -94,7 +95,7 @@ def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_
                        max_steps=GOOD_MAX_TOKENS + STALL_SLACK_STEPS, timeout_s=call_timeout_s)
     alone = proc.call("generate_greedy", good, GOOD_MAX_TOKENS, top_k, timeout_s=call_timeout_s)
     if not served.intruders:
-        pytest.fail("the bad request was never submitted: the probe ended before its step", pytrace=False)
+        fail("the bad request was never submitted: the probe ended before its step")
     rejected = compare.rejected_clearly(served.intruders[0], REJECT_WITHIN_S, words)
     undisturbed = compare.completions_equivalent(served.completions, alone, tol,
                                                  ("beside the bad request", "without it"))

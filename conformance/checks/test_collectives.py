@@ -9,7 +9,7 @@ import pytest
 
 from conformance import distributed
 from conformance.distributed import collectives
-from conformance.verdicts.verdict import at_least, record_figures
+from conformance.verdicts.verdict import at_least, fail, record_figures
 
 AREA = "distributed"
 
@@ -18,7 +18,7 @@ AREA = "distributed"
 def collective_launch(run) -> tuple[distributed.Launch, dict]:
     target = run.resolved()
     if target.problems:
-        pytest.fail(f"cannot test collectives: {target.sentence()}", pytrace=False)
+        fail(f"cannot test collectives: {target.sentence()}")
     launch, reason = distributed.collective_plan(target.resolved, len(target.devices))
     if launch is None:
         pytest.skip(reason)

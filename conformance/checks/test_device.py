@@ -11,7 +11,7 @@ import pytest
 
 from conformance.engines.worker import EngineError
 from conformance.verdicts import device
-from conformance.verdicts.verdict import Problems, at_least, record_figures
+from conformance.verdicts.verdict import Problems, at_least, fail, record_figures
 
 AREA = "device"
 DTYPES = ["float32", "bfloat16", "float16", "float8"]
@@ -23,7 +23,7 @@ def probe(engines):
     try:
         return engines.get(model=Path("-"), kind="device")
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
 
 
 @pytest.mark.p0
@@ -77,8 +77,7 @@ def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
                              timeout_s=call_timeout_s)
         except EngineError as exc:
             record_figure("seed", seed)
-            pytest.fail(f"{dtype} GEMM M={shape[0]} K={shape[1]} N={shape[2]} (seed {shape_seed}): {exc}",
-                        pytrace=False)
+            fail(f"{dtype} GEMM M={shape[0]} K={shape[1]} N={shape[2]} (seed {shape_seed}): {exc}")
         verdicts.append(device.gemm_verdict(dtype, out["a"], out["w"].t(), out["c"], shape=shape))
     report = device.GemmReport(dtype, seed, verdicts, plan.not_applicable)
     figures = report.figures()
@@ -109,7 +108,7 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
         tflops = probe.call("gemm_tflops", *cfg["gpu_shape"], dtype, cfg["warmup"], cfg["repeats"],
                             timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     record_figure(f"tflops_{dtype}", tflops)
     record_figure("ratio_to_peak", tflops / sku["peak_tflops"][dtype])
     floor = sku["floor_tflops"][dtype]
@@ -134,7 +133,7 @@ def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
     try:
         gbps = probe.call("copy_gbps", cfg["bytes"], cfg["repeats"], timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     record_figure("hbm_gbps", gbps)
     record_figure("ratio_to_peak", gbps / sku["peak_hbm_gbps"])
     floor = sku["floor_hbm_gbps"]

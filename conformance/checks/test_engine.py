@@ -4,6 +4,8 @@ import math
 
 import pytest
 
+from conformance.verdicts.verdict import fail
+
 AREA = "engine"
 
 
@@ -21,10 +23,15 @@ def test_engine_starts_and_generates(engine, engine_greedy, prompts, model_under
     generated = sum(len(c.token_ids) for c in outputs)
     record_figure("generate_s", seconds)
     record_figure("output_tokens_per_s", generated / seconds if seconds else float("nan"))
-    assert len(outputs) == len(prompts.prompts), f"{len(outputs)} completions for {len(prompts.prompts)} prompts"
+    if len(outputs) != len(prompts.prompts):
+        fail(f"{len(outputs)} completions for {len(prompts.prompts)} prompts")
     for n, c in enumerate(outputs):
-        assert len(c.token_ids) == prompts.max_tokens, f"prompt {n}: {len(c.token_ids)} of {prompts.max_tokens} tokens"
-        assert all(0 <= t < vocab for t in c.token_ids), f"prompt {n}: token id outside the vocab of {vocab}"
-        assert len(c.steps) == len(c.token_ids), f"prompt {n}: logprobs missing for some steps"
+        if len(c.token_ids) != prompts.max_tokens:
+            fail(f"prompt {n}: {len(c.token_ids)} of {prompts.max_tokens} tokens")
+        if not all(0 <= t < vocab for t in c.token_ids):
+            fail(f"prompt {n}: token id outside the vocab of {vocab}")
+        if len(c.steps) != len(c.token_ids):
+            fail(f"prompt {n}: logprobs missing for some steps")
         bad = [v for s in c.steps for v in s.top.values() if not (math.isfinite(v) and v <= 1e-6)]
-        assert not bad, f"prompt {n}: logprobs not finite or above 0: {bad[:5]}"
+        if bad:
+            fail(f"prompt {n}: logprobs not finite or above 0: {bad[:5]}")

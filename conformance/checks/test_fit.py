@@ -4,7 +4,7 @@ import pytest
 
 from conformance.run import fit
 from conformance.run.fixtures import EngineFactory
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "engine"
 
@@ -29,7 +29,8 @@ def test_serving_profile_fits_device(run, model_under_test, record_figure):
     try:
         verdict = fit.gate(run, model_under_test.path, model_under_test.config, options, model_under_test.name)
     except fit.FitError as exc:
-        pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)
+        fail(f"the fit preflight could not run: {exc}")
     record_figures(record_figure, verdict)
-    assert verdict.ok, f"profile {run.target.profile.label}: {verdict.sentence}"
+    if not verdict.ok:
+        fail(f"profile {run.target.profile.label}: {verdict.sentence}")
 

@@ -6,7 +6,7 @@ import pytest
 from conformance.engines.worker import EngineError
 from conformance.reference import kv_model
 from conformance.verdicts import compare, profiles
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "kv-cache"
 
@@ -28,7 +28,7 @@ def fp8_engine(run, engines):
     try:
         return fmt, rounding, engines.get(kv_cache_dtype="fp8")
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
 
 
 @pytest.mark.p1
@@ -54,13 +54,13 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
 
     fmt, rounding, engine = fp8_engine
     if limits.kv_fp8 is None:
-        pytest.fail(limits.missing["kv_fp8"], pytrace=False)
+        fail(limits.missing["kv_fp8"])
     tol, top_k = limits.kv_fp8
     try:
         out = engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
                           timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     ref = LongReference(model_under_test.path, kv_quant=fmt, kv_rounding=rounding,
                         streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS)
     want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out]
@@ -84,7 +84,7 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
     try:
         layout = engine.call("kv_layout")
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     want = kv_model.expected_kv(model_under_test.config, layout.block_size, kv_model.kv_dtype_bytes(run.dtype_name,
                                 "fp8"), layout.requested_budget_bytes or layout.budget_bytes)
     report = compare.kv_layout_matches(layout, want)

@@ -4,7 +4,7 @@ import pytest
 
 from conformance.engines.worker import EngineError
 from conformance.verdicts import compare, mathcheck, settings
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "model-math"
 
@@ -72,7 +72,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, limits, p
     try:
         probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     report = mathcheck.layers_close(probes, reference, limits.layers)
     record_figures(record_figure, report)
     report.raise_if_failed()
@@ -103,7 +103,7 @@ def test_exact_float32_logprobs_match_reference(run, exact_limits, engines, refe
         out = engines.get(dtype=exact).call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
                                             prompt_logprobs=True, timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     report = compare.logprobs_close(out, [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out], tol,
                                     names=(f"engine ({exact})", "reference"))
     record_figures(record_figure, report)

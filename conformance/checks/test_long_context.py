@@ -9,7 +9,7 @@ import pytest
 from conformance.engines.worker import EngineError
 from conformance.run import capabilities
 from conformance.verdicts import compare, longctx
-from conformance.verdicts.verdict import Problems, record_figures
+from conformance.verdicts.verdict import Problems, fail, record_figures
 
 AREA = "model-math"
 
@@ -23,8 +23,7 @@ def _long_options(run) -> dict:
     capabilities.require(run, "long_context")
     extra = dict(run.target.profile.long_context)
     if not extra.get("max_model_len"):
-        pytest.fail(f"profile {run.target.profile.label} names no long_context.max_model_len (data/profiles.toml)",
-                    pytrace=False)
+        fail(f"profile {run.target.profile.label} names no long_context.max_model_len (data/profiles.toml)")
     return extra
 
 
@@ -65,7 +64,7 @@ def long_engine(engines, long_options):
     try:
         return engines.get(**long_options)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ def deep_fresh(engines, long_options, deep, long_settings, limits, call_timeout_
         out = long_engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
                                timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     return out, time.perf_counter() - started
 
 
@@ -161,7 +160,7 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
         after = long_engine.call("metrics")
         block = int(long_engine.call("kv_state").block_size)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     counted = compare.counter_delta("vllm:prefix_cache_hits", before, after, minimum=len(deep) - 2 * block)
     record_figures(record_figure, counted)
     record_figure("cached_request_seconds", seconds)
@@ -196,7 +195,7 @@ def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model
         seconds = time.perf_counter() - started
         refused = long_engine.call("submit", "over_max_model_len", prompt + [1, 2, 3, 4, 5], 4)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     record_figure("max_model_len", float(limits["max_model_len"]))
     record_figure("prompt_tokens", float(len(prompt)))
     record_figure("seconds", seconds)
@@ -224,10 +223,10 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
         out = engine.call("generate_greedy", [deep], long_settings.decode_tokens, top_k, prompt_logprobs=True,
                           timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    assert scheduler["max_num_batched_tokens"] == long_settings.chunk_tokens and scheduler["enable_chunked_prefill"], (
-        f"the chunked engine reports {scheduler}: the prompt was not prefilled in {long_settings.chunk_tokens}-token "
-        "chunks, so chunked prefill was not tested")
+        fail(str(exc))
+    if scheduler["max_num_batched_tokens"] != long_settings.chunk_tokens or not scheduler["enable_chunked_prefill"]:
+        fail(f"the chunked engine reports {scheduler}: the prompt was not prefilled in "
+             f"{long_settings.chunk_tokens}-token chunks, so chunked prefill was not tested")
     want, _ = deep_reference
     if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
         from conformance.reference.longref import LongReference
@@ -261,7 +260,7 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     try:
         reqs = longctx.preemption_requests(deep, ps)
     except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     options = _preemption_options(long_options, deep, long_settings, model_under_test.config, engines)
     try:
         engine = engines.get(**options)
@@ -274,7 +273,7 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
                              timeout_s=call_timeout_s)[0] for r in reqs[1:]]
         after_alone = engine.call("metrics")
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     record_figure("batched_seconds", seconds)
     record_figure("prompt_tokens_total", float(sum(len(r) for r in reqs)))
     record_figure("kv_blocks", float(options["num_gpu_blocks_override"]))
@@ -289,9 +288,8 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     record_figure("identical_requests", float(sum(g.token_ids == w.token_ids for g, w in zip(got, want_alone))))
     record_figures(record_figure, same)
     if not preempted.ok:
-        pytest.fail(f"no preemption: {'; '.join(preempted.problems)} while {len(reqs)} long requests shared a "
-                    f"{options['num_gpu_blocks_override']}-block KV pool, so recompute after preemption was not "
-                    "tested", pytrace=False)
+        fail(f"no preemption: {'; '.join(preempted.problems)} while {len(reqs)} long requests shared a "
+             f"{options['num_gpu_blocks_override']}-block KV pool, so recompute after preemption was not tested")
     unpreempted.raise_if_failed()
     same.raise_if_failed()
     ref.raise_if_failed()

@@ -14,7 +14,7 @@ from conformance.engines.engine_configs import LIMITED_SCHEDULER
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts import compare, mathcheck
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "model-math"
 ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 255, 256, 257, 511, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
@@ -45,8 +45,9 @@ def test_model_config_is_gpt_oss(model_under_test, record_figure):
     params = gptoss_config.count_params(model_under_test.path)
     record_figure("params_billion", params / 1e9)
     report = gptoss_config.check_config(model_under_test.config, params)
-    assert report.ok, f"config of {model_under_test.name} ({report.variant or 'not a published size'}): " + \
-        "; ".join(report.problems)
+    if not report.ok:
+        fail(f"config of {model_under_test.name} ({report.variant or 'not a published size'}): "
+             + "; ".join(report.problems))
 
 
 @pytest.mark.p0
@@ -116,7 +117,7 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
         got = engines.get(model=path).call("generate_greedy", prompts.prompts, 4, top_k, prompt_logprobs=True,
                                            timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     ref = Reference(path)
     report = compare.logprobs_close(got, [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tol)
     record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
@@ -146,7 +147,7 @@ def test_sliding_window_boundary(chunked, run, engines, reference, model_under_t
         got = engines.get(**options).call("generate_greedy", prompts, 6, top_k, prompt_logprobs=True,
                                           timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     report = compare.logprobs_close(got, [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tol)
     record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
     report.raise_if_failed()
@@ -195,6 +196,6 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
                     f"{rule.distance}) from the reference on this model: {dtype} cannot name one")
     name, near = mathcheck.nearest(mutants)
     record_figure("distance_to_nearest_mutant", near)
-    assert true * rule.ratio < near, (f"the stack is {true:.3g} from the reference but only {near:.3g} from the "
-                                      f"mutant {name} ({rule.distance} |Δlogprob|, {dtype}): it behaves "
-                                      f"like {name}")
+    if not (true * rule.ratio < near):
+        fail(f"the stack is {true:.3g} from the reference but only {near:.3g} from the mutant {name} "
+             f"({rule.distance} |Δlogprob|, {dtype}): it behaves like {name}")

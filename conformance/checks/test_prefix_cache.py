@@ -6,6 +6,7 @@ import random
 import pytest
 
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import fail
 
 AREA = "prefix-cache"
 HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (docs/vllm-cpu.md "Gotchas" 7)
@@ -92,6 +93,7 @@ def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, toler
                compare.completions_equivalent(cold, warm, tol, ("after reset", "cached"))]
     record_figure("prefix_hit_tokens_before_reset", reports[0].measured.get("prefix_cache_hits_delta", -1))
     record_figure("prefix_hit_tokens_after_reset", reports[1].measured.get("prefix_cache_hits_delta", -1))
-    assert reset_ok, "reset_prefix_cache() returned False on an idle engine"
+    if not reset_ok:
+        fail("reset_prefix_cache() returned False on an idle engine")
     for r in reports:
         r.raise_if_failed()

@@ -19,7 +19,7 @@ from conformance.checkpoints.quant.validate import QuantCheckpointError, validat
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
 from conformance.verdicts import compare
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "quantization"
 ENGINE_KINDS = ["under-test", "transformers"]
@@ -30,7 +30,7 @@ PROMPTS, MAX_TOKENS = 4, 2
 
 
 def _fail(message: str) -> None:
-    pytest.fail(message, pytrace=False)
+    fail(message)
 
 
 def _missing_package(error: str) -> str | None:

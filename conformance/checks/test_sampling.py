@@ -6,7 +6,7 @@ import pytest
 from conformance.checks import call_or_fail
 from conformance.engines.engine_configs import SMALL_KV_CACHE, preemptible_requests
 from conformance.verdicts import compare, sampling
-from conformance.verdicts.verdict import CheckFailed
+from conformance.verdicts.verdict import fail
 
 AREA = "sampling"
 # Draws per case. Temperature alone: 6,000 give power 0.99 against a temperature 10 % off at the 1e-6 test (0.35 at
@@ -40,8 +40,8 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
     err = max(abs(lp - want[t]) for t, lp in raw if t in want) if all(t in want for t, _ in raw[:5]) else float("inf")
     record_figure("raw_logprob_max_abs_err", err)
     if not err <= tol.max_abs:
-        raise CheckFailed(f"the engine's raw logprobs at the sampled position are {err:.3g} off the fp64 reference "
-                          f"(limit {tol.max_abs}): the distribution the sampler draws from is not the model's")
+        fail(f"the engine's raw logprobs at the sampled position are {err:.3g} off the fp64 reference "
+             f"(limit {tol.max_abs}): the distribution the sampler draws from is not the model's")
     problems = []
     for case in sampling.cases_for(raw):
         draws = DRAWS.get(case.name, DRAWS_TRUNCATED)
@@ -57,7 +57,7 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
         if not report.ok:
             problems.append(report.failure_message())
     if problems:
-        raise CheckFailed("\n".join(problems))
+        fail("\n".join(problems))
 
 
 def _short(max_tokens: int, outputs: list[dict]) -> list[str]:
@@ -105,7 +105,7 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, toleran
     if len(others) < 2:
         problems.append("four different seeds gave one and the same output: the seed does not reach the sampler")
     if problems:
-        raise CheckFailed("; ".join(problems))
+        fail("; ".join(problems))
 
 
 @pytest.mark.p1
@@ -133,7 +133,7 @@ def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_fi
     free = one(max_tokens=16)["token_ids"]
     at = next((i for i in range(3, len(free)) if free[i] not in free[:i]), None)
     if at is None:
-        pytest.fail(f"no token of {free} occurs first after position 3: no stop token to test", pytrace=False)
+        fail(f"no token of {free} occurs first after position 3: no stop token to test")
     stop = free[at]
     out = one(max_tokens=16, stop_token_ids=[stop])
     if out["token_ids"] != free[: at + 1] or out["finish_reason"] != "stop" or out["stop_reason"] != stop:
@@ -144,7 +144,7 @@ def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_fi
         problems.append(f"min_tokens {at + 3} with stop token {stop}: got {held['token_ids']}")
     record_figure("stop_position", at)
     if problems:
-        raise CheckFailed("; ".join(problems))
+        fail("; ".join(problems))
 
 
 @pytest.mark.p1
@@ -184,5 +184,5 @@ def test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, promp
     record_figure("requests_compared", float(len(reqs)))
     preempted.raise_if_failed()
     if problems:
-        raise CheckFailed("; ".join(problems))
+        fail("; ".join(problems))
 

@@ -6,7 +6,7 @@ import pytest
 
 from conformance.engines.engine_configs import LIMITED_SCHEDULER, SMALL_KV_CACHE, preemptible_requests
 from conformance.verdicts import compare
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "scheduling"
 
@@ -93,8 +93,8 @@ def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, cal
     reqs, lens = prompts.prompts, [len(p) for p in prompts.prompts]
     budget = default.call("scheduler_limits", timeout_s=call_timeout_s)["max_num_batched_tokens"]
     if budget < sum(lens):
-        pytest.fail(f"the default engine's token budget ({budget}) is below the prompt set "
-                    f"({sum(lens)} tokens): it is no unchunked baseline", pytrace=False)
+        fail(f"the default engine's token budget ({budget}) is below the prompt set "
+             f"({sum(lens)} tokens): it is no unchunked baseline")
     whole = default.call("run_stepwise", reqs, prompts.max_tokens, top_k, prompt_logprobs=True,
                          timeout_s=call_timeout_s)
     chunked_engine = engines.get(**LIMITED_SCHEDULER)

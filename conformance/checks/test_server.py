@@ -5,7 +5,7 @@ import pytest
 
 from conformance.verdicts import harmony
 from conformance.verdicts import server_probes as probes
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "serving"
 CASES = harmony.load_cases()
@@ -49,17 +49,20 @@ def test_server_completions_tokenize_like_o200k(server, o200k_harmony, tokenizer
     res = server.client.post("/v1/completions", {
         "model": server.model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
         "return_token_ids": True}, timeout_s=server_call_timeout_s)
-    assert res.status == 200, f"HTTP {res.status}: {res.body[:300]!r}"
+    if res.status != 200:
+        fail(f"HTTP {res.status}: {res.body[:300]!r}")
     record_figure("completion_latency_s", res.seconds)
     choice = res.json()["choices"][0]
     want = o200k_harmony.encode(prompt)
-    assert choice.get("prompt_token_ids") == want, (
-        f"the server tokenized {prompt!r} as {choice.get('prompt_token_ids')}, o200k_harmony gives {want}")
+    if choice.get("prompt_token_ids") != want:
+        fail(f"the server tokenized {prompt!r} as {choice.get('prompt_token_ids')}, o200k_harmony gives {want}")
     ids = choice.get("token_ids") or []
-    assert len(ids) == 8, f"{len(ids)} of 8 tokens came back: {ids}"
+    if len(ids) != 8:
+        fail(f"{len(ids)} of 8 tokens came back: {ids}")
     # the server skips special tokens when it detokenizes (skip_special_tokens defaults to true)
     decoded = o200k_harmony.decode([t for t in ids if t < int(tokenizer_facts["mergeable_ranks"])])
-    assert choice["text"] == decoded, f"text {choice['text']!r} is not the decode of its ids {decoded!r}"
+    if choice["text"] != decoded:
+        fail(f"text {choice['text']!r} is not the decode of its ids {decoded!r}")
 
 
 @pytest.mark.p1
@@ -81,8 +84,10 @@ def test_server_chat_plain_and_streaming_agree(server, server_call_timeout_s, re
     plain.raise_if_failed()
     streamed.raise_if_failed()
     content = data["choices"][0]["message"].get("content") or ""
-    assert text == content, f"streamed text {text!r} differs from the plain reply {content!r}"
-    assert text, "the plain and streamed replies agree only in being empty: 12 tokens were asked for, no text came"
+    if text != content:
+        fail(f"streamed text {text!r} differs from the plain reply {content!r}")
+    if not text:
+        fail("the plain and streamed replies agree only in being empty: 12 tokens were asked for, no text came")
 
 
 @pytest.mark.p1
@@ -122,7 +127,8 @@ def test_server_rejects_oversized_prompt(server, record_figure):
     Controls: tests/test_check_bodies_server.py::test_oversized_prompt_check_fails_when_the_server_accepts_it
     """
     limit = probes.max_model_len(server.client, server.model)
-    assert limit, "/v1/models does not say the model's max_model_len"
+    if not limit:
+        fail("/v1/models does not say the model's max_model_len")
     probe = probes.oversized_prompt_rejected(server.client, server.model, limit)
     _record(probe, record_figure)
     probe.raise_if_failed()
@@ -202,7 +208,8 @@ def test_server_prompt_matches_harmony(case, server, harmony_encoding, server_ca
     """
     res = server.client.post("/v1/chat/completions", case.request(server.model) | {
         "max_tokens": 1, "return_token_ids": True}, timeout_s=server_call_timeout_s)
-    assert res.status == 200, f"HTTP {res.status}: {res.body[:300]!r}"
+    if res.status != 200:
+        fail(f"HTTP {res.status}: {res.body[:300]!r}")
     got = res.json().get("prompt_token_ids")
     date = server.date or (got and harmony.date_of(got, harmony_encoding)) or harmony.today()
     want = harmony.render_reference(case, harmony_encoding, date)

@@ -12,7 +12,7 @@ from conformance.engines import server_fork
 from conformance.engines.worker import EngineError
 from conformance.run import runrecord
 from conformance.verdicts import bench_shapes, perf, perf_floors
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 from env_checks import baselines
 
 AREA = "performance"
@@ -64,7 +64,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
                                 run.run_dir / "bench", env, server_fork.client_context(run.target.table))
     except perf.PerfError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     record_figures(record_figure, result)
     result.raise_if_failed()
 
@@ -74,7 +74,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
     try:
         baseline = perf.pinned_baseline(pins, check_id, run_lineage, model, limits)
     except baselines.PinError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     if baseline is None:
         perf_floors.no_baseline(run, plan, result.measured, f"no pinned baseline for lineage {run_lineage!r} and model "
                                 f"{model!r} in {pins} (promote one from accepted runs with `conformance baseline "
@@ -89,7 +89,7 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
             with History.open(db) as history:
                 since = baselines.runs_of(history, run_lineage, model, check_id, since=baseline.started_at)
         except HistoryError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            fail(str(exc))
     perf.drift_since_pin(verdict, result.measured, baseline, since, limits)
     record_figures(record_figure, verdict)
     verdict.raise_if_failed()
@@ -151,10 +151,10 @@ def test_graph_mode_matches_eager(run, prompts, limits, call_timeout_s, record_f
         graph = graph_engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
                                   prompt_logprobs=True, timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    assert perf.graphs_captured(graph_engine.log_path, capability.capture_log), (
-        f"the enforce_eager=False engine logged no {capability.capture_log!r} ({graph_engine.log_path}): it ran "
-        "without graphs, so graph mode was not compared")
+        fail(str(exc))
+    if not perf.graphs_captured(graph_engine.log_path, capability.capture_log):
+        fail(f"the enforce_eager=False engine logged no {capability.capture_log!r} ({graph_engine.log_path}): it "
+             "ran without graphs, so graph mode was not compared")
     report = perf.graph_eager_parity(graph, eager, tol, limits.graph_divergences)
     record_figures(record_figure, report)
     report.raise_if_failed()

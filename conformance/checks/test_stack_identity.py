@@ -2,6 +2,8 @@
 
 import pytest
 
+from conformance.verdicts.verdict import fail
+
 AREA = "platform"
 
 
@@ -30,8 +32,8 @@ def test_vllm_platform_matches_target(run, engine):
     Controls: tests/test_check_bodies_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
     """
     want = run.target.vllm_platform
-    assert engine.info.get("platform") == want, (
-        f"vLLM detected platform {engine.info.get('platform')!r} but target {run.target.name} needs {want!r}")
+    if engine.info.get("platform") != want:
+        fail(f"vLLM detected platform {engine.info.get('platform')!r} but target {run.target.name} needs {want!r}")
 
 
 @pytest.mark.p0
@@ -47,9 +49,12 @@ def test_stack_versions_recorded(engine, fingerprint):
     packages = fingerprint.get("packages", {})
     named = dict.fromkeys(("torch", "transformers", engine.info.get("engine")))  # an engine's name keys its package
     missing = [name for name in named if name and not packages.get(name)]
-    assert "error" not in fingerprint, fingerprint.get("error")
-    assert not missing, f"the fingerprint has no version for {', '.join(missing)}"
-    assert engine.info.get("backends"), "the engine reported no attention/MoE backends"
+    if "error" in fingerprint:
+        fail(str(fingerprint["error"]))
+    if missing:
+        fail(f"the fingerprint has no version for {', '.join(missing)}")
+    if not engine.info.get("backends"):
+        fail("the engine reported no attention/MoE backends")
 
 
 @pytest.mark.p0
@@ -68,5 +73,6 @@ def test_stack_pins_hold(run, fingerprint, record_figure):
     record_figure("pins_checked", report.checked)
     record_figure("pins_failed", len(report.problems))
     record_figure("pins_advisory", len(report.advisories))
-    assert report.checked, f"manifest {report.manifest}: no pin was evaluated"
+    if not report.checked:
+        fail(f"manifest {report.manifest}: no pin was evaluated")
     report.raise_if_failed()

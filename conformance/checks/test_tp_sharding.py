@@ -15,7 +15,7 @@ from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
 from conformance.verdicts import compare
-from conformance.verdicts.verdict import record_figures
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "tensor-parallel"
 TP = distributed.data()["tp"]
@@ -78,7 +78,7 @@ def vllm_tp(run, engines):
                                run.run_dir / f"engine-vllm-tp{tp}.log", start_timeout_s=target.timeouts.engine_start_s,
                                start_method=target.start_method("vllm"), run_time_env=env)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     yield proc, tp
     proc.close()
 
@@ -108,7 +108,7 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
         got = proc.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
                         timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     want, _ = engine_greedy
     report = compare.completions_equivalent(got, want, tol, (f"vLLM TP={tp}", "vLLM TP=1"), tol.pairwise_greedy)
     scored = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
@@ -123,7 +123,7 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
         except compare.CheckFailed as exc:
             failures.append(str(exc))
     if failures:
-        raise compare.CheckFailed("\n".join(failures))
+        fail("\n".join(failures))
 
 
 @pytest.mark.p1
@@ -148,10 +148,10 @@ def test_vllm_tp_shards_match_reference(vllm_tp, reference, call_timeout_s, reco
     try:
         per_rank = proc.call("components:tp_shards", timeout_s=call_timeout_s)
     except EngineError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        fail(str(exc))
     cfg = dict(reference.cfg) | {"head_dim": reference.head_dim}
     problems, figures = tp_shards.shard_problems(per_rank, reference.w, cfg, tpref.is_mxfp4(reference))
     record_figures(record_figure, figures)
     if problems:
-        pytest.fail(f"vLLM TP={tp} shards differ from the reference's split: " + "; ".join(problems[:8])
-                    + (f"; and {len(problems) - 8} more" if len(problems) > 8 else ""), pytrace=False)
+        fail(f"vLLM TP={tp} shards differ from the reference's split: " + "; ".join(problems[:8])
+             + (f"; and {len(problems) - 8} more" if len(problems) > 8 else ""))

@@ -1,0 +1,85 @@
+"""One way for a check to say no: a check module in conformance/checks/ fails through a verdict (`raise_if_failed`,
+or `fail(sentence)` where the verdict is one sentence, both raising CheckFailed), never through a bare `assert`
+(gone under `python -O`), `pytest.fail` or an exception of its own; `pytest.skip` and `xfail` stay as they are.
+A check that could not run (its engine failed) fails the same way: its failure class comes from the exception it
+was raised while handling (runrecord.classify), not from how it said no."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conformance.checks import call_or_fail
+from conformance.engines.worker import EngineDied
+from conformance.run import runrecord
+from conformance.verdicts.verdict import CheckFailed
+
+CHECKS = Path(__file__).resolve().parents[1] / "conformance" / "checks"
+BAD = '''import pytest
+
+
+def test_a(engine):
+    assert engine.ok, "not ok"
+    if engine.dead:
+        pytest.fail("engine died", pytrace=False)
+    raise RuntimeError("no")
+'''
+FINE = '''import pytest
+
+from conformance.verdicts.verdict import Problems, fail
+
+
+def test_b(engine):
+    if engine.skip:
+        pytest.skip("not here")
+    try:
+        engine.call("x")
+    except KeyError:
+        raise
+    if engine.dead:
+        fail("the engine died")
+    Problems(engine.problems).raise_if_failed()
+'''
+
+
+def other_ways_to_fail(source: str, where: str) -> list[str]:
+    """One sentence, naming `where`:line, per bare assert, pytest.fail or raise of a new exception in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Assert):
+            found.append((node.lineno, "a bare assert"))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.fail":
+            found.append((node.lineno, "pytest.fail"))
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            found.append((node.lineno, f"raise {ast.unparse(node.exc)}"[:60]))
+    return [f"{where}:{line}: {what} says no outside the verdict protocol: use a verdict's raise_if_failed() or "
+            "fail(sentence) (conformance/verdicts/verdict.py)." for line, what in sorted(found)]
+
+
+def test_the_lint_names_each_other_way_to_fail_by_file_and_line():
+    found = other_ways_to_fail(BAD, "checks/test_bad.py")
+    assert [f.split(" says no")[0] for f in found] == [
+        "checks/test_bad.py:5: a bare assert", "checks/test_bad.py:7: pytest.fail",
+        "checks/test_bad.py:8: raise RuntimeError('no')"]
+
+
+def test_the_lint_lets_verdicts_skips_and_a_re_raise_pass():
+    assert other_ways_to_fail(FINE, "test_fine.py") == []
+
+
+def test_the_suites_checks_say_no_only_through_verdicts():
+    found = [f for p in sorted(CHECKS.glob("*.py")) for f in other_ways_to_fail(p.read_text(), p.name)]
+    assert not found, "\n".join(found)
+
+
+def test_an_engine_error_fails_the_check_with_check_failed_and_keeps_its_class():
+    class Engine:
+        def call(self, method: str, **kwargs: object) -> None:
+            raise EngineDied("the engine process exited")
+
+    with pytest.raises(CheckFailed, match="^the engine process exited$") as info:
+        call_or_fail(Engine(), "generate_greedy", timeout_s=1.0)
+    chain = runrecord.exception_chain(info.value)
+    assert runrecord.classify("failed", str(info.value), chain) == "crash"
