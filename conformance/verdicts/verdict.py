@@ -61,6 +61,7 @@ def at_least(value: float, floor: float, sentence: str) -> Problems:
 def fail(sentence: str) -> NoReturn:
     """A check that cannot reach its verdict (its engine failed, its data is missing) says no in one sentence,
     failing as any verdict does, with `CheckFailed`."""
+    __tracebackhide__ = True  # pytest shows the check's line, not this one
     raise CheckFailed(sentence)
 
 
