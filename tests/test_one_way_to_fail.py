@@ -6,7 +6,6 @@ was raised while handling (runrecord.classify), not from how it said no."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from conformance.checks import call_or_fail
 from conformance.engines.worker import EngineDied
 from conformance.run import runrecord
+from conformance.run.capabilities import other_ways_to_fail
 from conformance.verdicts.verdict import CheckFailed
 
 CHECKS = Path(__file__).resolve().parents[1] / "conformance" / "checks"
@@ -44,20 +44,6 @@ def test_b(engine):
 '''
 
 
-def other_ways_to_fail(source: str, where: str) -> list[str]:
-    """One sentence, naming `where`:line, per bare assert, pytest.fail or raise of a new exception in `source`."""
-    found = []
-    for node in ast.walk(ast.parse(source, where)):
-        if isinstance(node, ast.Assert):
-            found.append((node.lineno, "a bare assert"))
-        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.fail":
-            found.append((node.lineno, "pytest.fail"))
-        elif isinstance(node, ast.Raise) and node.exc is not None:
-            found.append((node.lineno, f"raise {ast.unparse(node.exc)}"[:60]))
-    return [f"{where}:{line}: {what} says no outside the verdict protocol: use a verdict's raise_if_failed() or "
-            "fail(sentence) (conformance/verdicts/verdict.py)." for line, what in sorted(found)]
-
-
 def test_the_lint_names_each_other_way_to_fail_by_file_and_line():
     found = other_ways_to_fail(BAD, "checks/test_bad.py")
     assert [f.split(" says no")[0] for f in found] == [
@@ -72,6 +58,26 @@ def test_the_lint_lets_verdicts_skips_and_a_re_raise_pass():
 def test_the_suites_checks_say_no_only_through_verdicts():
     found = [f for p in sorted(CHECKS.glob("*.py")) for f in other_ways_to_fail(p.read_text(), p.name)]
     assert not found, "\n".join(found)
+
+
+def test_the_plugin_refuses_a_check_that_says_no_another_way_at_collection(tmp_path: Path):
+    from tests.test_run_options import DOC, run_plugin
+
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_asserts.py").write_text(f'''import pytest
+
+
+@pytest.mark.p0
+def test_asserts():
+    {DOC}
+    assert 1 + 1 == 2
+''')
+    proc = run_plugin(checks)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out  # a usage error: nothing ran
+    assert "ERROR: test_asserts.py:9: a bare assert says no outside the verdict protocol" in out
+    assert "Traceback" not in out
 
 
 def test_an_engine_error_fails_the_check_with_check_failed_and_keeps_its_class():

@@ -126,6 +126,7 @@ import pytest
 from conformance.checkpoints.models import tiny_gpt_oss
 from conformance.reference import cache
 from conformance.reference.gpt_oss import Reference
+from conformance.verdicts.verdict import fail
 
 
 @pytest.mark.p0
@@ -134,11 +135,12 @@ def test_scores_the_reference(monkeypatch):
     Reference: https://docs.pytest.org/
     Controls: tests/test_reference_pack.py::test_the_run_option_writes_reads_and_refuses"""
     if os.environ.get("FORBID_COMPUTE"):
-        monkeypatch.setattr(Reference, "_score", lambda *a: pytest.fail("computed a result the pack holds"))
+        monkeypatch.setattr(Reference, "_score", lambda *a: fail("computed a result the pack holds"))
     got = Reference(tiny_gpt_oss().path).score([5, 6, 7, 8], [9, 10], 4)
-    assert len(got.steps) == 2
-    if os.environ.get("FORBID_COMPUTE"):
-        assert cache.pack().hits == 1, "read from the pack, not from the local cache"
+    if len(got.steps) != 2:
+        fail(f"{len(got.steps)} steps scored, not 2")
+    if os.environ.get("FORBID_COMPUTE") and cache.pack().hits != 1:
+        fail("read from the pack, not from the local cache")
 '''
 
 

@@ -160,8 +160,25 @@ def _constants(node: ast.expr) -> list[str]:
     return []
 
 
+def other_ways_to_fail(source: str, where: str) -> list[str]:
+    """One sentence, naming `where`:line, per bare assert, pytest.fail or raise of a new exception in a check module:
+    a check says no through a verdict (`raise_if_failed()`, or `fail(sentence)`), so that its failure is a
+    CheckFailed and its class comes from the exception chain (runrecord.classify)."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Assert):
+            found.append((node.lineno, "a bare assert"))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.fail":
+            found.append((node.lineno, "pytest.fail"))
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            found.append((node.lineno, f"raise {ast.unparse(node.exc)}"[:60]))
+    return [f"{where}:{line}: {what} says no outside the verdict protocol: use a verdict's raise_if_failed() or "
+            "fail(sentence) (conformance/verdicts/verdict.py)." for line, what in sorted(found)]
+
+
 def lint(items: Iterable[Any]) -> list[str]:
-    """`name_comparisons` over the modules of the collected checks, each named as in the checks' node ids."""
+    """Over the modules of the collected checks, each named as in the checks' node ids: `name_comparisons` (not
+    applicable is a capability or an expectation) and `other_ways_to_fail` (a check says no through a verdict)."""
     modules = {item.nodeid.split("::", 1)[0]: Path(item.path) for item in items if Path(item.path).suffix == ".py"}
     return [problem for where, path in sorted(modules.items())
-            for problem in name_comparisons(path.read_text(), where)]
+            for problem in (*name_comparisons(path.read_text(), where), *other_ways_to_fail(path.read_text(), where))]

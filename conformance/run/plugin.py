@@ -123,7 +123,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     bad = [f"{item.nodeid} {p}" for item in items for p in runrecord.check_metadata_problems(item)]
     if bad:
         raise pytest.UsageError("checks without required metadata (docs/contributing.md):\n  " + "\n  ".join(bad))
-    named = capabilities.lint(items)  # "not applicable" is a capability or an expectation, never a name comparison
+    named = capabilities.lint(items)  # not applicable: a capability, never a name comparison; no: a verdict
     if named:
         raise pytest.UsageError("\n".join(named))
     t = ctx.resolved()
