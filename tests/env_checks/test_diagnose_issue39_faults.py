@@ -11,14 +11,10 @@ from pathlib import Path
 import pytest
 
 from env_checks.diagnose import diagnose_text
+from tests.env_checks.test_diagnose_issue39_more import TOOLS, read
 
-TOOLS = Path(__file__).resolve().parents[2] / "fixtures" / "tools"
 FAMILIES = {"kernel_faults": 7, "hip_errors": 1, "second": 5}
 NEW = sorted(p for family in FAMILIES for p in (TOOLS / family).iterdir())
-
-
-def read(name: str | Path) -> str:
-    return (TOOLS / name).read_bytes().decode("utf-8", errors="replace")
 
 
 def test_recordings_per_family() -> None:
