@@ -184,3 +184,27 @@ def test_float32_engines_of_gpu_targets_get_ieee_triton_dots(target, tiny, tmp_p
         factory._start("vllm", str(tiny.path), {"dtype": dtype})
     assert started["float32"]["TRITON_F32_DEFAULT"] == "ieee"
     assert "TRITON_F32_DEFAULT" not in started["bfloat16"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_the_server_starts_with_the_options_and_environment_of_the_engines(tiny, tmp_path, dtype, monkeypatch):
+    """One place builds what a vLLM process starts with (RunTarget.process_options/process_env): the engines and the
+    suite's server of one run agree on every option and variable but the server's own (first contact on the H200
+    in fp16: the server, built apart, took FA3 while the engines ran the profile's TRITON_ATTN row)."""
+    from conformance.run import fixtures, serving_fixtures
+
+    started: dict[str, dict[str, str]] = {}
+    monkeypatch.setattr(fixtures, "EngineProcess",
+                        lambda kind, model, options, env, log, **_: started.setdefault("env", env))
+    run = run_ctx("cuda", dtype=dtype, devices=["NVIDIA H200"], run_dir=tmp_path)  # the h200-tiny profile
+    run.target = dataclasses.replace(run.target, table=run.target.table | {"engines_ahead": 0})
+    run.startups, run.engine_info = [], {}
+    factory = EngineFactory(run, ModelUnderTest("tiny", tiny.path, None, {}, 0), items=[])
+    engine_options = factory.options("vllm")
+    assert engine_options.get("attention_backend") == ("TRITON_ATTN" if dtype == "float16" else None)
+    factory._start("vllm", str(tiny.path), engine_options)
+    server = serving_fixtures.new_server(factory.run, SimpleNamespace(path=tiny.path, name="tiny"), tmp_path,
+                                         tmp_path / "server.log")
+    assert server.options == engine_options and engine_options["dtype"] == dtype
+    kept = {k: v for k, v in started["env"].items() if k not in serving_fixtures.NOT_FOR_SERVER}
+    assert kept.items() <= server.env.items()

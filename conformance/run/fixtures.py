@@ -110,10 +110,9 @@ class EngineFactory:
 
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
-        profile = self.run.target.profile.engine_options() if kind == "vllm" else {}  # data/profiles.toml
         fault = getattr(self.run, "planted_fault", None)  # --planted-fault: every engine of the kind under test
         planted = {"planted_fault": fault} if fault and kind == self.run.engine else {}
-        return self.run.target.options_for(kind) | profile | {"dtype": self.run.dtype_name} | planted | overrides
+        return self.run.target.process_options(kind) | planted | overrides
 
     def _key(self, model: Path | None, kind: str | None, overrides: dict[str, Any]) -> tuple[str, str, str, dict]:
         kind = kind or self.run.engine
@@ -162,8 +161,7 @@ class EngineFactory:
 
     def _start(self, kind: str, model_dir: str, options: dict[str, Any], wait: bool = True) -> EngineProcess:
         target = self.run.target
-        env = dict(target.env) | (self.run.target.profile.engine_env() if kind == "vllm" else {})
-        env |= target.table.get("env_by_dtype", {}).get(options.get("dtype"), {})  # data/targets.toml
+        env = target.process_env(kind, options.get("dtype"))  # data/targets.toml, data/profiles.toml
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
         return EngineProcess(kind, model_dir, options, env, log,
                              start_timeout_s=target.timeouts.engine_start_s, start_method=target.start_method(kind),

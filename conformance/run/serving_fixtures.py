@@ -197,9 +197,9 @@ def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: P
     started yet), with a fresh key. First contact on the H200 in fp16: the server, left on vLLM's own attention
     choice (FlashAttention 3, bf16 sinks only) while the engines ran the profile's TRITON_ATTN row, died at its
     first request ("We only support bf16 dtype for S aux")."""
-    target, profile = run.target, run.target.profile  # the server serves as the engines do: the profile and its row
-    options = target.options_for("vllm") | profile.engine_options() | {"dtype": target.dtype}
-    env = {k: v for k, v in (dict(target.env) | profile.engine_env()).items() if k not in NOT_FOR_SERVER}
+    target = run.target  # the server serves as the engines do: the same options, profile row and environment
+    options = target.process_options("vllm")
+    env = {k: v for k, v in target.process_env("vllm").items() if k not in NOT_FOR_SERVER}
     env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
     fork_ctx, fork_env = server_fork.context_for(target.table)  # forked from the forkserver
     return VllmServer(str(model.path), model.name, options, env | fork_env, log_path,
