@@ -91,7 +91,8 @@ def send(client: ServerClient, path: str, body: dict, timeout_s: float, where: s
             reply.token_counts[index] = len(choice["token_ids"])
         lps = choice.get("logprobs")
         if isinstance(lps, dict):
-            reply.logprobs = reply.logprobs if index else lps
+            if index == 0:
+                reply.logprobs = lps
             if isinstance(lps.get("tokens"), list) and isinstance(lps.get("top_logprobs"), list):
                 reply.draws[index] = {"token_ids": lps["tokens"], "logprobs": lps["top_logprobs"]}
     return reply
