@@ -9,6 +9,7 @@ failure this guard now holds off."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,47 @@ def test_rope_faults_in_gpu_vllm_fail_p0_in_bf16(run_id: str) -> None:
     assert rope["outcome"] == "failed" and "rounded inv_freq or low-precision positions" in rope["message"]
     layers = _check(record, "test_layer_blocks_match_reference")
     assert "Inplace update to inference tensor outside InferenceMode" in layers["message"]
+
+
+# Round four on the H200 (vLLM 0.26.0, h200-tiny, a fresh node from the wheelhouse): P0 fp16 after round three's
+# server fix, and the five planted faults of vLLM's sampler and stop rule, each a run of its own.
+P0_FP16_PASS = "20261203T183947-cuda-5e2bc2"
+SAMPLER_FAULTS = {  # run id -> (fault, the failing check, what its message must say)
+    "20261203T190036-cuda-9498c2": ("temperature_ignored", "test_sampled_tokens_follow_the_requested_distribution",
+                                    r"temperature \(temperature 0\.7\): \d+ draws do not follow"),
+    "20261203T190222-cuda-610afc": ("seed_dropped", "test_seeded_requests_reproduce_alone_and_in_a_batch",
+                                    r"seed 7 sent twice gave"),
+    "20261203T190330-cuda-6b53f7": ("top_k_off_by_one", "test_sampled_tokens_follow_the_requested_distribution",
+                                    r"top_k \(temperature 1\.0, top_k 4\): \d+ of 2000 draws fell outside"),
+    "20261203T190418-cuda-6da0e4": ("nucleus_not_applied", "test_sampled_tokens_follow_the_requested_distribution",
+                                    r"top_p \(temperature 1\.0, top_k 20, top_p [0-9.]+\): \d+ of 2000 draws fell "
+                                    r"outside"),
+    "20261203T190503-cuda-a21dae": ("max_tokens_off_by_one", "test_seeded_requests_reproduce_alone_and_in_a_batch",
+                                    r"asked for 12 tokens \(ignore_eos\), got \[13\]"),
+}
+
+
+def test_p0_in_fp16_passes_on_vllm_on_the_h200_on_the_triton_row() -> None:
+    """The fp16 bar of #34: every P0 check run and passed on the cuda-triton row, the server included (round three
+    failed there alone), greedy parity and the exact float32 twin inside today's limits."""
+    record = _record(P0_FP16_PASS)
+    assert record["engine"] == "vllm" and record["complete"] and record["evidence"] and record["exit_status"] == 0
+    assert record["dtype"] == "float16" and record["profile"] == "h200-tiny:cuda-triton"
+    assert record["fingerprint"]["packages"]["vllm"] == "0.26.0+hopper"
+    assert record["summary"] == {"passed": 27, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    dtype, figures = _parity(P0_FP16_PASS)
+    assert over_limits(dtype, figures) == [] and figures["greedy_divergences"] == 0
+    assert over_limits("float32", _check(record, EXACT)["figures"]) == []
+    assert _check(record, "test_server_starts_and_serves_chat")["outcome"] == "passed"
+
+
+@pytest.mark.parametrize("run_id", sorted(SAMPLER_FAULTS))
+def test_sampler_faults_in_gpu_vllm_fail_p0_in_bf16(run_id: str) -> None:
+    """Each fault planted in vLLM's sampler or stop rule on the H200 (bf16, CUDA graphs) fails the P0 sampling
+    check that names it, for the fault; the runs are controls, never evidence."""
+    fault, check, match = SAMPLER_FAULTS[run_id]
+    record = _record(run_id)
+    assert record["planted_fault"] == fault and record["evidence"] is False and record["dtype"] == "bfloat16"
+    assert record["engine"] == "vllm" and record["exit_status"] == 1
+    failed = _check(record, check)
+    assert failed["outcome"] == "failed" and re.search(match, failed["message"]), failed["message"][:300]
