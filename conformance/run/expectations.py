@@ -1,12 +1,13 @@
 """Known failures per platform, as data (expectations/*.toml), applied at collection.
 
-An entry names a check id (a prefix for a skip; the exact id, parameters included, for an xfail),
-conditions on the run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, cpu_amx, `needs_device`: the
-target's fact in targets.toml, and `missing_modules`: those of the modules the entries name there that this
-environment cannot import) and a status: `xfail` (a known bug: needs a link) or `skip` (an environment gap or a
-platform's capability absent: needs a reason). What only some engines can show is no expectation but a
-capability (conformance/run/capabilities.py). Entries that match no collected check are reported, as
-array-api-tests does, so stale expectations do not linger.
+An entry names a check id (a prefix for a skip; the exact id, parameters included, for an xfail), conditions on the
+run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, cpu_amx, `needs_device`: the target's fact in
+targets.toml, `missing_modules`: those of the modules the entries name there that this environment cannot import,
+and `versions`: distribution -> version specifier, e.g. `{ vllm = "<0.32" }`, which holds when that distribution is
+installed at a version the specifier contains) and a status: `xfail` (a known bug: needs a link) or `skip` (an
+environment gap or a platform's capability absent: needs a reason). What only some engines can show is no
+expectation but a capability (conformance/run/capabilities.py). Entries that match no collected check are reported,
+as array-api-tests does, so stale expectations do not linger.
 
 An xfail may carry `match` (a text, or a list of texts): the known bug's failure message contains one of
 them. Any other failure of that check (a crash, a hang, another verdict) is then no xfail but a failure,
@@ -14,6 +15,7 @@ whose message says so (the hook below): the known bug never hides an unknown one
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import re
 from importlib import resources
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from conformance import datafiles
 
@@ -36,6 +40,12 @@ def load(directory: Path = DIR) -> list[dict[str, Any]]:
                 raise datafiles.DataError(f"{f}: entry {e} needs `check` and `status` = xfail|skip.")
             if e["status"] == "xfail" and "link" not in e:
                 raise datafiles.DataError(f"{f}: xfail entry for {e['check']} needs a bug `link`.")
+            for dist, spec in e.get("when", {}).get("versions", {}).items():
+                try:
+                    SpecifierSet(spec)
+                except (InvalidSpecifier, TypeError):
+                    raise datafiles.DataError(f"{f}: `versions` of {e['check']}: {dist} = {spec!r} is no version "
+                                              f"specifier (such as \"<0.32\").") from None
             if "match" in e and not _texts(e["match"]):
                 raise datafiles.DataError(f"{f}: `match` of {e['check']} must be a non-empty text or list of texts.")
             entries.append(e | {"file": f.name})
@@ -50,8 +60,39 @@ def missing_modules(entries: list[dict[str, Any]] | None = None) -> list[str]:
     return sorted(m for m in named if importlib.util.find_spec(m) is None)
 
 
+def installed_versions(entries: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """The installed versions of the distributions that entries condition on (`when.versions`); one that is not
+    installed is left out, so an entry that names it matches nothing."""
+    entries = load() if entries is None else entries
+    named = {d for e in entries for d in e.get("when", {}).get("versions", {})}
+    out = {}
+    for dist in sorted(named):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _versions_hold(want: dict[str, str], have: dict[str, str]) -> bool:
+    """Every named distribution is installed at a version its specifier contains (a local build such as
+    0.26.0+hopper counts as its release)."""
+    for dist, spec in want.items():
+        try:
+            version = Version(have[dist])
+        except (KeyError, InvalidVersion):
+            return False
+        if not SpecifierSet(spec).contains(Version(version.public), prereleases=True):
+            return False
+    return True
+
+
 def matches(when: dict[str, Any], run_info: dict[str, Any]) -> bool:
     for key, want in when.items():
+        if key == "versions":
+            if not _versions_hold(want, run_info.get("versions", {})):
+                return False
+            continue
         have = run_info.get(key)
         wants = want if isinstance(want, list) else [want]
         haves = have if isinstance(have, list) else [have]

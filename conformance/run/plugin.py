@@ -130,7 +130,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
                 "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules(),
-                "needs_device": ctx.target.needs_device}
+                "needs_device": ctx.target.needs_device, "versions": expectations.installed_versions()}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
     check_s = ctx.target.timeouts.check_s
     for item in items:
