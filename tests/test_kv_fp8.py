@@ -96,7 +96,8 @@ def test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache(tiny, referen
     ignored = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [reference.score(p, [], k + 5) for p in ps]})
     model = SimpleNamespace(path=tiny.path, num_params=1)
     with pytest.raises(FAILED, match="median_abs_dlogprob = .* exceeds the tolerance"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored), model, FP32_LIMITS,
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", ignored, None), model,
+                                                             FP32_LIMITS,
                                                              SimpleNamespace(prompts=short_prompts, max_tokens=0),
                                                              300.0, Figures())
 
@@ -123,12 +124,14 @@ def test_fp8_accounting_fails_on_bf16_pages(cpu_engine, tiny):
     layout = cpu_engine.call("kv_layout")
     model = SimpleNamespace(config=hf_config(tiny.spec))
     with pytest.raises(FAILED, match="B pages of"):
-        checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": layout})), model,
+        checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": layout}), None),
+                                            model,
                                             run_ctx(), Figures())
     halved = copy.deepcopy(layout)
     halved.groups = [dataclasses.replace(g, page_size_bytes=g.page_size_bytes // 4) for g in halved.groups]
     halved.num_blocks *= 4
-    checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": halved})), model,
+    checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": halved}), None),
+                                        model,
                                         run_ctx(), Figures())  # what a working fp8 cache reports
 
 
@@ -152,10 +155,12 @@ def test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way(tiny, short_pr
     model = SimpleNamespace(path=tiny.path, num_params=1)
     prompts = SimpleNamespace(prompts=short_prompts, max_tokens=0)
     with pytest.raises(FAILED, match=r"(?s)e4m3fn \(toward_zero\) reference.*median_abs_dlogprob = .* exceeds"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("nearest_even")), model,
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("nearest_even"), None),
+                                                             model,
                                                              FP32_LIMITS, prompts, 300.0, Figures())
     figures = Figures()
-    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("toward_zero")), model,
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine("toward_zero"), None),
+                                                         model,
                                                          FP32_LIMITS, prompts, 300.0, figures)
     assert figures.values["max_abs_dlogprob"] == 0.0
 
@@ -181,20 +186,24 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
     model = SimpleNamespace(path=tiny.path, num_params=1)
     prompts = SimpleNamespace(prompts=short_prompts, max_tokens=4)
     figures = Figures()
-    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine), model, FP32_LIMITS, prompts,
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "toward_zero", engine, None), model, FP32_LIMITS,
+                                                         prompts,
                                                          300.0, figures)
     assert figures.values["median_abs_dlogprob"] < 1e-3
     with pytest.raises(FAILED, match="nearest_even"):
-        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine), model, FP32_LIMITS,
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine, None), model,
+                                                             FP32_LIMITS,
                                                              prompts, 300.0, Figures())
     # bf16, as a GPU target runs it: the fp8 engine passes the bf16 limits, the same engine storing bf16 fails them
     bf16 = limits_for("bfloat16")
     checks.test_fp8_kv_cache_matches_quantised_reference(
-        ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, kv_cache_dtype="fp8", dtype="bfloat16")), model, bf16,
+        ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, kv_cache_dtype="fp8", dtype="bfloat16"), None), model,
+        bf16,
         prompts, 300.0, Figures())
     with pytest.raises(FAILED, match="exceeds the tolerance"):
         checks.test_fp8_kv_cache_matches_quantised_reference(
-            ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, dtype="bfloat16")), model, bf16, prompts, 300.0,
+            ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, dtype="bfloat16"), None), model, bf16, prompts,
+            300.0,
             Figures())
 
 
@@ -203,3 +212,79 @@ def test_fp8_limits_are_per_dtype_and_a_missing_one_says_so():
     fp16 = limits_for("float16")  # the other limits of float16 are there: only the fp8-KV check fails, saying why
     assert fp16.kv_fp8 is None and fp16.missing["kv_fp8"].startswith(
         "profiles.toml has no [kv_fp8.tolerance.float16] table (it has bfloat16, float32): measure limits")
+
+
+CUDA_INFO = {  # what vLLM 0.26.0's fp8 engines report on the H200, by row (engines/vllm_offline.py `backends`)
+    "FLASH_ATTN": {"backends": {"attention.model.layers.0.self_attn.attn": "FlashAttentionImpl",
+                                "attention.model.layers.1.self_attn.attn": "FlashAttentionImpl"}},
+    "TRITON_ATTN": {"backends": {"attention.model.layers.0.self_attn.attn": "TritonAttentionImpl"}},
+}
+
+
+def test_cuda_fp8_attention_is_read_by_the_implementation_the_engine_reports():
+    """vLLM on CUDA rounds the query and the probabilities to fp8 beside the cache; FA3 offsets P by 2**8 against
+    the scores' own max, Triton starts its max at the sink. An implementation the data does not list, or a mix,
+    cannot be modelled: one sentence. The CPU and ROCm describe nothing beyond the cache."""
+    fa3 = profiles.kv_fp8_attention("cuda", CUDA_INFO["FLASH_ATTN"])
+    assert fa3 == {"query": True, "probabilities": True, "probability_offset_log2": 8, "max_includes_sink": False}
+    assert profiles.kv_fp8_attention("cuda", CUDA_INFO["TRITON_ATTN"])["max_includes_sink"] is True
+    assert profiles.kv_fp8_attention("cpu", {}) is None
+    assert profiles.kv_fp8_attention("rocm", CUDA_INFO["FLASH_ATTN"]) is None
+    for info in ({"backends": {"attention.x": "FlashInferImpl"}}, {},
+                 {"backends": {"attention.a": "FlashAttentionImpl", "attention.b": "TritonAttentionImpl"}}):
+        with pytest.raises(ValueError, match=r"kv_fp8\.cuda\.attention\] describes FlashAttentionImpl, "
+                                             r"TritonAttentionImpl, and the fp8 engine runs .*cannot model it"):
+            profiles.kv_fp8_attention("cuda", info)
+
+
+def test_fp8_parity_models_the_attention_a_cuda_kernel_runs_in_fp8(tiny, short_prompts):
+    """The check body with CUDA's FA3 row: an engine that computes fp8 attention (query and probabilities rounded)
+    passes against the modelled reference and fails against the reference that rounds the cache alone, which is
+    what the H200's first P1 ran into (median 0.391 over the bf16 limit 0.37); an engine that rounds only the cache
+    fails against the modelled one. On the tiny model the query's rounding alone moves the logprobs by median 0.29."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_kv_fp8 as checks
+    from conformance.reference.longref import Fp8Attention
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine
+
+    fa3 = profiles.kv_fp8_attention("cuda", CUDA_INFO["FLASH_ATTN"])
+
+    def engine(attention: dict | None) -> ScriptedEngine:
+        modelled = Fp8Attention(**attention) if attention else None
+        ref = LongReference(tiny.path, kv_quant="e4m3fn", fp8_attention=modelled)
+        return ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [ref.score(p, [], k + 5) for p in ps]})
+
+    model = SimpleNamespace(path=tiny.path, num_params=1)
+    prompts = SimpleNamespace(prompts=short_prompts, max_tokens=0)
+    figures = Figures()
+    checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine(fa3), fa3), model,
+                                                         FP32_LIMITS, prompts, 300.0, figures)
+    assert figures.values["max_abs_dlogprob"] == 0.0
+    with pytest.raises(FAILED, match=r"(?s)e4m3fn \(nearest_even\) reference\b(?! with).*exceeds the tolerance"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine(fa3), None), model,
+                                                             FP32_LIMITS, prompts, 300.0, Figures())
+    with pytest.raises(FAILED, match=r"(?s)query and probabilities in fp8.*exceeds the tolerance"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(("e4m3fn", "nearest_even", engine(None), fa3), model,
+                                                             FP32_LIMITS, prompts, 300.0, Figures())
+
+
+def test_the_fp8_attention_reference_rounds_what_it_says():
+    """Query rounding alone, probability rounding alone and FA3's offset each change the reference; the unmodelled
+    reference keeps its cache key (results computed before stay valid); fp8 attention without an fp8 cache is
+    refused."""
+    from conformance.checkpoints.models import tiny_gpt_oss
+    from conformance.reference.longref import Fp8Attention
+
+    tiny = tiny_gpt_oss()
+    ids = list(range(3, 160))
+    base = LongReference(tiny.path, kv_quant="e4m3fn")
+    plain = base.logprobs_at(ids)
+    for fa in (Fp8Attention(query=True), Fp8Attention(probabilities=True),
+               Fp8Attention(probabilities=True, probability_offset_log2=8, max_includes_sink=False)):
+        assert not torch.allclose(LongReference(tiny.path, kv_quant="e4m3fn", fp8_attention=fa).logprobs_at(ids), plain)
+    assert "fp8_attention" not in base.variant()
+    assert LongReference(tiny.path, kv_quant="e4m3fn", fp8_attention=Fp8Attention(query=True)).variant()[
+        "fp8_attention"]["query"] is True
+    with pytest.raises(LongReferenceError, match="give kv_quant too"):
+        LongReference(tiny.path, fp8_attention=Fp8Attention(query=True))

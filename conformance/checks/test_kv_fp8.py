@@ -24,10 +24,16 @@ def _fp8_or_skip(run):
 
 @pytest.fixture(scope="module")
 def fp8_engine(run, engines):
+    """(format, rounding, the engine with kv_cache_dtype=fp8, what its attention kernel rounds to fp8 beside the
+    cache: profiles.toml [kv_fp8.<target>.attention], None where the target describes nothing more)."""
     fmt, rounding = _fp8_or_skip(run)
     try:
-        return fmt, rounding, engines.get(kv_cache_dtype="fp8")
+        engine = engines.get(kv_cache_dtype="fp8")
     except EngineError as exc:
+        fail(str(exc))
+    try:
+        return fmt, rounding, engine, profiles.kv_fp8_attention(run.target.name, engine.info)
+    except ValueError as exc:
         fail(str(exc))
 
 
@@ -37,7 +43,9 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
                                                   record_figure):
     """The prompt set, greedy, on an engine with kv_cache_dtype=fp8 agrees with the fp64 reference whose K
     (after RoPE) and V are rounded to the same fp8 format with a scale of 1.0, the way the target's kernel rounds
-    (profiles.toml [kv_fp8.<target>] rounding: vLLM-CPU truncates), within the fp8 tolerance of the run's dtype
+    (profiles.toml [kv_fp8.<target>] rounding: vLLM-CPU truncates), and, where the target's kernels run the
+    attention itself in fp8 (vLLM on CUDA: [kv_fp8.cuda.attention]), whose query and probabilities are rounded as
+    the engine's attention implementation rounds them; within the fp8 tolerance of the run's dtype
     (profiles.toml [kv_fp8.tolerance.<dtype>]; rough in bf16, whose noise is nearly the quantisation's).
 
     Catches: an fp8 KV cache written in one format and read in another (OCP e4m3fn vs gfx942 e4m3fnuz: a
@@ -47,12 +55,13 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html;
       https://onnx.ai/onnx/technical/float8.html (e4m3fn, e4m3fnuz)
     Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache,
-      tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way
+      tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way,
+      tests/test_kv_fp8.py::test_fp8_parity_models_the_attention_a_cuda_kernel_runs_in_fp8
     """
-    from conformance.reference.longref import LongReference
+    from conformance.reference.longref import Fp8Attention, LongReference
     from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
-    fmt, rounding, engine = fp8_engine
+    fmt, rounding, engine, attention = fp8_engine
     if limits.kv_fp8 is None:
         fail(limits.missing["kv_fp8"])
     tol, top_k = limits.kv_fp8
@@ -62,9 +71,11 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
     except EngineError as exc:
         fail(str(exc))
     ref = LongReference(model_under_test.path, kv_quant=fmt, kv_rounding=rounding,
-                        streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS)
+                        streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS,
+                        fp8_attention=Fp8Attention(**attention) if attention else None)
     want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out]
-    report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} ({rounding}) reference"))
+    modelled = " with the query and probabilities in fp8 as the engine's kernel rounds them" if attention else ""
+    report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} ({rounding}) reference{modelled}"))
     record_figures(record_figure, report)
     report.raise_if_failed()
 
@@ -80,7 +91,7 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html
     Controls: tests/test_kv_fp8.py::test_fp8_accounting_fails_on_bf16_pages
     """
-    _, _, engine = fp8_engine
+    _, _, engine, _ = fp8_engine
     try:
         layout = engine.call("kv_layout")
     except EngineError as exc:

