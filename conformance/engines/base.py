@@ -32,6 +32,9 @@ class Completion:
     steps: list[StepLogprobs] = field(default_factory=list)
     # prompt_steps[t] predicts prompt token t+1 from the tokens before it (prefill path)
     prompt_steps: list[StepLogprobs] = field(default_factory=list)
+    # prompt tokens served from the prefix cache, as the engine reports them for this request (vLLM's
+    # RequestOutput.num_cached_tokens); None where the engine does not say
+    cached_tokens: int | None = None
 
 
 @dataclass

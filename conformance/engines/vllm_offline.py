@@ -34,7 +34,9 @@ def _completion(prompt: list[int], out: Any, prompt_logprobs: bool) -> Completio
     prompt_steps = []
     if prompt_logprobs:
         prompt_steps = [_step(e, t) for e, t in zip((out.prompt_logprobs or [])[1:], prompt[1:])]
-    return Completion(list(prompt), list(gen.token_ids), steps, prompt_steps)
+    cached = getattr(out, "num_cached_tokens", None)
+    return Completion(list(prompt), list(gen.token_ids), steps, prompt_steps,
+                      cached_tokens=None if cached is None else int(cached))
 
 
 def _validation_errors() -> tuple[type[BaseException], ...]:

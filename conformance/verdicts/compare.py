@@ -361,6 +361,26 @@ def completions_equivalent(got: list[Completion], want: list[Completion], tol: L
     return report
 
 
+def cached_tokens(label: str, completions: list[Completion], minimum: int | None = None,
+                  maximum: int | None = None) -> VerdictReport:
+    """The prompt tokens the engine served from its prefix cache for these requests, by its own per-request count,
+    at least `minimum` (or at most `maximum`). A request whose count the engine does not report fails: the check
+    cannot tell a hit from a miss."""
+    r = VerdictReport(f"prefix-cache hits ({label})")
+    counts = [c.cached_tokens for c in completions]
+    if not counts or any(n is None for n in counts):
+        r.problems.append(f"the engine reported no cached-token count for {counts.count(None)} of {len(counts)} "
+                          "requests, so a cache hit cannot be told from a miss")
+        return r
+    total = sum(int(n) for n in counts if n is not None)
+    r.measured = {"cached_tokens": float(total)}
+    if minimum is not None and not total >= minimum:
+        r.problems.append(f"{label}: {total} prompt tokens served from the prefix cache, expected at least {minimum}")
+    if maximum is not None and not total <= maximum:
+        r.problems.append(f"{label}: {total} prompt tokens served from the prefix cache, expected at most {maximum}")
+    return r
+
+
 def counter_delta(metric: str, before: dict[str, float], after: dict[str, float],
                   minimum: float | None = None, maximum: float | None = None) -> VerdictReport:
     """A metrics counter moved by at least `minimum` (or at most `maximum`) between two snapshots."""
