@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_checks.facts import ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
-from env_checks.textforms import json_start, normalise_gfx
+from env_checks.textforms import bad_page_count, count_page_record, json_start, normalise_gfx, smi_top_indent
 
 _TEXT_FIELD = re.compile(r"^(\s*)([^:]+?):\s*(.*?)\s*$")
 
@@ -27,14 +27,16 @@ def _key(raw: str) -> str:
 def _parse_text_tree(text: str) -> list[dict[str, Any]]:
     gpus: list[dict[str, Any]] = []
     stack: list[tuple[int, dict[str, Any]]] = []
+    top: int | None = None
     for line in text.splitlines():
         match = _TEXT_FIELD.match(line)
         if not match:
             continue  # blank lines, "...", bare affinity masks: nothing a probe reads
         indent, key, value = len(match.group(1)), _key(match.group(2)), match.group(3)
-        if indent == 0:
+        top = smi_top_indent(indent, key, value, top)
+        if indent <= (top or 0):
             # Top-level blocks are "GPU: n" (kept) or "CPU: n" and the like (ignored).
-            stack = [(0, {"gpu": int(value)})] if key == "gpu" and value.isdigit() else []
+            stack = [(indent, {"gpu": int(value)})] if key == "gpu" and value.isdigit() else []
             if stack:
                 gpus.append(stack[0][1])
             continue
@@ -43,6 +45,7 @@ def _parse_text_tree(text: str) -> list[dict[str, Any]]:
         while len(stack) > 1 and stack[-1][0] >= indent:
             stack.pop()
         parent = stack[-1][1]
+        count_page_record(parent, key)
         if value:
             parent[key] = value
         else:
@@ -175,21 +178,13 @@ class AmdSmiBadPages:
     gpus: list[AmdGpuBadPages]
 
 
-def _page_count(value: Any) -> int | None:
-    if isinstance(value, list):
-        return len(value)
-    if isinstance(value, str) and "no bad pages" in value.lower():
-        return 0
-    return None
-
-
 def parse_amd_smi_bad_pages(text: str) -> AmdSmiBadPages:
     return AmdSmiBadPages(gpus=[
         AmdGpuBadPages(
             gpu=int(g["gpu"]),
-            retired=_page_count(g.get("retired")),
-            pending=_page_count(g.get("pending")),
-            unreservable=_page_count(g.get("un_res")),
+            retired=bad_page_count(g.get("retired")),
+            pending=bad_page_count(g.get("pending")),
+            unreservable=bad_page_count(g.get("un_res")),
         )
         for g in parse_smi_tree(text)
     ])

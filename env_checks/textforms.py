@@ -215,14 +215,45 @@ def _amd_smi_gpu(r: Reading, gpu: dict[str, Any]) -> None:
                 r.facts.setdefault("firmware", {}).setdefault("mec", str(block.get("fw_version")))
 
 
+def smi_top_indent(indent: int, key: str, value: str, top: int | None) -> int | None:
+    """The indent of amd-smi's top-level `GPU: n` lines: 0 as the tool prints them, more where a paste indents the
+    whole output (a markdown list item, a quoted block). The first `GPU: n` line sets it; a later one at a smaller
+    indent lowers it."""
+    if key == "gpu" and value.strip().isdigit() and (top is None or indent < top):
+        return indent
+    return top
+
+
+def count_page_record(parent: dict[str, Any], key: str) -> None:
+    """amd-smi's text prints a list of bad-page records as a YAML list with the dashes dropped, so each record is a
+    repeated PAGE_ADDRESS line under RETIRED/PENDING/UN_RES: count them (the tree keeps one value per key)."""
+    if key == "page_address":
+        parent["page_records"] = parent.get("page_records", 0) + 1
+
+
+def bad_page_count(value: Any) -> int | None:
+    """Pages `amd-smi bad-pages` lists under RETIRED / PENDING / UN_RES: a list of page records (JSON), one record
+    (the tool drops the brackets of a one-page list; in text, one per PAGE_ADDRESS line), or 'No bad pages found.';
+    None for N/A (the query failed) or anything else."""
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, dict) and "page_address" in value:
+        return int(value.get("page_records", 1))
+    if isinstance(value, str) and "no bad pages" in value.lower():
+        return 0
+    return None
+
+
 def _text_tree(text: str) -> list[dict[str, Any]]:
     """amd-smi's indented `KEY: value` text as per-GPU dicts (tolerant: a cut-off block keeps what it has)."""
     gpus: list[dict[str, Any]] = []
     stack: list[tuple[int, dict[str, Any]]] = []
+    top: int | None = None
     for indent, key, value in colon_pairs(text):
         key = re.sub(r"[\s-]+", "_", key)
-        if indent == 0:
-            stack = [(0, {"gpu": value})] if key == "gpu" and value.strip().isdigit() else []
+        top = smi_top_indent(indent, key, value, top)
+        if indent <= (top or 0):
+            stack = [(indent, {"gpu": value})] if key == "gpu" and value.strip().isdigit() else []
             gpus.extend(node for _, node in stack)
             continue
         if not stack:
@@ -230,6 +261,7 @@ def _text_tree(text: str) -> list[dict[str, Any]]:
         while len(stack) > 1 and stack[-1][0] >= indent:
             stack.pop()
         parent = stack[-1][1]
+        count_page_record(parent, key)
         if value:
             parent.setdefault(key, value)
         else:
@@ -257,9 +289,10 @@ def read_amd_smi(text: str) -> Reading:
     if isinstance(data, dict):
         data = data.get("gpu_data", [data])
     if isinstance(data, list) and data and all(isinstance(g, dict) for g in data):
-        gpus = [g for g in data if "gpu" in g]
+        gpus = [{k.lower(): v for k, v in g.items()} for g in data if "gpu" in g]
         for gpu in gpus:
-            _amd_smi_gpu(r, {k.lower(): v for k, v in gpu.items()})
+            _amd_smi_gpu(r, gpu)
+        _bad_pages(r, gpus)
         r.count(len(gpus), complete)
     elif json_start(text) >= 0 and data is None:
         pairs = json_pairs(text)
@@ -278,6 +311,7 @@ def read_amd_smi(text: str) -> Reading:
         gpus = _text_tree(text)
         for gpu in gpus:
             _amd_smi_gpu(r, gpu)
+        _bad_pages(r, gpus)
         # amd-smi's text has no end marker: a paste cut at a block boundary looks whole
         r.count(len(gpus), None if complete else False)
         if not gpus:
@@ -285,6 +319,18 @@ def read_amd_smi(text: str) -> Reading:
     if not complete:
         r.unread.append("The output elides devices ('...'), so only a lower bound of the GPU count is known.")
     return r
+
+
+def _bad_pages(r: Reading, gpus: list[dict[str, Any]]) -> None:
+    """`amd-smi bad-pages`: the pages retired, pending retirement and unreservable, summed over the GPU blocks. A
+    count is a fact only where every block states it (N/A, a failed query, leaves that count unknown)."""
+    if not any(key in gpu for gpu in gpus for key in ("retired", "pending", "un_res")):
+        return
+    for key, fact in (("retired", "bad_pages_retired"), ("pending", "bad_pages_pending"),
+                      ("un_res", "bad_pages_unreservable")):
+        counts = [bad_page_count(gpu.get(key)) for gpu in gpus]
+        if all(count is not None for count in counts):
+            r.put(fact, sum(c for c in counts if c is not None))
 
 
 def _amd_smi_tables(text: str, r: Reading, complete: bool) -> None:

@@ -1,7 +1,8 @@
 """Facts of the faults a pasted kernel log or HIP runtime log states (issue 39): the GPU page faults (hub, device,
 process and the UTCL2 client that faulted), the RAS/ACA uncorrectable-error events (device, event, ACA registers),
 the probe failures (device and error code) and IP-discovery failures of amdgpu; the gfx target, with its feature
-suffixes, that HIP found no code object for (`hipErrorNoBinaryForGpu`, `No compatible code objects found for`);
+suffixes, that HIP found no code object for (`hipErrorNoBinaryForGpu`, `No compatible code objects found for`,
+ROCm 6's `Missing CO for these ISAs` / `Cannot find CO in the bundle`) and the libraries that lack it;
 and the paths `hipconfig` prints.
 
 Same contract as `textforms`: every value is copied from the text as it stands; what a cut copy leaves unknown is
@@ -136,6 +137,12 @@ def _probe(text: str, r: Reading) -> None:
 _HIP_LINE = re.compile(r"^:\d:[\w.]+\.cpp\s*:\s*\d+\s*:", re.MULTILINE)
 _NO_CODE_OBJECT = re.compile(r"No compatible code objects found for: (gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*)")
 _DEVICE_NOT_FOUND = re.compile(r"amdgcn-amd-amdhsa--(gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*) - \[Not Found\]")
+# ROCm 6's hip_fatbin.cpp: "Cannot find CO in the bundle <library> for ISA: amdgcn-amd-amdhsa--<target>", then
+# "Missing CO for these ISAs - " with one target per following log line
+_TARGET = r"gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*"
+_CANNOT_FIND = re.compile(rf"Cannot find CO in the bundle (\S+) for ISA: amdgcn-amd-amdhsa--({_TARGET})")
+_MISSING_HEAD = re.compile(r"Missing CO for these ISAs -\s*$")
+_MISSING_ITEM = re.compile(rf"^(?:.*\]|\s*:\d:\S+\s*:\s*\d+\s*:[^:]*:)?\s+amdgcn-amd-amdhsa--({_TARGET})\s*$")
 _BUNDLED = re.compile(r"\b(?:hipv4|hip|openmp)-amdgcn-amd-amdhsa-[\w.-]*?-(gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*)"
                       r" - \[")
 
@@ -144,17 +151,32 @@ def is_hip_log(text: str) -> bool:
     return bool(_HIP_LINE.search(text)) or "hipErrorNoBinaryForGpu" in text or bool(_NO_CODE_OBJECT.search(text))
 
 
+def _missing_co(text: str) -> list[str]:
+    """The targets of ROCm 6's 'Cannot find CO in the bundle ... for ISA:' lines and of the lines listed under
+    'Missing CO for these ISAs -'."""
+    targets = [target for _bundle, target in _CANNOT_FIND.findall(text)]
+    listing = False
+    for line in text.splitlines():
+        item = _MISSING_ITEM.match(line) if listing else None
+        if item:
+            targets.append(item.group(1))
+        listing = bool(item) or bool(_MISSING_HEAD.search(line))
+    return targets
+
+
 def read_hip_log(text: str) -> Reading:
     """The targets HIP found no code object for (with their xnack/sramecc suffixes) and the targets the binary
     carries: the two sides of a NoBinaryForGpu mismatch."""
     r = Reading("HIP runtime log")
-    for target in _DEVICE_NOT_FOUND.findall(text) + _NO_CODE_OBJECT.findall(text):
+    for target in _DEVICE_NOT_FOUND.findall(text) + _NO_CODE_OBJECT.findall(text) + _missing_co(text):
         r.add("hip_targets_without_code_object", target)
         if ":" in target:
             r.add("gfx_target_ids", target)
         r.add("gfx_targets", target.split(":")[0])
     for target in _BUNDLED.findall(text):
         r.add("bundled_code_object_targets", target)
+    for bundle, _target in _CANNOT_FIND.findall(text):
+        r.add("hip_bundles_without_code_object", bundle)
     if "hipErrorNoBinaryForGpu" in text:
         r.put("hip_error", "hipErrorNoBinaryForGpu")
         if "hip_targets_without_code_object" not in r.facts:

@@ -13,7 +13,7 @@ import pytest
 from env_checks.diagnose import diagnose_text
 from tests.env_checks.test_diagnose_issue39_more import TOOLS, read
 
-FAMILIES = {"kernel_faults": 7, "hip_errors": 1, "second": 5}
+FAMILIES = {"kernel_faults": 7, "hip_errors": 2, "second": 5}
 NEW = sorted(p for family in FAMILIES for p in (TOOLS / family).iterdir())
 
 
@@ -29,7 +29,8 @@ def test_every_recording_is_read_and_its_string_facts_are_verbatim(path: Path) -
     assert report.kinds and report.facts and not any("not an output of a tool" in s for s in report.unread)
     for key in ("pci_bdfs", "page_fault_hubs", "page_fault_processes", "page_fault_clients", "probe_error_codes",
                 "ip_discovery_errors", "ras_uncorrectable_events", "aca_devices", "hip_targets_without_code_object",
-                "bundled_code_object_targets", "hip_path", "rocm_path", "hip_clang_path"):
+                "bundled_code_object_targets", "hip_bundles_without_code_object", "hip_path", "rocm_path",
+                "hip_clang_path"):
         value = report.facts.get(key)
         for v in value if isinstance(value, list) else [value] if value else []:
             assert v in text, (key, v)
@@ -75,6 +76,20 @@ EXPECTED: dict[str, dict[str, object]] = {
         "hip_targets_without_code_object": ["gfx902:xnack-"], "gfx_target_ids": ["gfx902:xnack-"],
         "gfx_targets": ["gfx902"], "bundled_code_object_targets": [
             "gfx1030", "gfx803", "gfx900:xnack-", "gfx906:xnack-", "gfx908:xnack-", "gfx90a:xnack+", "gfx90a:xnack-"]},
+    # ROCm 6.2.1's hip_fatbin.cpp form on an MI250X: "Missing CO for these ISAs -" with the target on the next line
+    "hip_errors/hip_missing-co_gfx90a-sramecc-xnack_mi250x_legacy-4208.excerpt.txt": {
+        "kinds": ["HIP runtime log"], "hip_error": "hipErrorNoBinaryForGpu",
+        "hip_targets_without_code_object": ["gfx90a:sramecc+:xnack-"], "gfx_target_ids": ["gfx90a:sramecc+:xnack-"],
+        "gfx_targets": ["gfx90a"], "hip_bundles_without_code_object": ["/opt/rocm-6.2.1/lib/libMIOpen.so.1.0.60201"],
+        "bundled_code_object_targets": None},
+    # ---- amd-smi bad-pages: none found on two MI300X GPUs; one retired page (the changelog's --hex example, pasted
+    # indented as a markdown list item), PENDING and UN_RES N/A, so unknown
+    "amd-smi_bad-pages_mi300x_blog.txt": {
+        "kinds": ["amd-smi"], "gpus_listed": 2, "bad_pages_retired": 0, "bad_pages_pending": 0,
+        "bad_pages_unreservable": 0},
+    "amd-smi_bad-pages_hex_amdsmi-changelog.txt": {
+        "kinds": ["amd-smi"], "gpus_listed": 1, "bad_pages_retired": 1, "bad_pages_pending": None,
+        "bad_pages_unreservable": None},
     # ---- second recordings of amd-smi list / firmware / version, hipconfig, modinfo
     "second/amd-smi_list_mi210-x2_rocm-5480.txt": {"pci_bdfs": ["0000:03:00.0", "0000:83:00.0"], "gpus_listed": 2},
     "second/amd-smi_firmware_mi300x-vf_rocm-5231.txt": {"firmware": {
@@ -145,3 +160,14 @@ def test_no_binary_for_gpu_names_the_bundled_targets_that_differ_only_in_feature
                          'all current devices!"\n')
     assert bare.facts["hip_error"] == "hipErrorNoBinaryForGpu"
     assert [s for s in bare.unread if "'Devices:' list" in s]
+
+
+def test_missing_co_lists_only_the_lines_under_its_heading() -> None:
+    # the ROCm 6 listing names each target on its own line; a "Found CO" line elsewhere is not a missing target
+    text = read("hip_errors/hip_missing-co_gfx90a-sramecc-xnack_mi250x_legacy-4208.excerpt.txt")
+    found = "hip_fatbin.cpp: Found CO for device  amdgcn-amd-amdhsa--gfx1030, file: /opt/rocm/lib/librocblas.so\n"
+    report = diagnose_text(found + text)
+    assert report.facts["hip_targets_without_code_object"] == ["gfx90a:sramecc+:xnack-"]
+    head = [line for line in text.splitlines() if "Missing CO" in line][0]
+    alone = diagnose_text(head + "\n" + "      amdgcn-amd-amdhsa--gfx1101\n")  # the item line without its log prefix
+    assert alone.facts["hip_targets_without_code_object"] == ["gfx1101"] and "gfx_target_ids" not in alone.facts

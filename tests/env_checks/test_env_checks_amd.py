@@ -141,6 +141,23 @@ def test_amd_smi_bad_pages(recorded):
     assert [(g.gpu, g.retired, g.pending, g.unreservable) for g in pages.gpus] == [(0, 0, 0, 0), (1, 0, 0, 0)]
 
 
+def test_amd_smi_bad_pages_one_retired_page_in_an_indented_paste(recorded):
+    # the amdsmi CHANGELOG's `amd-smi bad-pages --hex` (a markdown list item: every line indented by 2); amd-smi
+    # drops the list brackets of a one-page list, so RETIRED holds the record itself; N/A is unknown, not 0
+    text = recorded("amd-smi_bad-pages_hex_amdsmi-changelog.txt")
+    pages = amd_smi.parse_amd_smi_bad_pages(text)
+    assert [(g.gpu, g.retired, g.pending, g.unreservable) for g in pages.gpus] == [(0, 1, None, None)]
+    # several records print as a YAML list with the dashes dropped (amdsmi_logger): one PAGE_ADDRESS line each
+    lines = text.splitlines()
+    record = [line for line in lines if line.strip().startswith(("PAGE_", "STATUS"))]
+    two = "\n".join(lines[:6] + record + lines[6:]) + "\n"
+    assert [g.retired for g in amd_smi.parse_amd_smi_bad_pages(two).gpus] == [2]
+    # the JSON of a one-page list is the record object itself
+    one = '[{"gpu": 0, "retired": {"page_address": "0x7f8000", "page_size": "0x1000", "status": "RESERVED"}, ' \
+          '"pending": "No bad pages found.", "un_res": "N/A"}]'
+    assert [(g.retired, g.pending, g.unreservable) for g in amd_smi.parse_amd_smi_bad_pages(one).gpus] == [(1, 0, None)]
+
+
 def test_rocm_smi_json(recorded):
     smi = amd_smi.parse_rocm_smi(recorded("rocm-smi_a_json_mi210_wandb.json"))
     assert smi.driver_version == "5.18.13"
