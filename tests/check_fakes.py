@@ -65,11 +65,19 @@ class Figures:
         self.values[name] = value
 
 
+def target_of(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", devices: list[str] | None = None,
+              model_arg: str | None = None) -> run_target.RunTarget:
+    """The `target` fixture: the RunTarget the plugin builds at configure, with torch's facts for these devices."""
+    report = TargetReport(target, target, devices=list(devices or []))
+    return run_target.build(target, engine, dtype, report, model=model_arg)
+
+
 def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", devices: list[str] | None = None,
             run_dir: Path | None = None, model_arg: str | None = None) -> SimpleNamespace:
-    report = TargetReport(target, target, devices=list(devices or []))
-    spec = run_target.build(target, engine, dtype, report, model=model_arg)
-    return SimpleNamespace(resolved=lambda: report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
+    """The `run` fixture (the run's state), for the checks that write under the run's folder: its `target` is
+    target_of(...), its views of the target as RunContext has them."""
+    spec = target_of(target, engine, dtype, devices, model_arg)
+    return SimpleNamespace(resolved=lambda: spec.report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
                            model_arg=model_arg, target=spec, profile=spec.profile and spec.profile.label)
 
 

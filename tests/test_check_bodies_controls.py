@@ -16,9 +16,8 @@ from conformance.run import run_target
 from conformance.run.targets import TargetReport
 
 
-def run_on(target: str) -> SimpleNamespace:
-    report = TargetReport(target, target)
-    return SimpleNamespace(resolved=lambda: report, target=run_target.build(target, report=report))
+def target_on(target: str) -> run_target.RunTarget:
+    return run_target.build(target, report=TargetReport(target, target))
 
 
 def engine_with(**info) -> SimpleNamespace:
@@ -26,9 +25,9 @@ def engine_with(**info) -> SimpleNamespace:
 
 
 def test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target():
-    platform_check(run_on("rocm"), engine_with(platform="rocm"))
+    platform_check(target_on("rocm"), engine_with(platform="rocm"))
     with pytest.raises(AssertionError, match="detected platform 'cuda'"):
-        platform_check(run_on("rocm"), engine_with(platform="cuda"))
+        platform_check(target_on("rocm"), engine_with(platform="cuda"))
 
 
 def test_versions_check_rejects_a_fingerprint_without_versions_or_backends():

@@ -31,7 +31,7 @@ from conformance.engines.observations import (
 from conformance.engines.worker import EngineError
 from conformance.run import run_target
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, target_of
 
 TOL = limits_for("float32").logprobs
 PROMPTS = SimpleNamespace(prompts=[list(range(1, 40)), list(range(50, 60)), list(range(70, 90))], max_tokens=4)
@@ -89,7 +89,7 @@ def test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size(tiny_config):
     engine = ScriptedEngine({"kv_layout": layout_of(tiny_config, num_blocks=7)})
     model = SimpleNamespace(config=tiny_config)
     with pytest.raises(FAILED, match="7 blocks allocated, the configuration implies"):
-        kv_accounting.test_kv_block_count_matches_config(engine, ScriptedEngines(engine), run_ctx(), model, 1.0,
+        kv_accounting.test_kv_block_count_matches_config(engine, ScriptedEngines(engine), target_of(), model, 1.0,
                                                          Figures())
 
 
@@ -127,7 +127,7 @@ def test_kv_block_size_check_fails_on_wrong_counts(tiny_config):
     other = blocks_engine(tiny_config, layout_of(tiny_config, 5, block_size=32), held=[2, 4])
     engines = ScriptedEngines(default, by_key=lambda o: other)
     with pytest.raises(FAILED, match="5 blocks allocated, the configuration implies"):
-        kv_accounting.test_kv_accounting_at_block_size(32, engines, run_ctx(), SimpleNamespace(config=tiny_config),
+        kv_accounting.test_kv_accounting_at_block_size(32, engines, target_of(), SimpleNamespace(config=tiny_config),
                                                        1.0, Figures())
     assert engines.asked == [{}, {"block_size": 32}]
 
@@ -154,7 +154,7 @@ def test_concurrent_check_fails_when_batching_changes_tokens():
     engine = ScriptedEngine({"run_stepwise": batched,
                              "generate_greedy": lambda ps, *a, **k: greedy(ps, lambda p: [20, 20, 20, 20])})
     with pytest.raises(FAILED, match="batched chose 7"):
-        scheduling.test_concurrent_requests_match_each_alone(run_ctx(), engine, PROMPTS, TOL, 1.0, Figures())
+        scheduling.test_concurrent_requests_match_each_alone(engine, PROMPTS, TOL, 1.0, Figures())
 
 
 def test_max_num_seqs_check_fails_when_the_limit_is_exceeded():
@@ -162,7 +162,7 @@ def test_max_num_seqs_check_fails_when_the_limit_is_exceeded():
     run = stepwise(greedy(PROMPTS.prompts), trace=[StepCounts(0, limit + 3, 0)])
     engine = ScriptedEngine({"run_stepwise": run})
     with pytest.raises(FAILED, match=f"{limit + 3} requests ran at once, above max_num_seqs={limit}"):
-        scheduling.test_max_num_seqs_is_respected(run_ctx(), ScriptedEngines(engine), PROMPTS, 1.0, Figures())
+        scheduling.test_max_num_seqs_is_respected(ScriptedEngines(engine), PROMPTS, 1.0, Figures())
 
 
 def test_chunked_prefill_check_fails_when_chunking_changes_tokens():
@@ -173,8 +173,8 @@ def test_chunked_prefill_check_fails_when_chunking_changes_tokens():
     default = ScriptedEngine({"scheduler_limits": {"max_num_batched_tokens": 8192}, "run_stepwise": whole})
     small = ScriptedEngine({"run_stepwise": chunked})
     with pytest.raises(FAILED, match="chunked chose 9"):
-        scheduling.test_chunked_prefill_matches_unchunked(run_ctx(), ScriptedEngines(default, lambda o: small),
-                                                          PROMPTS, TOL, 1.0, Figures())
+        scheduling.test_chunked_prefill_matches_unchunked(ScriptedEngines(default, lambda o: small), PROMPTS, TOL,
+                                                          1.0, Figures())
 
 
 def test_preemption_check_fails_when_no_preemption_happened():
@@ -183,8 +183,8 @@ def test_preemption_check_fails_when_no_preemption_happened():
     small = ScriptedEngine({"metrics": metrics, "generate_greedy": lambda ps, *a, **k: greedy(ps),
                             "kv_layout": SimpleNamespace(num_blocks=SMALL_KV_CACHE.get("num_gpu_blocks_override", 8))})
     with pytest.raises(FAILED, match="num_preemptions moved by 0, expected at least 1"):
-        scheduling.test_preemption_keeps_outputs(run_ctx(), ScriptedEngines(default, lambda o: small), PROMPTS, TOL,
-                                                 1.0, Figures())
+        scheduling.test_preemption_keeps_outputs(ScriptedEngines(default, lambda o: small), PROMPTS, TOL, 1.0,
+                                                 Figures())
 
 
 # ------------------------------------------------------------------ prefix cache
@@ -210,14 +210,14 @@ def test_prefix_hit_check_fails_when_cached_blocks_change_the_output():
     engine = prefix_engine([0, 48, 32, 0], lambda ps, n: greedy(ps, lambda p: [5, 6, 7, 8] if n == 2 else [1, 2, 3, 4]))
     with pytest.raises(FAILED, match="cached chose 5"):
         prefix_cache.test_repeated_prefix_hits_cache_with_identical_outputs(
-            run_ctx(), ScriptedEngines(engine), SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+            ScriptedEngines(engine), SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
 
 
 def test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks():
     engine = prefix_engine([0, 48, 48], lambda ps, n: greedy(ps))
     with pytest.raises(FAILED, match="prefix_cache_hits moved by 48, expected at most 0"):
         prefix_cache.test_prefix_cache_reset_forgets_blocks(
-            run_ctx(), ScriptedEngines(engine), SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
+            ScriptedEngines(engine), SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
 
 
 # ------------------------------------------------------------------ bad requests
@@ -230,7 +230,7 @@ def test_bad_request_check_fails_when_an_invalid_prompt_is_accepted():
     engine = ScriptedEngine({"scheduler_limits": {"max_model_len": 512}, "run_stepwise": served,
                              "generate_greedy": lambda ps, *a, **k: greedy(ps)})
     with pytest.raises(FAILED, match="bad request 'empty_prompt': it was accepted"):
-        bad_requests.test_bad_request_rejected_while_serving("empty_prompt", run_ctx(), ScriptedEngines(engine),
+        bad_requests.test_bad_request_rejected_while_serving("empty_prompt", target_of(), ScriptedEngines(engine),
                                                              PROMPTS, SimpleNamespace(config={"vocab_size": 200}),
                                                              TOL, 1.0, Figures())
 
@@ -256,7 +256,7 @@ def test_token_id_check_fails_when_the_good_requests_are_disturbed(tmp_path):
     engines, engine = _token_id_engines(tmp_path, served)
     with pytest.raises(FAILED, match="beside the bad request chose 9"):
         bad_requests.test_bad_request_rejected_while_serving(
-            "token_id_above_vocab", run_ctx(model_arg=str(tmp_path)), engines, PROMPTS,
+            "token_id_above_vocab", target_of(model_arg=str(tmp_path)), engines, PROMPTS,
             SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
     assert engines.asked[0] == {"model": tmp_path, "skip_tokenizer_init": False}  # the tokenizer loaded, as users run
     intruder = next(args for method, args in engine.calls if method == "run_stepwise")[4][0]
@@ -271,7 +271,7 @@ def test_token_id_check_fails_when_the_engine_crashes(tmp_path):
     engines, _ = _token_id_engines(tmp_path, crash)
     with pytest.raises(EngineError, match="index out of range in self"):
         bad_requests.test_bad_request_rejected_while_serving(
-            "token_id_negative", run_ctx(model_arg=str(tmp_path)), engines, PROMPTS,
+            "token_id_negative", target_of(model_arg=str(tmp_path)), engines, PROMPTS,
             SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
 
 
@@ -280,7 +280,7 @@ def test_token_id_check_skips_a_model_without_a_tokenizer(tmp_path):
     (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(pytest.skip.Exception, match="has no tokenizer"):
         bad_requests.test_bad_request_rejected_while_serving(
-            "token_id_negative", run_ctx(model_arg=str(tmp_path)), engines, PROMPTS,
+            "token_id_negative", target_of(model_arg=str(tmp_path)), engines, PROMPTS,
             SimpleNamespace(config={"vocab_size": 200}), TOL, 1.0, Figures())
 
 
@@ -317,7 +317,8 @@ def test_soak_check_fails_on_growing_memory(monkeypatch):
     engine = ScriptedEngine({"generate_greedy": None, "kv_state": KVState(100, 99, 16),
                              "components:process_usage": lambda: {"rss_mib": float(next(rss)), "open_fds": 10.0}})
     with pytest.raises(FAILED, match="engine RSS grew 1500 MiB"):
-        reliability.test_soak_no_growth(engine, SimpleNamespace(config={"vocab_size": 200}), 1.0, Figures(), run_ctx())
+        reliability.test_soak_no_growth(engine, SimpleNamespace(config={"vocab_size": 200}), 1.0, Figures(),
+                                        target_of())
 
 
 @pytest.fixture

@@ -26,4 +26,5 @@ def test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint(monkeypat
     monkeypatch.setattr(fit, "gate", gate)
     model = SimpleNamespace(path=tmp_path, config={}, name="gpt-oss-120b")
     with pytest.raises(FAILED, match="the fit preflight could not run: .* no safetensors shard"):
-        fit_checks.test_serving_profile_fits_device(run_ctx(), model, Figures())
+        run = run_ctx()
+        fit_checks.test_serving_profile_fits_device(run.target, run, model, Figures())

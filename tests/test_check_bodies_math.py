@@ -16,7 +16,7 @@ from conformance.checks import test_model_math as math_checks
 from conformance.engines.base import StepLogprobs
 from conformance.reference import Reference
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines
 
 TOL = limits_for("float32").logprobs
 
@@ -78,7 +78,7 @@ def test_window_check_fails_on_a_window_off_by_one(chunked, tiny, reference):
     engines = ScriptedEngines(engine_for({}), by_key=engine_for)
     model = SimpleNamespace(config=reference.cfg)
     with pytest.raises(FAILED, match="exceeds the tolerance"):
-        math_checks.test_sliding_window_boundary(chunked, run_ctx(), engines, reference, model, TOL, 1.0, Figures())
+        math_checks.test_sliding_window_boundary(chunked, engines, reference, model, TOL, 1.0, Figures())
     if chunked:
         assert asked[-1]["enable_chunked_prefill"] and asked[-1]["max_num_batched_tokens"] == 32, asked[-1]
 

@@ -22,10 +22,11 @@ from conformance.distributed import collectives
 from conformance.distributed import tp_reference as tpref
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
+from conformance.run import run_target
 from conformance.run.targets import TargetReport
 from conformance.verdicts import device
 from env_checks import isa
-from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, run_ctx
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, target_of
 
 MI300X = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942", "isa_full": "gfx942:sramecc+:xnack-",
           "arch_list": ["gfx942"]}
@@ -34,16 +35,16 @@ MI300X = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942", "i
 def test_torch_build_check_fails_on_a_cpu_torch_for_the_rocm_target():
     bad = TargetReport("rocm", "rocm", torch_flavour="cpu",
                        problems=["target rocm needs a ROCm build of torch, found a CPU build."])
-    run = SimpleNamespace(resolved=lambda: bad)
+    target = run_target.build("rocm", report=bad)
     with pytest.raises(FAILED, match="needs a ROCm build of torch"):
-        identity.test_torch_build_matches_target(run, Figures())
+        identity.test_torch_build_matches_target(target, Figures())
 
 
 def test_pins_check_fails_when_the_vllm_version_cannot_be_read():
     fp = {"platform": {"accelerator": "none", "python": "3.11.7", "cpu_flags": ["avx2"]},
           "packages": {"torch": "2.13.0+cpu", "vllm": None, "vllm_distribution": None}}
     with pytest.raises(FAILED, match="manifest cpu.toml: .*vllm_version unknown"):
-        identity.test_stack_pins_hold(run_ctx("cpu"), fp, Figures())
+        identity.test_stack_pins_hold(target_of("cpu"), fp, Figures())
 
 
 # ------------------------------------------------------------------ device
@@ -57,7 +58,7 @@ def test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x(monkeypatch):
     monkeypatch.setattr(device, "library_isa", lambda info, engine: isa.IsaVerdict())
     probe = probe_of(MI300X | {"arch_list": ["gfx90a"]})
     with pytest.raises(FAILED, match="without gfx942 code objects"):
-        device_checks.test_device_isa_in_build(probe, run_ctx("rocm"), Figures())
+        device_checks.test_device_isa_in_build(probe, target_of("rocm"), Figures())
 
 
 class _WrongGemm:
@@ -170,7 +171,7 @@ def test_quantized_check_fails_on_a_loader_that_reverses_gptq_nibbles(tmp_path, 
     engines = misreading_engine(quantized("gptq"), "gptq_nibbles_reversed", tmp_path, methods)
     prompts = SimpleNamespace(prompts=[p[:24] for p in tiny_prompts[0]], max_tokens=2)
     with pytest.raises(FAILED, match="exceeds the tolerance"):
-        quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "under-test", engines, run_ctx(),
+        quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "under-test", engines, target_of(),
                                                                      prompts, 1.0, Figures())
 
 
@@ -183,10 +184,10 @@ def test_quantized_check_fails_when_the_transformers_engine_under_test_lacks_a_l
     prompts = SimpleNamespace(prompts=[p[:24] for p in tiny_prompts[0]], max_tokens=2)
     with pytest.raises(FAILED, match="requires optimum"):
         quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "under-test", engines,
-                                                                     run_ctx(engine="transformers"), prompts, 1.0,
+                                                                     target_of(engine="transformers"), prompts, 1.0,
                                                                      Figures())
     with pytest.raises(pytest.skip.Exception, match="capability absent"):  # the helper engine: named, skipped
-        quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "transformers", engines, run_ctx(),
+        quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "transformers", engines, target_of(),
                                                                      prompts, 1.0, Figures())
 
 
@@ -197,7 +198,7 @@ def test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror(ti
     engines = ScriptedEngines(Crash(), by_key=lambda o: Crash())
     prompts = SimpleNamespace(prompts=[p[:24] for p in tiny_prompts[0]], max_tokens=2)
     with pytest.raises(FAILED, match="illegal access"):
-        quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "transformers", engines, run_ctx(),
+        quantized_checks.test_quantized_checkpoint_matches_reference("gptq", "transformers", engines, target_of(),
                                                                      prompts, 1.0, Figures())
 
 
@@ -217,5 +218,5 @@ def test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles(tmp_path, tiny_prompts
     engines = misreading_engine(bad, None, tmp_path, methods)
     prompts = SimpleNamespace(prompts=[p[:24] for p in tiny_prompts[0]], max_tokens=2)
     with pytest.raises(FAILED, match="exceeds the tolerance|not applied|chose"):
-        quantized_checks.test_mxfp4_checkpoint_matches_reference("under-test", engines, run_ctx(), prompts, 1.0,
+        quantized_checks.test_mxfp4_checkpoint_matches_reference("under-test", engines, target_of(), prompts, 1.0,
                                                                  Figures())

@@ -228,7 +228,8 @@ def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp
                                    problems=["3 of 32 requests failed under load"])
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: failed)
     server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
-    fails(perf_checks.test_serving_perf_against_baseline, 8, run_ctx(run_dir=tmp_path), server, tmp_path,
+    run = run_ctx(run_dir=tmp_path)
+    fails(perf_checks.test_serving_perf_against_baseline, 8, run.target, run, server, tmp_path,
           SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(), SimpleNamespace(node=SimpleNamespace(
               nodeid="conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]")),
           match="3 of 32 requests failed under load")
@@ -240,7 +241,7 @@ def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
     from conformance.checks import test_serving_perf as perf_checks
     from conformance.engines.base import Completion, StepLogprobs
     from conformance.verdicts.limits import limits_for
-    from tests.check_fakes import ScriptedEngine, ScriptedEngines, run_ctx
+    from tests.check_fakes import ScriptedEngine, ScriptedEngines, target_of
 
     def answer(tokens):
         return lambda ps, n, k, **kw: [Completion(p, tokens, [StepLogprobs(t, {t: -0.5, t + 1: -4.0}) for t in tokens])
@@ -253,7 +254,7 @@ def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
     engines = ScriptedEngines(eager, by_key=lambda o: eager if o.get("enforce_eager") else graph)
     prompts = SimpleNamespace(prompts=[[1, 2, 3]], max_tokens=2)
     request = SimpleNamespace(getfixturevalue=lambda name: engines)
-    fails(perf_checks.test_graph_mode_matches_eager, run_ctx("cuda"), prompts, limits_for("float32"), 1.0,
+    fails(perf_checks.test_graph_mode_matches_eager, target_of("cuda"), prompts, limits_for("float32"), 1.0,
           Figures(), request, match="chose 60")
 
 
@@ -262,8 +263,9 @@ def test_accuracy_check_fails_on_a_model_dir_without_a_readable_config(tmp_path)
     from tests.check_fakes import run_ctx
 
     (tmp_path / "config.json").write_text("{not json")
-    fails(accuracy_checks.test_accuracy_meets_published_figure, "gsm8k", "low", run_ctx(model_arg=str(tmp_path)),
-          10, Figures(), None, match="cannot be read as JSON")
+    run = run_ctx(model_arg=str(tmp_path))
+    fails(accuracy_checks.test_accuracy_meets_published_figure, "gsm8k", "low", run.target, run, 10, Figures(), None,
+          match="cannot be read as JSON")
 
 
 def test_server_kill_check_fails_when_its_server_cannot_start(monkeypatch, tmp_path):
@@ -276,6 +278,7 @@ def test_server_kill_check_fails_when_its_server_cannot_start(monkeypatch, tmp_p
         def start(self):
             raise ServerError("the vLLM server exited during start-up (code 1): see vllm-server-fault.log.")
     monkeypatch.setattr(serving_fixtures, "new_server", lambda *args, **kwargs: NoStart())
-    fails(reliability.test_server_killed_mid_stream_is_reported_promptly, run_ctx(run_dir=tmp_path),
+    run = run_ctx(run_dir=tmp_path)
+    fails(reliability.test_server_killed_mid_stream_is_reported_promptly, run.target, run,
           serving_fixtures.ServedModel(MODEL, tmp_path), tmp_path / "o200k_base.tiktoken", Figures(),
           match="exited during start-up")

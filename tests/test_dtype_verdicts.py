@@ -15,7 +15,7 @@ from conformance.datafiles import DataError
 from conformance.engines.worker import EngineProcess
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures, run_ctx
+from tests.check_fakes import FAILED, Figures, target_of
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def model(reference):
 def _layers(engine, reference, prompts, model, dtype="float32", max_model_len=1024):
     figures = Figures()
     parity.test_layer_blocks_match_reference(engine, Engines(engine, max_model_len=max_model_len), reference,
-                                             run_ctx(dtype=dtype), limits_for(dtype), prompts, model, 600.0, figures)
+                                             target_of(dtype=dtype), limits_for(dtype), prompts, model, 600.0, figures)
     return figures.values
 
 
@@ -102,15 +102,15 @@ def test_a_dtype_without_limits_is_refused_before_the_rope_check():
 def test_exact_float32_check_rejects_an_engine_without_sinks(cpu_engine, tiny, reference, prompts, model,
                                                             shared_engines):
     """A bf16 run on a GPU target also runs the exact fp32 verdict: an fp32 engine without sinks fails it."""
-    run = run_ctx(target="rocm", dtype="bfloat16")
+    target = target_of(target="rocm", dtype="bfloat16")
     figures = Figures()
     exact = limits_for("float32")
-    parity.test_exact_float32_logprobs_match_reference(run, exact, Engines(cpu_engine, {"float32": cpu_engine}),
+    parity.test_exact_float32_logprobs_match_reference(target, exact, Engines(cpu_engine, {"float32": cpu_engine}),
                                                        reference, prompts, model, 600.0, figures)
     assert figures.values["max_abs_dlogprob"] < limits_for("float32").logprobs[0].max_abs
     bad = shared_engines.get(tiny.path, planted_fault="sinks_dropped")
     with pytest.raises(FAILED, match=r"engine \(float32\) vs reference"):
-        parity.test_exact_float32_logprobs_match_reference(run, exact, Engines(bad, {"float32": bad}), reference,
+        parity.test_exact_float32_logprobs_match_reference(target, exact, Engines(bad, {"float32": bad}), reference,
                                                            prompts, model, 600.0, Figures())
 
 

@@ -19,7 +19,7 @@ from conformance.engines import components, faults
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts import mathcheck
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures, run_ctx
+from tests.check_fakes import FAILED, Figures, target_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA or ROCm)")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -62,7 +62,7 @@ def _prompt_set(seed: int, vocab: int) -> SimpleNamespace:
 
 def _layers(engine, reference, prompts, dtype) -> dict:
     figures = Figures()
-    parity.test_layer_blocks_match_reference(engine, Engines(engine), reference, run_ctx(target="cuda", dtype=dtype),
+    parity.test_layer_blocks_match_reference(engine, Engines(engine), reference, target_of(target="cuda", dtype=dtype),
                                              limits_for(dtype), prompts, SimpleNamespace(config=reference.cfg), 600.0,
                                              figures)
     return figures.values

@@ -159,7 +159,7 @@ def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):
     run = run_ctx("cpu", run_dir=tmp_path)
     config = json.loads((tiny.path / "config.json").read_text())
     model = ModelUnderTest("tiny", tiny.path, None, config, 0)
-    engines = SimpleNamespace(run=run, model=model, options=EngineFactory(run, model).options,
+    engines = SimpleNamespace(target=run.target, model=model, options=EngineFactory(run, model).options,
                               default_info=lambda: {"block_size": 128})
     for module in modules:
         entries = list(module.engines_ahead(engines))
@@ -203,7 +203,7 @@ def test_the_server_starts_with_the_options_and_environment_of_the_engines(tiny,
     engine_options = factory.options("vllm")
     assert engine_options.get("attention_backend") == ("TRITON_ATTN" if dtype == "float16" else None)
     factory._start("vllm", str(tiny.path), engine_options)
-    server = serving_fixtures.new_server(factory.run, SimpleNamespace(path=tiny.path, name="tiny"), tmp_path,
+    server = serving_fixtures.new_server(factory.target, SimpleNamespace(path=tiny.path, name="tiny"), tmp_path,
                                          tmp_path / "server.log")
     assert server.options == engine_options and engine_options["dtype"] == dtype
     kept = {k: v for k, v in started["env"].items() if k not in serving_fixtures.NOT_FOR_SERVER}

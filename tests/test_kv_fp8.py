@@ -119,20 +119,20 @@ def test_fp8_accounting_fails_on_bf16_pages(cpu_engine, tiny):
     from types import SimpleNamespace
 
     from conformance.checks import test_kv_fp8 as checks
-    from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
+    from tests.check_fakes import FAILED, Figures, ScriptedEngine, target_of
 
     layout = cpu_engine.call("kv_layout")
     model = SimpleNamespace(config=hf_config(tiny.spec))
     with pytest.raises(FAILED, match="B pages of"):
         checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": layout}), None),
                                             model,
-                                            run_ctx(), Figures())
+                                            target_of(), Figures())
     halved = copy.deepcopy(layout)
     halved.groups = [dataclasses.replace(g, page_size_bytes=g.page_size_bytes // 4) for g in halved.groups]
     halved.num_blocks *= 4
     checks.test_fp8_kv_cache_accounting(("e4m3fn", "nearest_even", ScriptedEngine({"kv_layout": halved}), None),
                                         model,
-                                        run_ctx(), Figures())  # what a working fp8 cache reports
+                                        target_of(), Figures())  # what a working fp8 cache reports
 
 
 def test_cpu_avx2_skip_says_why():

@@ -149,14 +149,12 @@ def test_prefix_hit_check_fails_on_a_cache_that_never_hits(long_engine, deep, sh
 
 def test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body(tiny):
     """An engine that lowered max_model_len to 16384 (its KV budget, say) while the profile asks for 32768."""
-    from tests.check_fakes import run_ctx
-
     lowered = ScriptedEngine({"scheduler_limits": {"max_model_len": 16384},
                               "generate_greedy": lambda ps, n, k, **kw: [Completion(ps[0], [1] * n,
                                                                                     [StepLogprobs(1, {1: -0.1})] * n)],
                               "submit": lambda *a: None})
     with pytest.raises(FAILED, match="the engine runs max_model_len 16384, the profile asks for 32768"):
-        checks.test_prompt_at_max_model_len_is_served(run_ctx(), lowered, {"max_model_len": 32768},
+        checks.test_prompt_at_max_model_len_is_served(lowered, {"max_model_len": 32768},
                                                       SimpleNamespace(config={"vocab_size": tiny.spec.vocab_size}),
                                                       LONG, 300.0, Figures())
 

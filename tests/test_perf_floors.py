@@ -8,7 +8,7 @@ import pytest
 
 from conformance import datafiles
 from conformance.verdicts import perf_floors
-from tests.check_fakes import Figures, run_ctx
+from tests.check_fakes import Figures, target_of
 
 
 def test_every_floor_cites_a_source_and_is_half_the_published_figure():
@@ -47,17 +47,17 @@ def test_a_new_combo_of_the_real_model_is_judged_not_skipped(tmp_path):
     model = tmp_path / "gpt-oss-120b"
     model.mkdir()
     (model / "config.json").write_text('{"hidden_size": 2880, "num_local_experts": 128}')
-    run = run_ctx("cuda", dtype="bfloat16", devices=["NVIDIA H200"], model_arg=str(model))
+    target = target_of("cuda", dtype="bfloat16", devices=["NVIDIA H200"], model_arg=str(model))
     plan = SimpleNamespace(input_len=1024, output_len=1024, concurrency=8)
     figs = Figures()
-    perf_floors.no_baseline(run, plan, {"output_tok_s": 900.0}, "no baseline", figs)
+    perf_floors.no_baseline(target, plan, {"output_tok_s": 900.0}, "no baseline", figs)
     assert figs.values["output_tok_s_vs_floor"] == pytest.approx(900 / 424)
     with pytest.raises(AssertionError, match="below the floor 424"):
-        perf_floors.no_baseline(run, plan, {"output_tok_s": 100.0}, "no baseline", figs)
+        perf_floors.no_baseline(target, plan, {"output_tok_s": 100.0}, "no baseline", figs)
 
 
 def test_the_tiny_model_without_a_baseline_still_skips_with_the_reason():
-    run = run_ctx("cpu")
+    target = target_of("cpu")
     plan = SimpleNamespace(input_len=32, output_len=16, concurrency=8)
     with pytest.raises(pytest.skip.Exception, match="no absolute floor is published for cpu tiny 32/16"):
-        perf_floors.no_baseline(run, plan, {"output_tok_s": 1.0}, "no baseline", Figures())
+        perf_floors.no_baseline(target, plan, {"output_tok_s": 1.0}, "no baseline", Figures())

@@ -77,12 +77,13 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     measured = compare.VerdictReport("vllm bench serve at concurrency 8", measured=dict(figures))
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: measured)
     run = run_ctx(target, run_dir=tmp_path)
-    run.model_meta, run.combo = {"name": MODEL}, COMBO
+    run.combo = COMBO
     server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
     request = SimpleNamespace(node=SimpleNamespace(nodeid=CHECK))
     recorded = Figures()
     try:
-        perf_checks.test_serving_perf_against_baseline(8, run, server, tmp_path, SimpleNamespace(name=MODEL),
+        perf_checks.test_serving_perf_against_baseline(8, run.target, run, server, tmp_path,
+                                                       SimpleNamespace(name=MODEL),
                                                        perf.lineage_of(target, FP, COMBO, "vllm"), recorded, request)
     except FAILED as exc:
         return "failed", str(exc), recorded

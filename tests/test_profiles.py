@@ -109,11 +109,11 @@ def test_the_server_serves_on_the_profile_row_the_engines_run(dtype, backend, tm
     profile's TRITON_ATTN row, the server vLLM's own choice (FlashAttention 3, bf16 sinks only), and every chat
     request died ("We only support bf16 dtype for S aux"). The server now takes the profile and its row."""
     from conformance.run import serving_fixtures
-    from tests.check_fakes import run_ctx
+    from tests.check_fakes import target_of
 
-    run = run_ctx("cuda", dtype=dtype, devices=["NVIDIA H200"], run_dir=tmp_path)
+    target = target_of("cuda", dtype=dtype, devices=["NVIDIA H200"])
     model = SimpleNamespace(path=tmp_path, name="tiny")
-    server = serving_fixtures.new_server(run, model, tmp_path, tmp_path / "server.log")
+    server = serving_fixtures.new_server(target, model, tmp_path, tmp_path / "server.log")
     assert server.options.get("attention_backend") == backend
-    assert server.options["max_model_len"] == run.target.profile.engine_options()["max_model_len"]
+    assert server.options["max_model_len"] == target.profile.engine_options()["max_model_len"]
     assert server.options["dtype"] == dtype

@@ -10,7 +10,7 @@ from conformance.checks import test_reliability as soak_check
 from conformance.engines.base import KVState
 from conformance.run import run_target
 from conformance.verdicts import reliability
-from tests.check_fakes import FAILED, Figures, ScriptedEngine, run_ctx
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, target_of
 
 
 def rounds(rss: list[float], fds: list[float] | None = None, kv: list[float] | None = None) -> list[dict]:
@@ -85,4 +85,4 @@ def test_soak_check_on_a_gpu_target_fails_on_growing_vram(monkeypatch):
                                                                   "vram_mib": float(next(vram))}})
     with pytest.raises(FAILED, match="engine VRAM grew 1200 MiB over 4 rounds"):
         soak_check.test_soak_no_growth(engine, SimpleNamespace(config={"vocab_size": 200}), 1.0, Figures(),
-                                       run_ctx("cuda"))
+                                       target_of("cuda"))

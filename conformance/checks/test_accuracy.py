@@ -18,15 +18,15 @@ CASES = accuracy.cases()
 RUN_TIMEOUT_S = accuracy.lm_eval_settings().run_timeout_s
 
 
-def _published_model(run) -> str | None:
+def _published_model(target) -> str | None:
     """The published model the --model checkpoint is; None when a user's server is to be asked its name;
     otherwise a skip that says what is missing."""
-    if not run.model_arg:
+    if not target.model:
         if os.environ.get(SERVER_URL_ENV):
             return None
         pytest.skip("P3 accuracy needs the real gpt-oss weights (--model DIR with gpt-oss-120b or gpt-oss-20b, or "
                     "--server URL serving one); the tiny model's scores mean nothing")
-    path = Path(run.model_arg) / "config.json"
+    path = Path(target.model) / "config.json"
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -42,7 +42,7 @@ def _published_model(run) -> str | None:
 @pytest.mark.p3
 @pytest.mark.timeout(RUN_TIMEOUT_S + 600)
 @pytest.mark.parametrize(("task", "effort"), CASES, ids=[f"{t}-{e}" for t, e in CASES])
-def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_s, record_figure, request):
+def test_accuracy_meets_published_figure(task, effort, target, run, server_call_timeout_s, record_figure, request):
     """lm-eval's score of the served model on this task at this reasoning effort is at or above the
     pass mark derived from the published figure (accuracy.toml [rule]: reference - 0.05, vLLM's CI
     rule), and the server rendered `Reasoning: <effort>` into the prompt it fed the model.
@@ -53,7 +53,7 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
     Reference: docs/figures.md "Reference figures"; https://github.com/EleutherAI/lm-evaluation-harness
     Controls: tests/test_check_bodies_server.py::test_accuracy_check_fails_on_a_model_dir_without_a_readable_config
     """
-    model = _published_model(run)
+    model = _published_model(target)
     spec = accuracy.tasks()[task]
     data_dir = accuracy.eval_data_dir()
     if data_dir is None:
@@ -76,10 +76,11 @@ def test_accuracy_meets_published_figure(task, effort, run, server_call_timeout_
         pytest.skip(f"no published {task} figure for {model} at reasoning effort {effort} (accuracy.toml)")
 
     accuracy.effort_rendered(server.client, server.model, effort, server_call_timeout_s).raise_if_failed()
+    out_dir = run.run_dir / "accuracy" / f"{task}-{effort}"  # `run` for this only: where this run writes its files
     try:
         score = accuracy.run_lm_eval(accuracy.lm_eval_settings(), server.client.base_url, server.model,
-                                     server.api_key, spec, effort, files, run.run_dir / "accuracy" / f"{task}-{effort}",
-                                     server_fork.client_context(run.target.table))
+                                     server.api_key, spec, effort, files, out_dir,
+                                     server_fork.client_context(target.table))
     except accuracy.AccuracyError as exc:
         fail(str(exc))
     verdict = accuracy.accuracy_verdict(score, reference, accuracy.pass_rule())

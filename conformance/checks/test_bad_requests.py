@@ -31,11 +31,11 @@ WITH_TOKENIZER_LABELS = ("token_id_above_vocab", "token_id_negative")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def _model_with_tokenizer(run, model_under_test) -> tuple[Path, int]:
+def _model_with_tokenizer(target, model_under_test) -> tuple[Path, int]:
     """(the model dir a tokenizer-loaded engine serves, its vocab_size): the user's checkpoint with its own
     tokenizer, or the tiny gpt-oss with the o200k_harmony tokenizer."""
-    if run.model_arg:
-        path = Path(run.model_arg)
+    if target.model:
+        path = Path(target.model)
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             pytest.skip(f"{path} has no tokenizer ({', '.join(TOKENIZER_FILES)}): vLLM validates prompt token ids "
                         f"only with its tokenizer loaded")
@@ -56,12 +56,12 @@ def engines_ahead(engines):
     """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
     check = "test_bad_request_rejected_while_serving"
     yield check, {}
-    yield check, {"model": _model_with_tokenizer(engines.run, engines.model)[0], **WITH_TOKENIZER}
+    yield check, {"model": _model_with_tokenizer(engines.target, engines.model)[0], **WITH_TOKENIZER}
 
 @pytest.mark.p1
 @pytest.mark.needs("request_queue")
 @pytest.mark.parametrize("label", sorted(BAD_REQUESTS))
-def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_under_test, tolerance,
+def test_bad_request_rejected_while_serving(label, target, engines, prompts, model_under_test, tolerance,
                                             call_timeout_s, record_figure):
     """A bad request submitted while three good ones decode is rejected at submission, within a
     second, with an error naming the problem; the good ones finish on time with the outputs they
@@ -80,7 +80,7 @@ def test_bad_request_rejected_while_serving(label, run, engines, prompts, model_
       tests/test_check_bodies_engine.py::test_token_id_check_fails_when_the_engine_crashes
     """
     if label in WITH_TOKENIZER_LABELS:
-        model_dir, vocab_size = _model_with_tokenizer(run, model_under_test)
+        model_dir, vocab_size = _model_with_tokenizer(target, model_under_test)
         proc = engines.get(model=model_dir, **WITH_TOKENIZER)
     else:
         proc, vocab_size = engines.get(), int(model_under_test.config["vocab_size"])

@@ -15,14 +15,13 @@ AREA = "distributed"
 
 
 @pytest.fixture(scope="module")
-def collective_launch(run) -> tuple[distributed.Launch, dict]:
-    target = run.resolved()
+def collective_launch(target) -> tuple[distributed.Launch, dict]:
     if target.problems:
-        fail(f"cannot test collectives: {target.sentence()}")
-    launch, reason = distributed.collective_plan(target.resolved, len(target.devices))
+        fail(f"cannot test collectives: {target.report.sentence()}")
+    launch, reason = distributed.collective_plan(target.name, len(target.devices))
     if launch is None:
         pytest.skip(reason)
-    return launch, distributed.data()["collectives"][target.resolved]
+    return launch, distributed.data()["collectives"][target.name]
 
 
 @pytest.mark.p1

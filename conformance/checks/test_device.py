@@ -27,7 +27,7 @@ def probe(engines):
 
 
 @pytest.mark.p0
-def test_device_isa_in_build(probe, run, record_figure):
+def test_device_isa_in_build(probe, target, record_figure):
     """The GPU's ISA (gfx942 for MI300X, sm_90 for H100/H200) is the one its SKU needs; torch's arch list names
     it; and the native libraries of torch and vLLM (libtorch_hip/libtorch_cuda, vllm/_C...) carry code objects
     that load on it, read from their offload bundles / fatbins (env_checks.isa; vLLM's only fail the check when
@@ -44,7 +44,7 @@ def test_device_isa_in_build(probe, run, record_figure):
     sku = device.sku_for(info.get("name"))
     record_figure("arch_list_len", len(info.get("arch_list", [])))
     problems = device.isa_problems(info.get("isa"), info.get("arch_list", []), sku and sku["isa"])
-    libraries = device.library_isa(info, run.engine)
+    libraries = device.library_isa(info, target.engine)
     record_figures(record_figure, libraries)
     problems += libraries.problems
     read = "; ".join(f"{lib}: {how}" for lib, how in libraries.sources.items())

@@ -16,12 +16,12 @@ AREA = "kv-cache"
 _SEEDS = itertools.count(20251)  # a new prompt per use: a prefix-cache hit would blur the first sample
 
 
-def _expected(layout, config, engines, run):
+def _expected(layout, config, engines, target):
     options = engines.options()
     # what the suite asked for, else what the engine measured (GPU memory profiling)
     budget = layout.requested_budget_bytes or layout.budget_bytes
     return kv_model.expected_kv(config, layout.block_size,
-                                kv_model.kv_dtype_bytes(run.dtype_name, options.get("kv_cache_dtype")),
+                                kv_model.kv_dtype_bytes(target.dtype, options.get("kv_cache_dtype")),
                                 budget, options.get("num_gpu_blocks_override"))
 
 
@@ -56,7 +56,7 @@ def _record(record_figure, *reports) -> None:
 
 @pytest.mark.p0
 @pytest.mark.needs("paged_kv")
-def test_kv_block_count_matches_config(engine, engines, run, model_under_test, call_timeout_s, record_figure):
+def test_kv_block_count_matches_config(engine, engines, target, model_under_test, call_timeout_s, record_figure):
     """The engine's KV cache has the groups, page size and number of blocks its configuration implies:
     budget // (layers per group x 2 x block_size x kv_heads x head_dim x dtype bytes), sliding and full
     layers in separate groups drawing from one pool.
@@ -69,7 +69,7 @@ def test_kv_block_count_matches_config(engine, engines, run, model_under_test, c
     Controls: tests/test_check_bodies_engine.py::test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size
     """
     layout = engine.call("kv_layout", timeout_s=call_timeout_s)
-    report = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, run))
+    report = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, target))
     _record(record_figure, report)
     report.raise_if_failed()
 
@@ -138,7 +138,7 @@ def engines_ahead(engines):
 @pytest.mark.p1
 @pytest.mark.needs("paged_kv")
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test, call_timeout_s,
+def test_kv_accounting_at_block_size(block_size, engines, target, model_under_test, call_timeout_s,
                                      record_figure):
     """At each block size the engine offers, the block count and the blocks a request holds per group
     follow the same formulas; a size the backend does not offer is a skip that names what happened.
@@ -154,7 +154,7 @@ def test_kv_accounting_at_block_size(block_size, engines, run, model_under_test,
     same = default.info.get("block_size") == block_size
     proc = default if same else engines.get(block_size=block_size)
     layout = proc.call("kv_layout", timeout_s=call_timeout_s)
-    count = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, run))
+    count = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, target))
     config = model_under_test.config
     length, samples, during, after = _held_while_decoding(proc, layout, config, call_timeout_s)
     lag = 1 if proc.info.get("async_scheduling") else 0  # as in test_request_holds_blocks_per_group

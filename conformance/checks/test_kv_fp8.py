@@ -11,28 +11,28 @@ from conformance.verdicts.verdict import fail, record_figures
 AREA = "kv-cache"
 
 
-def _fp8_or_skip(run):
+def _fp8_or_skip(run_target):
     from conformance.run.cpu_features import vector_isa
 
-    target = run.target.name
+    target = run_target.name
     reason = profiles.kv_fp8_unsupported(target, vector_isa())  # only a target whose kernels need an ISA lists one
     if reason:
         pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "
                     "tested in tests/test_kv_fp8.py")
-    return profiles.kv_fp8_format(target, run.target.gcn_arch), profiles.kv_fp8_rounding(target)
+    return profiles.kv_fp8_format(target, run_target.gcn_arch), profiles.kv_fp8_rounding(target)
 
 
 @pytest.fixture(scope="module")
-def fp8_engine(run, engines):
+def fp8_engine(target, engines):
     """(format, rounding, the engine with kv_cache_dtype=fp8, what its attention kernel rounds to fp8 beside the
     cache: profiles.toml [kv_fp8.<target>.attention], None where the target describes nothing more)."""
-    fmt, rounding = _fp8_or_skip(run)
+    fmt, rounding = _fp8_or_skip(target)
     try:
         engine = engines.get(kv_cache_dtype="fp8")
     except EngineError as exc:
         fail(str(exc))
     try:
-        return fmt, rounding, engine, profiles.kv_fp8_attention(run.target.name, engine.info)
+        return fmt, rounding, engine, profiles.kv_fp8_attention(target.name, engine.info)
     except ValueError as exc:
         fail(str(exc))
 
@@ -82,7 +82,7 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
 
 @pytest.mark.p1
 @pytest.mark.needs("fp8_kv")
-def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figure):
+def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, target, record_figure):
     """The fp8 engine's KV pages are one byte per element: half the bf16 page, a quarter of the fp32 one,
     and its block count is the budget over that page.
 
@@ -96,7 +96,7 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, run, record_figur
         layout = engine.call("kv_layout")
     except EngineError as exc:
         fail(str(exc))
-    want = kv_model.expected_kv(model_under_test.config, layout.block_size, kv_model.kv_dtype_bytes(run.dtype_name,
+    want = kv_model.expected_kv(model_under_test.config, layout.block_size, kv_model.kv_dtype_bytes(target.dtype,
                                 "fp8"), layout.requested_budget_bytes or layout.budget_bytes)
     report = compare.kv_layout_matches(layout, want)
     record_figures(record_figure, report)

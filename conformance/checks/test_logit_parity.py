@@ -49,7 +49,7 @@ def _probe_prompts(prompts, model_under_test, engine_max_len: int, decode_steps:
 
 
 @pytest.mark.p0
-def test_layer_blocks_match_reference(engine, engines, reference, run, limits, prompts, model_under_test,
+def test_layer_blocks_match_reference(engine, engines, reference, target, limits, prompts, model_under_test,
                                       call_timeout_s, record_figure):
     """Every attention and MoE block of the engine, fed during a real prefill and greedy decode, agrees with
     the fp64 reference fed the engine's own input to that block — judged per stratum (block, sliding/full
@@ -67,7 +67,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, limits, p
     max_len = int(engines.options().get("max_model_len") or model_under_test.config["max_position_embeddings"])
     probe_prompts = _probe_prompts(prompts, model_under_test, max_len, decode_steps, long_prompt)
     # targets.toml: per engine kind, eager where graphs hide the blocks from the probe's hooks
-    probe_options = dict(run.target.table.get("probe_options", {}).get(run.engine, {}))
+    probe_options = dict(target.table.get("probe_options", {}).get(target.engine, {}))
     probe_engine = engines.get(**probe_options) if probe_options else engine
     try:
         probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, timeout_s=call_timeout_s)
@@ -79,7 +79,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, run, limits, p
 
 
 @pytest.mark.p0
-def test_exact_float32_logprobs_match_reference(run, exact_limits, engines, reference, prompts, model_under_test,
+def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, reference, prompts, model_under_test,
                                                 call_timeout_s, record_figure):
     """On a target whose production dtype is not float32, the same engine also runs the prompt set in float32
     (tf32 off) and must match the fp64 reference within the exact fp32 limits — the run shows both verdicts.
@@ -89,11 +89,11 @@ def test_exact_float32_logprobs_match_reference(run, exact_limits, engines, refe
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
     Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks
     """
-    exact = run.target.exact_dtype
+    exact = target.exact_dtype
     if not exact:
-        pytest.skip(f"targets.toml names no exact_dtype for {run.target.name}")
-    if exact == run.dtype_name:
-        pytest.skip(f"the run's dtype is {run.dtype_name}: test_greedy_logprobs_match_reference is the exact verdict")
+        pytest.skip(f"targets.toml names no exact_dtype for {target.name}")
+    if exact == target.dtype:
+        pytest.skip(f"the run's dtype is {target.dtype}: test_greedy_logprobs_match_reference is the exact verdict")
     need, have = model_under_test.num_params * 4, _device_memory_bytes()
     if have and need > 0.8 * have:
         pytest.skip(f"float32 weights need {need / 2**30:.0f} GiB, more than 80% of the device's "

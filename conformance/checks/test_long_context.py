@@ -19,11 +19,11 @@ def long_settings():
     return longctx.settings_()
 
 
-def _long_options(run) -> dict:
-    capabilities.require(run, "long_context")
-    extra = dict(run.target.profile.long_context)
+def _long_options(target) -> dict:
+    capabilities.require(target, "long_context")
+    extra = dict(target.profile.long_context)
     if not extra.get("max_model_len"):
-        fail(f"profile {run.target.profile.label} names no long_context.max_model_len (data/profiles.toml)")
+        fail(f"profile {target.profile.label} names no long_context.max_model_len (data/profiles.toml)")
     return extra
 
 
@@ -45,7 +45,7 @@ def _deep_prompt(config: dict, long_settings) -> list[int]:
 
 def engines_ahead(engines):
     """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
-    options, settings_ = _long_options(engines.run), longctx.settings_()
+    options, settings_ = _long_options(engines.target), longctx.settings_()
     yield "test_long_prompt_matches_reference_at_depth", options
     yield "test_chunked_prefill_of_long_prompt_matches_reference", _chunked_options(options, settings_)
     config = engines.model.config
@@ -55,9 +55,9 @@ def engines_ahead(engines):
 
 
 @pytest.fixture(scope="module")
-def long_options(run):
+def long_options(target):
     """The engine options of the profile's long-context engine (cpu: max_model_len 16384, 128 MiB of KV)."""
-    return _long_options(run)
+    return _long_options(target)
 
 
 @pytest.fixture
@@ -180,8 +180,8 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
 
 
 @pytest.mark.p1
-def test_prompt_at_max_model_len_is_served(run, long_engine, long_options, model_under_test, long_settings,
-                                           call_timeout_s, record_figure):
+def test_prompt_at_max_model_len_is_served(long_engine, long_options, model_under_test, long_settings, call_timeout_s,
+                                           record_figure):
     """The long-context engine runs the profile's max_model_len (cpu: 16384), serves a prompt that fills
     it (max_model_len - 4 prompt tokens, 4 decoded) with finite logprobs and a full KV accounting, and
     refuses one token more in one clear error.

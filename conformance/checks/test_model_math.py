@@ -127,7 +127,7 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
 @pytest.mark.p1
 @pytest.mark.parametrize("chunked", [False, pytest.param(True, marks=pytest.mark.needs("chunked_prefill"))],
                          ids=["whole-prefill", "chunked-prefill"])
-def test_sliding_window_boundary(chunked, run, engines, reference, model_under_test, tolerance, call_timeout_s,
+def test_sliding_window_boundary(chunked, engines, reference, model_under_test, tolerance, call_timeout_s,
                                  record_figure):
     """Around the window edge — key at distance 127 visible, at 128 masked — prefill, decode (prompts
     of 126..130 tokens decoding across position 128) and 32-token chunked prefill (two sequences at a time)

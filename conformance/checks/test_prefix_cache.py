@@ -12,7 +12,7 @@ AREA = "prefix-cache"
 HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (docs/vllm-cpu.md "Gotchas" 7)
 
 
-def _caching_engine(run, engines, timeout_s: float):
+def _caching_engine(engines, timeout_s: float):
     proc = engines.get()
     if not proc.call("scheduler_limits", timeout_s=timeout_s)["enable_prefix_caching"]:
         proc = engines.get(enable_prefix_caching=True)
@@ -36,7 +36,7 @@ def _generate(proc, prompt, top_k, timeout_s):
 
 @pytest.mark.p1
 @pytest.mark.needs("prefix_cache")
-def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_under_test, tolerance,
+def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_test, tolerance,
                                                            call_timeout_s, record_figure):
     """A prompt seen before, and another prompt with the same prefix, are served with at least one
     cached block each (vllm:prefix_cache_hits moves), and their outputs equal the uncached ones.
@@ -47,7 +47,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_u
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
     Controls: tests/test_check_bodies_engine.py::test_prefix_hit_check_fails_when_cached_blocks_change_the_output
     """
-    proc = _caching_engine(run, engines, call_timeout_s)
+    proc = _caching_engine(engines, call_timeout_s)
     tol, top_k = tolerance
     bs = proc.call("kv_layout", timeout_s=call_timeout_s).block_size
     first, second = _shared_prefix_prompts(int(model_under_test.config["vocab_size"]), bs, seed=101)
@@ -70,7 +70,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(run, engines, model_u
 
 @pytest.mark.p1
 @pytest.mark.needs("prefix_cache")
-def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, tolerance, call_timeout_s,
+def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance, call_timeout_s,
                                            record_figure):
     """reset_prefix_cache() succeeds on an idle engine, after it a cached prompt hits nothing, and
     the recomputed output equals the cached one.
@@ -80,7 +80,7 @@ def test_prefix_cache_reset_forgets_blocks(run, engines, model_under_test, toler
     Reference: vLLM LLM.reset_prefix_cache (https://docs.vllm.ai/en/latest/api/vllm/entrypoints/llm.html)
     Controls: tests/test_check_bodies_engine.py::test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks
     """
-    proc = _caching_engine(run, engines, call_timeout_s)
+    proc = _caching_engine(engines, call_timeout_s)
     tol, top_k = tolerance
     bs = proc.call("kv_layout", timeout_s=call_timeout_s).block_size
     prompt, _ = _shared_prefix_prompts(int(model_under_test.config["vocab_size"]), bs, seed=202)

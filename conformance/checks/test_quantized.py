@@ -40,7 +40,7 @@ def _missing_package(error: str) -> str | None:
     return m.group(2) if m else None
 
 
-def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: str, engines: Any, run: Any,
+def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: str, engines: Any, target: Any,
                        prompts: Any, call_timeout_s: float, record_figure: Any) -> None:
     """Validate, load in the engine, record the chosen methods, compare with the dequantized reference."""
     try:
@@ -50,17 +50,17 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
     limits = quant_limits.format_limits(fmt)
     kind = None if engine_kind == "under-test" else engine_kind
     try:
-        engine = engines.get(model=path, kind=kind, dtype=limits.dtype_for(kind or run.engine))
+        engine = engines.get(model=path, kind=kind, dtype=limits.dtype_for(kind or target.engine))
         methods = engine.call("components:quant_methods", timeout_s=call_timeout_s)
     except EngineError as exc:
         # transformers as the helper engine (not the stack under test): a loader package it lacks (optimum,
         # gptqmodel, compressed-tensors) is an absent capability, named, not a verdict. As the engine under
         # test, or for any other error (a crash whose traceback merely mentions ImportError), it fails.
         missing = _missing_package(str(exc))
-        if kind is not None and kind != run.engine and missing:
+        if kind is not None and kind != target.engine and missing:
             pytest.skip(f"capability absent: {kind} cannot load {fmt} in this environment: {missing}")
         _fail(str(exc))
-    engine_name = str(engine.info.get("engine", kind or run.engine))
+    engine_name = str(engine.info.get("engine", kind or target.engine))
     record_figure("engine_is_" + engine_name, 1.0)
     for method in sorted(set(methods.values())):
         record_figure("method:" + method, float(sum(m == method for m in methods.values())))
@@ -107,7 +107,7 @@ def test_model_quantization_is_well_formed(model_under_test, record_figure):
 @pytest.mark.p1
 @pytest.mark.parametrize(("fmt", "engine_kind"), [(f, k) for f in WRITTEN for k in ENGINE_KINDS],
                          ids=[f"{f}-{k}" for f in WRITTEN for k in ENGINE_KINDS])
-def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, run, prompts, call_timeout_s,
+def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, target, prompts, call_timeout_s,
                                                 record_figure):
     """The tiny model written as GPTQ (int4 sym, g32, qzeros "-1" v1 layout, g_idx), AWQ (int4 zero-point,
     g32, 0,2,4,6,1,3,5,7 interleave) or compressed-tensors FP8 (E4M3 weights with per-channel or per-tensor
@@ -130,13 +130,13 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, run, 
     known = known_weights_match(path)
     record_figures(record_figure, known)
     known.raise_if_failed()
-    _loads_and_matches(fmt, path, dequantized_copy(path), engine_kind, engines, run, prompts, call_timeout_s,
+    _loads_and_matches(fmt, path, dequantized_copy(path), engine_kind, engines, target, prompts, call_timeout_s,
                        record_figure)
 
 
 @pytest.mark.p1
 @pytest.mark.parametrize("engine_kind", ENGINE_KINDS)
-def test_mxfp4_checkpoint_matches_reference(engine_kind, engines, run, prompts, call_timeout_s, record_figure):
+def test_mxfp4_checkpoint_matches_reference(engine_kind, engines, target, prompts, call_timeout_s, record_figure):
     """The tiny model saved in the real on-disk MXFP4 layout (E2M1 blocks, UE8M0 scales, low nibble
     first, [experts, out, in/32, 16]) loads and its logprobs match the fp64 reference that dequantizes
     the same file; experts run in bf16 on every backend that dequantizes them, so the bf16 limits apply.
@@ -149,4 +149,4 @@ def test_mxfp4_checkpoint_matches_reference(engine_kind, engines, run, prompts, 
     Controls: tests/test_check_bodies_platform.py::test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles
     """
     path = mxfp4()
-    _loads_and_matches("mxfp4", path, path, engine_kind, engines, run, prompts, call_timeout_s, record_figure)
+    _loads_and_matches("mxfp4", path, path, engine_kind, engines, target, prompts, call_timeout_s, record_figure)

@@ -21,7 +21,7 @@ AREA = "reliability"
 
 @pytest.mark.p3
 @pytest.mark.needs("scheduler", "paged_kv")
-def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure, run):
+def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure, target):
     """Rounds of mixed-length requests: engine RSS, VRAM (GPU), open file descriptors and KV blocks in use after
     each round must not grow beyond bounds kept as data once the warm-up rounds are over.
 
@@ -39,7 +39,7 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
         engine.call("generate_greedy", prompts, 8, 1, timeout_s=call_timeout_s)
         usage = engine.call("components:process_usage", timeout_s=call_timeout_s)
         samples.append(usage | {"kv_used": float(engine.call("kv_state", timeout_s=call_timeout_s).used_blocks)})
-    vram = cfg["max_vram_growth_mib"] if run.target.needs_device else None
+    vram = cfg["max_vram_growth_mib"] if target.needs_device else None
     report = reliability.soak_verdict(samples, cfg["warmup_rounds"], cfg["max_rss_growth_mib"], cfg["max_fd_growth"],
                                       vram)
     record_figures(record_figure, report)
@@ -131,7 +131,7 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
 
 @pytest.mark.p3
 @pytest.mark.needs("server_process")
-def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_vocab, record_figure):
+def test_server_killed_mid_stream_is_reported_promptly(target, run, served_model, o200k_vocab, record_figure):
     """Fault injection: the server's whole process group is killed while it streams a long completion;
     the streaming client must end with an error within seconds, never hang or report success.
 
@@ -143,7 +143,8 @@ def test_server_killed_mid_stream_is_reported_promptly(run, served_model, o200k_
     from conformance.engines.vllm_server import ServerError, _signal_group
     from conformance.run.serving_fixtures import new_server
 
-    proc = new_server(run, served_model, o200k_vocab.parent, run.run_dir / "vllm-server-fault.log")
+    # `run` for this only: where this run writes its logs
+    proc = new_server(target, served_model, o200k_vocab.parent, run.run_dir / "vllm-server-fault.log")
     try:
         proc.start()
     except ServerError as exc:

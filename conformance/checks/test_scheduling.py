@@ -38,7 +38,7 @@ def _alone(proc, reqs, budgets, top_k, timeout_s, prompt_logprobs=False):
 
 @pytest.mark.p1
 @pytest.mark.needs("scheduler")
-def test_concurrent_requests_match_each_alone(run, engine, prompts, tolerance, call_timeout_s, record_figure):
+def test_concurrent_requests_match_each_alone(engine, prompts, tolerance, call_timeout_s, record_figure):
     """Twelve requests of mixed prompt and output lengths, arriving while others decode, give the
     same greedy tokens and logprobs as each request run alone.
 
@@ -60,7 +60,7 @@ def test_concurrent_requests_match_each_alone(run, engine, prompts, tolerance, c
 
 @pytest.mark.p1
 @pytest.mark.needs("scheduler")
-def test_max_num_seqs_is_respected(run, engines, prompts, call_timeout_s, record_figure):
+def test_max_num_seqs_is_respected(engines, prompts, call_timeout_s, record_figure):
     """With max_num_seqs=2, never more than two requests run in a step, the rest wait, and all finish.
 
     Catches: a scheduler that over-admits (memory blow-ups on GPUs sized for the limit), or one that
@@ -79,7 +79,7 @@ def test_max_num_seqs_is_respected(run, engines, prompts, call_timeout_s, record
 
 @pytest.mark.p1
 @pytest.mark.needs("scheduler")
-def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, call_timeout_s, record_figure):
+def test_chunked_prefill_matches_unchunked(engines, prompts, tolerance, call_timeout_s, record_figure):
     """Prompts prefilled in 32-token chunks give the same prompt logprobs, greedy tokens and logprobs
     as prompts prefilled in one step (the default engine's budget covers every prompt).
 
@@ -113,7 +113,7 @@ def test_chunked_prefill_matches_unchunked(run, engines, prompts, tolerance, cal
 
 @pytest.mark.p1
 @pytest.mark.needs("scheduler")
-def test_preemption_keeps_outputs(run, engines, prompts, tolerance, call_timeout_s, record_figure):
+def test_preemption_keeps_outputs(engines, prompts, tolerance, call_timeout_s, record_figure):
     """With a KV cache of 12 blocks, six long-running requests force preemptions (the counter proves
     it) and every output still equals the same request on a cache big enough never to preempt.
 

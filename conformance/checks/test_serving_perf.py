@@ -20,27 +20,28 @@ CONCURRENCY = perf.sweep()
 
 
 @pytest.fixture(scope="module")
-def bench_tokenizer(run, server, request) -> Path:
+def bench_tokenizer(target, server, request) -> Path:
     """The served model's tokenizer, which bench serve needs to build prompts of exact token lengths."""
     if server.managed:
         return request.getfixturevalue("served_model").path
-    if run.model_arg and (Path(run.model_arg) / "tokenizer.json").is_file():
-        return Path(run.model_arg)
+    if target.model and (Path(target.model) / "tokenizer.json").is_file():
+        return Path(target.model)
     pytest.skip("bench serve needs the served model's tokenizer: give --model DIR (with tokenizer.json) along "
                 "with --server URL")
 
 
 @pytest.fixture(scope="module")
-def run_lineage(run) -> str:
+def run_lineage(target, run) -> str:
     from conformance.run.recorder import fingerprint
 
-    return perf.lineage_of(run.target.name, run.fingerprint or fingerprint(run), run.combo, run.engine)
+    # `run` for the rest: the fingerprint the run collected (or collects now) and its --combo, no facts of the target
+    return perf.lineage_of(target.name, run.fingerprint or fingerprint(run), run.combo, target.engine)
 
 
 @pytest.mark.p2
 @pytest.mark.parametrize("concurrency", CONCURRENCY, ids=[f"c{c}" for c in CONCURRENCY])
-def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
-                                       record_figure, request):
+def test_serving_perf_against_baseline(concurrency, target, run, server, bench_tokenizer, model_under_test,
+                                       run_lineage, record_figure, request):
     """`vllm bench serve` (random prompts of fixed length, greedy, ignore_eos) at this concurrency:
     every request completes, and TTFT, TPOT, inter-token latency P50/P99 and output tokens/s are
     within the tolerance (data/perf.toml) of the pinned baseline of this check, lineage and model (the
@@ -57,28 +58,28 @@ def test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer
       tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
       tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence
     """
-    target = run.target.name
-    plan = bench_shapes.plan(target, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
-    env = {k: str(v) for k, v in run.target.env.items()}
+    plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
+    env = {k: str(v) for k, v in target.env.items()}
+    # `run` for this only: where this run writes its files
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
-                                run.run_dir / "bench", env, server_fork.client_context(run.target.table))
+                                run.run_dir / "bench", env, server_fork.client_context(target.table))
     except perf.PerfError as exc:
         fail(str(exc))
     record_figures(record_figure, result)
     result.raise_if_failed()
 
-    limits = perf.regression_limits(target)
-    check_id, model = runrecord.check_id(request.node.nodeid), run.model_meta["name"]
+    limits = perf.regression_limits(target.name)
+    check_id, model = runrecord.check_id(request.node.nodeid), model_under_test.name
     pins, db = perf.pins_path(), perf.history_path()
     try:
         baseline = perf.pinned_baseline(pins, check_id, run_lineage, model, limits)
     except baselines.PinError as exc:
         fail(str(exc))
     if baseline is None:
-        perf_floors.no_baseline(run, plan, result.measured, f"no pinned baseline for lineage {run_lineage!r} and model "
-                                f"{model!r} in {pins} (promote one from accepted runs with `conformance baseline "
-                                f"promote`, docs/results.md)", record_figure)
+        perf_floors.no_baseline(target, plan, result.measured, f"no pinned baseline for lineage {run_lineage!r} and "
+                                f"model {model!r} in {pins} (promote one from accepted runs with `conformance "
+                                f"baseline promote`, docs/results.md)", record_figure)
         return
     verdict = perf.regression_verdict(result.measured, baseline, limits)
     since: list[baselines.AcceptedRun] = []
@@ -100,8 +101,8 @@ SHAPES = bench_shapes.shape_sweep()
 
 @pytest.mark.p2
 @pytest.mark.parametrize(("shape", "concurrency"), SHAPES, ids=[f"{s}-c{c}" for s, c in SHAPES])
-def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
-                               record_figure, request):
+def test_serving_perf_at_shape(shape, concurrency, target, run, server, bench_tokenizer, model_under_test,
+                               run_lineage, record_figure, request):
     """The long-output and long-input standard shapes (1k in / 8k out, 8k in / 1k out; data/perf.toml
     [bench.shapes], scaled down on the CPU default) at each concurrency, judged as the 1k/1k sweep is: every
     request completes, figures within the tolerance of this check's pinned baseline, else the real model
@@ -114,18 +115,17 @@ def test_serving_perf_at_shape(shape, concurrency, run, server, bench_tokenizer,
       https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
     Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
     """
-    target = run.target
     input_len, output_len = bench_shapes.lengths(target.name, shape)
     limit = target.profile.engine_options().get("max_model_len", target.options_for("vllm").get("max_model_len"))
     if limit is not None and int(limit) < input_len + output_len:
         pytest.skip(f"shape {shape} needs {input_len + output_len} tokens per request; the served profile "
                     f"{target.profile.label} has max_model_len {limit}")
-    test_serving_perf_against_baseline(concurrency, run, server, bench_tokenizer, model_under_test, run_lineage,
-                                       record_figure, request)
+    test_serving_perf_against_baseline(concurrency, target, run, server, bench_tokenizer, model_under_test,
+                                       run_lineage, record_figure, request)
 
 
 @pytest.mark.p2
-def test_graph_mode_matches_eager(run, prompts, limits, call_timeout_s, record_figure, request):
+def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, record_figure, request):
     """The prompt set run greedy with CUDA/HIP graphs captured (enforce_eager=False) gives the eager
     engine's tokens (exactly in fp32) and logprobs within the dtype's tolerance. With the transformers
     engine both sides decode from the same static KV cache, step by step or by replaying the decode
@@ -137,10 +137,9 @@ def test_graph_mode_matches_eager(run, prompts, limits, call_timeout_s, record_f
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
     Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens
     """
-    target = run.target.name
-    capability = perf.graph_capability(target, run.engine)
+    capability = perf.graph_capability(target.name, target.engine)
     if not capability.supported:
-        pytest.skip(f"target {target}: {capability.reason} (perf.toml [graph_mode.{target}])")
+        pytest.skip(f"target {target.name}: {capability.reason} (perf.toml [graph_mode.{target.name}])")
     engines = request.getfixturevalue("engines")
     tol, top_k = limits.logprobs
     try:

@@ -8,7 +8,7 @@ AREA = "platform"
 
 
 @pytest.mark.p0
-def test_torch_build_matches_target(run, record_figure):
+def test_torch_build_matches_target(target, record_figure):
     """The torch build flavour (CPU / CUDA / ROCm) and the visible devices fit the requested target.
 
     Catches: `--rocm` run against a CUDA or CPU build of torch (a container mix-up that would make
@@ -16,14 +16,13 @@ def test_torch_build_matches_target(run, record_figure):
     Reference: https://pytorch.org/docs/stable/notes/hip.html (torch.version.hip identifies ROCm builds)
     Controls: tests/test_check_bodies_platform.py::test_torch_build_check_fails_on_a_cpu_torch_for_the_rocm_target
     """
-    target = run.resolved()
     record_figure("visible_gpus", len(target.devices))
-    target.raise_if_failed()
+    target.report.raise_if_failed()
 
 
 @pytest.mark.p0
 @pytest.mark.needs("vllm_platform")
-def test_vllm_platform_matches_target(run, engine):
+def test_vllm_platform_matches_target(target, engine):
     """vLLM detected the platform the target requires (cpu / cuda / rocm).
 
     Catches: a vLLM build for the wrong device (e.g. the CUDA wheel in a ROCm container) or a
@@ -31,9 +30,9 @@ def test_vllm_platform_matches_target(run, engine):
     Reference: https://docs.vllm.ai/en/latest/getting_started/installation/ (platform detection)
     Controls: tests/test_check_bodies_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
     """
-    want = run.target.vllm_platform
+    want = target.vllm_platform
     if engine.info.get("platform") != want:
-        fail(f"vLLM detected platform {engine.info.get('platform')!r} but target {run.target.name} needs {want!r}")
+        fail(f"vLLM detected platform {engine.info.get('platform')!r} but target {target.name} needs {want!r}")
 
 
 @pytest.mark.p0
@@ -58,7 +57,7 @@ def test_stack_versions_recorded(engine, fingerprint):
 
 
 @pytest.mark.p0
-def test_stack_pins_hold(run, fingerprint, record_figure):
+def test_stack_pins_hold(target, fingerprint, record_figure):
     """The platform's pin manifest holds: kernel, driver, ROCm/CUDA, firmware (MEC >= 177 or
     HSA_NO_SCRATCH_RECLAIM=1), gfx target, device access, torch/vLLM ranges and known-bad versions.
 
@@ -69,7 +68,7 @@ def test_stack_pins_hold(run, fingerprint, record_figure):
     """
     from conformance.verdicts.pins_check import pin_report
 
-    report = pin_report(fingerprint, engine=run.engine)
+    report = pin_report(fingerprint, engine=target.engine)
     record_figure("pins_checked", report.checked)
     record_figure("pins_failed", len(report.problems))
     record_figure("pins_advisory", len(report.advisories))

@@ -1,7 +1,7 @@
 """What each engine under test can show, as data (data/engines.toml), and the `needs` marker of the checks.
 
 A check that needs something only some engines have says so, `@pytest.mark.needs("paged_kv")`, instead of
-`if run.engine != "vllm": pytest.skip(...)`; a fixture calls `require(run, "paged_kv")`. On an engine without
+`if target.engine != "vllm": pytest.skip(...)`; a fixture calls `require(target, "paged_kv")`. On an engine without
 the capability the check is skipped, before any of its fixtures starts an engine, with the capability's
 `absent` sentence. The plugin registers this module (`register`).
 
@@ -90,9 +90,9 @@ def declared() -> Capabilities:
         raise CapabilityError(f"{DATA} is not valid TOML ({exc}): fix that line and run again.") from None
 
 
-def require(run: Any, capability: str) -> None:
-    """Skip the check (from a fixture) when the run's engine lacks `capability`."""
-    reason = declared().missing(run.engine, capability)
+def require(target: Any, capability: str) -> None:
+    """Skip the check (from a fixture) when the run's engine (`target.engine`, the RunTarget's) lacks `capability`."""
+    reason = declared().missing(target.engine, capability)
     if reason:
         pytest.skip(reason)
 

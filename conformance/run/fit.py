@@ -186,11 +186,12 @@ def device_memory_bytes(profile: Any) -> tuple[float, str]:
     return nominal, profile.sku
 
 
-def gate(run: Any, model_dir: Path, config: dict[str, Any], options: dict[str, Any], what: str) -> FitVerdict:
-    """The session-start gate of the engines fixture: the run's profile against this device."""
+def gate(target: Any, model_dir: Path, config: dict[str, Any], options: dict[str, Any], what: str) -> FitVerdict:
+    """The session-start gate of the engines fixture: the run's profile (of `target`, the run's RunTarget) against
+    this device."""
 
-    profile = run.target.profile
-    if run.target.name == "cpu":
+    profile = target.profile
+    if target.name == "cpu":
         return cpu_kv_fits(config, options, [(int(t), int(n)) for t, n in profile.fit.get("requests", [])]
                            or [(int(options.get("max_model_len", 1024)), 1)])
     tensors = checkpoint_tensors(model_dir)

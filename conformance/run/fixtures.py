@@ -108,6 +108,11 @@ class EngineFactory:
         self._plans = [(mod, plan(self)) for mod, plan in modules.items()]
         self._planned = bool(self._plans)  # the phases record the plans' effect only where there were plans
 
+    @property
+    def target(self) -> RunTarget:
+        """What the run tests (the `target` fixture): what a module's `engines_ahead` plan reads."""
+        return self.run.target
+
     def options(self, kind: str | None = None, **overrides: Any) -> dict[str, Any]:
         kind = kind or self.run.engine
         fault = getattr(self.run, "planted_fault", None)  # --planted-fault: every engine of the kind under test
@@ -251,7 +256,7 @@ def engines(request: pytest.FixtureRequest, run: RunContext, model_under_test: M
         from conformance.run import fit
 
         try:
-            verdict = fit.gate(run, model_under_test.path, model_under_test.config, factory.options(),
+            verdict = fit.gate(run.target, model_under_test.path, model_under_test.config, factory.options(),
                                model_under_test.name)
         except fit.FitError as exc:
             pytest.fail(f"the fit preflight could not run: {exc}", pytrace=False)

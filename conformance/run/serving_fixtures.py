@@ -23,6 +23,7 @@ from conformance.checkpoints.tokenizer import vocab
 from conformance.engines import heartbeat, openai_api, server_fork
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
 from conformance.run import capabilities, phases
+from conformance.run.run_target import RunTarget
 from conformance.run.runcontext import RunContext
 
 # The conversation date the suite's own server renders (vLLM reads it from this env var), so the
@@ -131,7 +132,7 @@ def prestart_server(run: RunContext) -> None:
             with _PRESTART_LOCK:  # an interrupted run discards it first: then no server is launched at all
                 if _PRESTART.get("discarded"):
                     return
-                proc = new_server(run, _served_model(run, vocab_path), vocab_path.parent,
+                proc = new_server(run.target, _served_model(run, vocab_path), vocab_path.parent,
                                   run.run_dir / "vllm-server.log")
                 _PRESTART["proc"] = proc  # so an interrupted run can stop it while it is still starting
             with heartbeat.phase("vLLM server start (in the background)", proc.log_path, every=0):
@@ -192,12 +193,12 @@ def external_server(url: str, api_key: str | None = None) -> ServerUnderTest:
     return ServerUnderTest(client, str(data[0].get("id")), api_key, False, None, None, None)
 
 
-def new_server(run: RunContext, model: ServedModel, vocab_dir: Path, log_path: Path) -> VllmServer:
+def new_server(target: RunTarget, model: ServedModel, vocab_dir: Path, log_path: Path) -> VllmServer:
     """A vLLM server for the model under the target's engine settings, the run's profile and its backend row (not
     started yet), with a fresh key. First contact on the H200 in fp16: the server, left on vLLM's own attention
     choice (FlashAttention 3, bf16 sinks only) while the engines ran the profile's TRITON_ATTN row, died at its
     first request ("We only support bf16 dtype for S aux")."""
-    target = run.target  # the server serves as the engines do: the same options, profile row and environment
+    # the server serves as the engines do: the same options, profile row and environment
     options = target.process_options("vllm")
     env = {k: v for k, v in target.process_env("vllm").items() if k not in NOT_FOR_SERVER}
     env |= vocab.vocab_env(vocab_dir) | {"VLLM_SYSTEM_START_DATE": SERVER_DATE}
@@ -218,7 +219,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
             pytest.fail(str(exc), pytrace=False)
         yield user_server
         return
-    capabilities.require(run, "server")  # data/engines.toml
+    capabilities.require(run.target, "server")  # data/engines.toml
     target = run.resolved()
     if target.problems:
         pytest.fail(f"cannot start the server: {target.sentence()}", pytrace=False)
@@ -226,7 +227,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
     vocab_dir = request.getfixturevalue("o200k_vocab").parent
     proc = _take_prestarted()
     if proc is None:
-        proc = new_server(run, model, vocab_dir, run.run_dir / "vllm-server.log")
+        proc = new_server(run.target, model, vocab_dir, run.run_dir / "vllm-server.log")
         try:
             with heartbeat.phase("vLLM server start", proc.log_path):
                 proc.start()

@@ -88,17 +88,17 @@ def judge(floor: Floor, figures: dict[str, float], tensor_parallel_size: int = 1
     return v
 
 
-def no_baseline(run: Any, plan: Any, figures: dict[str, float], skip_reason: str, record_figure: Any) -> None:
+def no_baseline(target: Any, plan: Any, figures: dict[str, float], skip_reason: str, record_figure: Any) -> None:
     """What P2 does without a baseline: judge the real model against its floor; skip only where no floor is
     published for the combination (the tiny model, an SKU or shape without a figure)."""
     import pytest
 
     from conformance.verdicts import profiles
 
-    prof = run.target.profile
-    model = profiles.model_key(profiles.read_config(run.model_arg))
+    prof = target.profile  # the run's RunTarget
+    model = profiles.model_key(profiles.read_config(target.model))
     floor = floor_for(prof.sku, model, plan.input_len, plan.output_len, plan.concurrency)
-    if floor is None or not run.model_arg:
+    if floor is None or not target.model:
         pytest.skip(f"{skip_reason}; no absolute floor is published for {prof.sku} {model} "
                     f"{plan.input_len}/{plan.output_len} at concurrency {plan.concurrency} (data/perf_floors.toml)")
     verdict = judge(floor, figures, int(prof.engine_options().get("tensor_parallel_size", 1)))
