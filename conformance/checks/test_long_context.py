@@ -143,8 +143,10 @@ def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, limi
 @pytest.mark.p1
 def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fresh, deep_reference, limits,
                                                      long_settings, call_timeout_s, record_figure):
-    """The 8192-token prompt sent again is served from the prefix cache (the hit counter rises by all but
-    the last block of it) and decodes the same greedy tokens with the reference's logprobs.
+    """The 8192-token prompt sent again is served from the prefix cache (the request's count of cached prompt
+    tokens: all but the last block of it) and decodes the same greedy tokens with the reference's logprobs.
+    vLLM's hit counter is recorded, not judged (conformance/checks/test_prefix_cache.py says why:
+    vllm-project/vllm#48668).
 
     Catches: prefix-cache hits deep into a sequence that return another request's blocks, sliding-window
     blocks freed by the first request but still marked cached, hashes that collide on long prompts.
@@ -164,11 +166,11 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
         block = int(long_engine.call("kv_state").block_size)
     except EngineError as exc:
         fail(str(exc))
-    counted = compare.counter_delta("vllm:prefix_cache_hits", before, after, minimum=len(deep) - 2 * block)
+    counted = compare.cached_tokens("the deep prompt again", hit, minimum=len(deep) - 2 * block)
     record_figures(record_figure, counted)
-    # beside the hits: the lookups vLLM counted (0 lookups and 0 hits = the counters did not move at all; the
-    # H200's P1 on vLLM 0.26.0 saw 0 hits with the cached request 7x faster than the fresh one)
-    record_figures(record_figure, compare.counter_delta("vllm:prefix_cache_queries", before, after))
+    # vLLM's counters beside the request's own count (the H200's P1 on vLLM 0.26.0 saw them stand still on a hit)
+    for counter in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"):
+        record_figures(record_figure, compare.counter_delta(counter, before, after))
     record_figure("cached_request_seconds", seconds)
     record_figure("fresh_request_seconds", deep_fresh[1])
     counted.raise_if_failed()
