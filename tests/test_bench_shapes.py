@@ -62,7 +62,7 @@ def test_shape_check_fails_when_requests_fail_at_a_long_shape(monkeypatch, tmp_p
     server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="tiny", api_key=None)
     run = run_ctx(run_dir=tmp_path)
     with pytest.raises(FAILED, match="3 of 8 requests failed under load"):
-        perf_checks.test_serving_perf_at_shape("8k1k", 8, run.target, run, server, tmp_path,
+        perf_checks.test_serving_perf_at_shape("8k1k", 8, run.target, run.run_dir, server, tmp_path,
                                                SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(),
                                                _request("8k1k", 8))
     assert [(p.input_len, p.output_len, p.concurrency) for p in ran] == [(*bench_shapes.lengths("cpu", "8k1k"), 8)]

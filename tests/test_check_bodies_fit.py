@@ -13,18 +13,10 @@ from tests.check_fakes import FAILED, Figures, run_ctx
 
 
 def test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint(monkeypatch, tmp_path):
-    class Factory:
-        def __init__(self, run, model) -> None:
-            pass
-
-        def options(self) -> dict:
-            return {"gpu_memory_utilization": 0.3}
-
     def gate(*args, **kwargs):
         raise fit.FitError(f"{tmp_path} has no safetensors shard to size the weights from.")
-    monkeypatch.setattr(fit_checks, "EngineFactory", Factory)
     monkeypatch.setattr(fit, "gate", gate)
     model = SimpleNamespace(path=tmp_path, config={}, name="gpt-oss-120b")
     with pytest.raises(FAILED, match="the fit preflight could not run: .* no safetensors shard"):
-        run = run_ctx()
-        fit_checks.test_serving_profile_fits_device(run.target, run, model, Figures())
+        fit_checks.test_serving_profile_fits_device(run_ctx().target, {"gpu_memory_utilization": 0.3}, model,
+                                                    Figures())

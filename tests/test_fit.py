@@ -159,13 +159,15 @@ def test_fit_check_fails_when_the_kv_cache_cannot_fit(tiny):
     from types import SimpleNamespace
 
     from conformance.checks import test_fit as checks
+    from conformance.run.fixtures import EngineFactory
     from tests.check_fakes import FAILED, Figures, run_ctx
 
     big = hf_config(tiny.spec) | {"num_key_value_heads": 256}
     model = SimpleNamespace(path=tiny.path, config=big, name="tiny-gpt-oss", num_params=1)
     run = run_ctx()
+    options = EngineFactory(run, model).options()  # what the engine_options fixture gives the check
     with pytest.raises(FAILED, match="the KV cache does not fit: 1 request\\(s\\) of 1024 tokens need .* MiB > "
                                      "kv_cache_memory_bytes 64.0 MiB"):
-        checks.test_serving_profile_fits_device(run.target, run, model, Figures())
+        checks.test_serving_profile_fits_device(run.target, options, model, Figures())
     fits = SimpleNamespace(path=tiny.path, config=hf_config(tiny.spec), name="tiny-gpt-oss", num_params=1)
-    checks.test_serving_profile_fits_device(run.target, run, fits, Figures())
+    checks.test_serving_profile_fits_device(run.target, EngineFactory(run, fits).options(), fits, Figures())

@@ -89,3 +89,47 @@ def test_an_engine_error_fails_the_check_with_check_failed_and_keeps_its_class()
         call_or_fail(Engine(), "generate_greedy", timeout_s=1.0)
     chain = runrecord.exception_chain(info.value)
     assert runrecord.classify("failed", str(info.value), chain) == "crash"
+
+
+def test_a_check_reads_the_frozen_target_not_the_run():
+    """#37: what a run tests reaches a check as `target`; a check, fixture or plan of a check module that takes
+    the mutable `run` is refused at collection, by file and line. Every check of the suite passes."""
+    from conformance.run.capabilities import run_taken
+
+    source = '''import pytest
+
+
+@pytest.fixture
+def fixture_of_the_module(run, engines):
+    return run.run_dir
+
+
+def test_c(target, run_dir, *, run=None):
+    return target
+'''
+    assert [f.split(":")[1] for f in run_taken(source, "checks/test_c.py")] == ["5", "9"]
+    assert run_taken("def test_d(target, run_dir, engine_options, run_lineage):\n    pass\n", "test_d.py") == []
+    found = [f for p in sorted(CHECKS.glob("*.py")) for f in run_taken(p.read_text(), p.name)]
+    assert not found, "\n".join(found)
+
+
+def test_the_plugin_refuses_a_check_that_takes_the_run_at_collection(tmp_path: Path):
+    from tests.test_run_options import DOC, run_plugin
+
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_takes_run.py").write_text(f'''import pytest
+
+from conformance.verdicts.verdict import fail
+
+
+@pytest.mark.p0
+def test_takes_run(run):
+    {DOC}
+    if run.engine == "x":
+        fail("no")
+''')
+    proc = run_plugin(checks)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out
+    assert "test_takes_run.py:7: a check takes `target`" in out and "Traceback" not in out

@@ -82,7 +82,7 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     request = SimpleNamespace(node=SimpleNamespace(nodeid=CHECK))
     recorded = Figures()
     try:
-        perf_checks.test_serving_perf_against_baseline(8, run.target, run, server, tmp_path,
+        perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
                                                        SimpleNamespace(name=MODEL),
                                                        perf.lineage_of(target, FP, COMBO, "vllm"), recorded, request)
     except FAILED as exc:

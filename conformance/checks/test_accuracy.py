@@ -42,7 +42,8 @@ def _published_model(target) -> str | None:
 @pytest.mark.p3
 @pytest.mark.timeout(RUN_TIMEOUT_S + 600)
 @pytest.mark.parametrize(("task", "effort"), CASES, ids=[f"{t}-{e}" for t, e in CASES])
-def test_accuracy_meets_published_figure(task, effort, target, run, server_call_timeout_s, record_figure, request):
+def test_accuracy_meets_published_figure(task, effort, target, run_dir, server_call_timeout_s, record_figure,
+                                        request):
     """lm-eval's score of the served model on this task at this reasoning effort is at or above the
     pass mark derived from the published figure (accuracy.toml [rule]: reference - 0.05, vLLM's CI
     rule), and the server rendered `Reasoning: <effort>` into the prompt it fed the model.
@@ -76,7 +77,7 @@ def test_accuracy_meets_published_figure(task, effort, target, run, server_call_
         pytest.skip(f"no published {task} figure for {model} at reasoning effort {effort} (accuracy.toml)")
 
     accuracy.effort_rendered(server.client, server.model, effort, server_call_timeout_s).raise_if_failed()
-    out_dir = run.run_dir / "accuracy" / f"{task}-{effort}"  # `run` for this only: where this run writes its files
+    out_dir = run_dir / "accuracy" / f"{task}-{effort}"
     try:
         score = accuracy.run_lm_eval(accuracy.lm_eval_settings(), server.client.base_url, server.model,
                                      server.api_key, spec, effort, files, out_dir,

@@ -3,7 +3,6 @@
 import pytest
 
 from conformance.run import fit
-from conformance.run.fixtures import EngineFactory
 from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "engine"
@@ -11,7 +10,7 @@ AREA = "engine"
 
 @pytest.mark.p0
 @pytest.mark.needs("memory_budget")
-def test_serving_profile_fits_device(target, run, model_under_test, record_figure):
+def test_serving_profile_fits_device(target, engine_options, model_under_test, record_figure):
     """The serving profile's configuration fits the device before any engine starts: the checkpoint's
     weights (sized from its safetensors headers) per GPU at the profile's tensor-parallel size, plus the KV
     cache of its required requests (one at max_model_len, the P2 sweep's largest load; sliding layers hold
@@ -25,10 +24,9 @@ def test_serving_profile_fits_device(target, run, model_under_test, record_figur
       https://github.com/huggingface/safetensors (header format)
     Controls: tests/test_check_bodies_fit.py::test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint
     """
-    # what the engines fixture will start with; `run` for this only: the factory adds the run's --planted-fault
-    options = EngineFactory(run, model_under_test).options()
     try:
-        verdict = fit.gate(target, model_under_test.path, model_under_test.config, options, model_under_test.name)
+        verdict = fit.gate(target, model_under_test.path, model_under_test.config, engine_options,
+                           model_under_test.name)
     except fit.FitError as exc:
         fail(f"the fit preflight could not run: {exc}")
     record_figures(record_figure, verdict)

@@ -131,7 +131,7 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
 
 @pytest.mark.p3
 @pytest.mark.needs("server_process")
-def test_server_killed_mid_stream_is_reported_promptly(target, run, served_model, o200k_vocab, record_figure):
+def test_server_killed_mid_stream_is_reported_promptly(target, run_dir, served_model, o200k_vocab, record_figure):
     """Fault injection: the server's whole process group is killed while it streams a long completion;
     the streaming client must end with an error within seconds, never hang or report success.
 
@@ -143,8 +143,7 @@ def test_server_killed_mid_stream_is_reported_promptly(target, run, served_model
     from conformance.engines.vllm_server import ServerError, _signal_group
     from conformance.run.serving_fixtures import new_server
 
-    # `run` for this only: where this run writes its logs
-    proc = new_server(target, served_model, o200k_vocab.parent, run.run_dir / "vllm-server-fault.log")
+    proc = new_server(target, served_model, o200k_vocab.parent, run_dir / "vllm-server-fault.log")
     try:
         proc.start()
     except ServerError as exc:

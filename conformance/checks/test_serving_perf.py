@@ -30,17 +30,9 @@ def bench_tokenizer(target, server, request) -> Path:
                 "with --server URL")
 
 
-@pytest.fixture(scope="module")
-def run_lineage(target, run) -> str:
-    from conformance.run.recorder import fingerprint
-
-    # `run` for the rest: the fingerprint the run collected (or collects now) and its --combo, no facts of the target
-    return perf.lineage_of(target.name, run.fingerprint or fingerprint(run), run.combo, target.engine)
-
-
 @pytest.mark.p2
 @pytest.mark.parametrize("concurrency", CONCURRENCY, ids=[f"c{c}" for c in CONCURRENCY])
-def test_serving_perf_against_baseline(concurrency, target, run, server, bench_tokenizer, model_under_test,
+def test_serving_perf_against_baseline(concurrency, target, run_dir, server, bench_tokenizer, model_under_test,
                                        run_lineage, record_figure, request):
     """`vllm bench serve` (random prompts of fixed length, greedy, ignore_eos) at this concurrency:
     every request completes, and TTFT, TPOT, inter-token latency P50/P99 and output tokens/s are
@@ -60,10 +52,9 @@ def test_serving_perf_against_baseline(concurrency, target, run, server, bench_t
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
-    # `run` for this only: where this run writes its files
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
-                                run.run_dir / "bench", env, server_fork.client_context(target.table))
+                                run_dir / "bench", env, server_fork.client_context(target.table))
     except perf.PerfError as exc:
         fail(str(exc))
     record_figures(record_figure, result)
@@ -101,7 +92,7 @@ SHAPES = bench_shapes.shape_sweep()
 
 @pytest.mark.p2
 @pytest.mark.parametrize(("shape", "concurrency"), SHAPES, ids=[f"{s}-c{c}" for s, c in SHAPES])
-def test_serving_perf_at_shape(shape, concurrency, target, run, server, bench_tokenizer, model_under_test,
+def test_serving_perf_at_shape(shape, concurrency, target, run_dir, server, bench_tokenizer, model_under_test,
                                run_lineage, record_figure, request):
     """The long-output and long-input standard shapes (1k in / 8k out, 8k in / 1k out; data/perf.toml
     [bench.shapes], scaled down on the CPU default) at each concurrency, judged as the 1k/1k sweep is: every
@@ -120,7 +111,7 @@ def test_serving_perf_at_shape(shape, concurrency, target, run, server, bench_to
     if limit is not None and int(limit) < input_len + output_len:
         pytest.skip(f"shape {shape} needs {input_len + output_len} tokens per request; the served profile "
                     f"{target.profile.label} has max_model_len {limit}")
-    test_serving_perf_against_baseline(concurrency, target, run, server, bench_tokenizer, model_under_test,
+    test_serving_perf_against_baseline(concurrency, target, run_dir, server, bench_tokenizer, model_under_test,
                                        run_lineage, record_figure, request)
 
 

@@ -64,7 +64,7 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
 
 
 @pytest.fixture(scope="module")
-def vllm_tp(target, run, engines):
+def vllm_tp(target, run_dir, engines):
     """(vLLM at tensor_parallel_size > 1 on the model under test, its TP size), started once for this
     module's checks; a start that fails is the checks' failure."""
     overrides, env, reason = tp_settings(target.name, len(target.devices))
@@ -72,7 +72,7 @@ def vllm_tp(target, run, engines):
         pytest.skip(reason)
     options = engines.options(**overrides)
     tp = int(overrides["tensor_parallel_size"])
-    log = run.run_dir / f"engine-vllm-tp{tp}.log"  # `run` for this only: the run's own folder, no fact of the target
+    log = run_dir / f"engine-vllm-tp{tp}.log"
     try:
         proc = TPEngineProcess(str(engines.model.path), options, dict(target.env), log,
                                start_timeout_s=target.timeouts.engine_start_s, start_method=target.start_method("vllm"),

@@ -176,9 +176,23 @@ def other_ways_to_fail(source: str, where: str) -> list[str]:
             "fail(sentence) (conformance/verdicts/verdict.py)." for line, what in sorted(found)]
 
 
+def run_taken(source: str, where: str) -> list[str]:
+    """One sentence, naming `where`:line, per function of a check module (a check, a fixture, an engines_ahead plan)
+    that takes the `run` fixture: what a run tests is the frozen `target`; where it writes, `run_dir`; the default
+    engine's options, `engine_options`; the perf lineage, `run_lineage` (conformance/run/fixtures.py)."""
+    found = [node.lineno for node in ast.walk(ast.parse(source, where))
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and any(a.arg == "run" for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs))]
+    return [f"{where}:{line}: a check takes `target` (what the run tests), `run_dir`, `engine_options` or "
+            "`run_lineage`, not the mutable `run` (docs/adding-a-check.md)." for line in found]
+
+
 def lint(items: Iterable[Any]) -> list[str]:
     """Over the modules of the collected checks, each named as in the checks' node ids: `name_comparisons` (not
-    applicable is a capability or an expectation) and `other_ways_to_fail` (a check says no through a verdict)."""
+    applicable is a capability or an expectation), `other_ways_to_fail` (a check says no through a verdict) and
+    `run_taken` (a check reads the frozen target, not the run's mutable state)."""
     modules = {item.nodeid.split("::", 1)[0]: Path(item.path) for item in items if Path(item.path).suffix == ".py"}
     return [problem for where, path in sorted(modules.items())
-            for problem in (*name_comparisons(path.read_text(), where), *other_ways_to_fail(path.read_text(), where))]
+            for source in (path.read_text(),)
+            for problem in (*name_comparisons(source, where), *other_ways_to_fail(source, where),
+                            *run_taken(source, where))]

@@ -288,6 +288,29 @@ def fingerprint(run: RunContext, engine: EngineProcess) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def run_dir(run: RunContext) -> Path:
+    """The folder this run writes into (engine and server logs, lm-eval's and bench's outputs, the record)."""
+    return run.run_dir
+
+
+@pytest.fixture(scope="session")
+def engine_options(run: RunContext, model_under_test: ModelUnderTest) -> dict[str, Any]:
+    """What the engines fixture will start the default engine with (the run's --planted-fault included), for a
+    check that must judge it before any engine starts."""
+    return EngineFactory(run, model_under_test).options()
+
+
+@pytest.fixture(scope="session")
+def run_lineage(target: RunTarget, run: RunContext) -> str:
+    """The lineage of this run's performance figures: target, the stack's fingerprint (collected now if the run
+    has not yet), --combo and engine (conformance/verdicts/perf.py)."""
+    from conformance.run.recorder import fingerprint
+    from conformance.verdicts import perf
+
+    return perf.lineage_of(target.name, run.fingerprint or fingerprint(run), run.combo, target.engine)
+
+
+@pytest.fixture(scope="session")
 def target(run: RunContext) -> RunTarget:
     """What the run tests, built and validated once at configure (conformance/run/run_target.py): the target's
     name and table, torch's facts, the engine, the dtypes, the serving profile and the model."""
