@@ -13,7 +13,7 @@ import pytest
 from conformance.checks import test_kv_accounting, test_kv_cache, test_reliability, test_stack_identity
 from conformance.run import capabilities, expectations, run_target
 from tests.check_fakes import CollectedItem
-from tests.test_run_options import DOC, run_plugin
+from tests.test_run_options import refused_at_collection
 
 CHECKS = Path(capabilities.__file__).parent.parent / "checks"
 BAD = '''import pytest
@@ -60,22 +60,9 @@ def test_the_suites_checks_pass_the_lint():
 
 
 def test_the_plugin_refuses_a_check_that_compares_a_name_at_collection(tmp_path: Path):
-    checks = tmp_path / "checks"
-    checks.mkdir()
-    (checks / "test_named.py").write_text(f'''import pytest
-
-
-@pytest.mark.p0
-def test_named(run):
-    {DOC}
-    if run.engine != "vllm":
-        pytest.skip("not vLLM")
-''')
-    proc = run_plugin(checks)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 4, out  # a usage error: nothing ran, nothing started
-    assert "ERROR: test_named.py:9: `run.engine != 'vllm'` compares with the engine or target name 'vllm'" in out
-    assert "Traceback" not in out
+    body = '    if run.engine != "vllm":\n        pytest.skip("not vLLM")\n'
+    out = refused_at_collection(tmp_path, "test_named", body)
+    assert "ERROR: test_named.py:11: `run.engine != 'vllm'` compares with the engine or target name 'vllm'" in out
 
 
 # ------------------------------------------------------------------ what the name comparisons became

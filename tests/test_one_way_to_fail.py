@@ -15,6 +15,7 @@ from conformance.engines.worker import EngineDied
 from conformance.run import runrecord
 from conformance.run.capabilities import other_ways_to_fail
 from conformance.verdicts.verdict import CheckFailed
+from tests.test_run_options import refused_at_collection
 
 CHECKS = Path(__file__).resolve().parents[1] / "conformance" / "checks"
 BAD = '''import pytest
@@ -61,23 +62,8 @@ def test_the_suites_checks_say_no_only_through_verdicts():
 
 
 def test_the_plugin_refuses_a_check_that_says_no_another_way_at_collection(tmp_path: Path):
-    from tests.test_run_options import DOC, run_plugin
-
-    checks = tmp_path / "checks"
-    checks.mkdir()
-    (checks / "test_asserts.py").write_text(f'''import pytest
-
-
-@pytest.mark.p0
-def test_asserts():
-    {DOC}
-    assert 1 + 1 == 2
-''')
-    proc = run_plugin(checks)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 4, out  # a usage error: nothing ran
-    assert "ERROR: test_asserts.py:9: a bare assert says no outside the verdict protocol" in out
-    assert "Traceback" not in out
+    out = refused_at_collection(tmp_path, "test_asserts", "    assert 1 + 1 == 2\n")
+    assert "ERROR: test_asserts.py:11: a bare assert says no outside the verdict protocol" in out
 
 
 def test_an_engine_error_fails_the_check_with_check_failed_and_keeps_its_class():
@@ -114,22 +100,5 @@ def test_c(target, run_dir, *, run=None):
 
 
 def test_the_plugin_refuses_a_check_that_takes_the_run_at_collection(tmp_path: Path):
-    from tests.test_run_options import DOC, run_plugin
-
-    checks = tmp_path / "checks"
-    checks.mkdir()
-    (checks / "test_takes_run.py").write_text(f'''import pytest
-
-from conformance.verdicts.verdict import fail
-
-
-@pytest.mark.p0
-def test_takes_run(run):
-    {DOC}
-    if run.engine == "x":
-        fail("no")
-''')
-    proc = run_plugin(checks)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 4, out
-    assert "test_takes_run.py:7: a check takes `target`" in out and "Traceback" not in out
+    out = refused_at_collection(tmp_path, "test_takes_run", '    if run.dtype_name == "float16":\n        fail("no")\n')
+    assert "test_takes_run.py:7: a check takes `target`" in out

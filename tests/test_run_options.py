@@ -66,6 +66,20 @@ def mini(tmp_path: Path) -> Path:
     return checks
 
 
+def refused_at_collection(tmp_path: Path, name: str, body: str) -> str:
+    """The plugin over one check module `checks/<name>.py` whose check (marked p0, with a docstring) runs `body`
+    (4-space indented lines): it must refuse it at collection, in sentences (exit 4, no traceback). Its output."""
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / f"{name}.py").write_text(f"import pytest\n\nfrom conformance.verdicts.verdict import fail\n\n\n"
+                                       f"@pytest.mark.p0\ndef {name}(run):\n    {DOC}\n{body}")
+    proc = run_plugin(checks)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out  # a usage error: nothing ran, nothing started
+    assert "Traceback" not in out, out
+    return out
+
+
 def run_plugin(checks: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """pytest with the suite's plugin over `checks`, as `conformance run` drives it (-q, the cache under the
     reports folder, autoload off and the plugins it needs loaded by name); its checks ask for no engine and no
