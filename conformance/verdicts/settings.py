@@ -15,6 +15,22 @@ def layer_probe_settings() -> tuple[int, int]:
     return int(table["decode_steps"]), int(table["long_prompt"])
 
 
+def layers_probed_at_p0(config: dict) -> list[int] | None:
+    """The layers P0's per-layer check probes on this model (tolerances.toml [layers] p0_*): None for every layer,
+    else at each depth anchor the nearest layer of each type (sliding, full), in order."""
+    table = load_toml(DATA / "tolerances.toml")["layers"]
+    count = int(config["num_hidden_layers"])
+    if count <= int(table["p0_every_layer_up_to"]):
+        return None
+    types = config.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(count)]
+    chosen: set[int] = set()
+    for anchor in table["p0_anchors"]:
+        at = float(anchor) * (count - 1)
+        for kind in sorted(set(types)):
+            chosen.add(min((i for i in range(count) if types[i] == kind), key=lambda i: (abs(i - at), i)))
+    return sorted(chosen)
+
+
 def tiny_prompts(vocab_size: int, path: Path | None = None) -> tuple[list[list[int]], int]:
     """The deterministic token-id prompt set and its max_tokens."""
     spec = load_toml(path or DATA / "prompts" / "tiny.toml")
