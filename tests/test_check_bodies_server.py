@@ -229,7 +229,7 @@ def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: failed)
     server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
     run = run_ctx(run_dir=tmp_path)
-    fails(perf_checks.test_serving_perf_against_baseline, 8, run.target, run, server, tmp_path,
+    fails(perf_checks.test_serving_perf_against_baseline, 8, run.target, run.run_dir, server, tmp_path,
           SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(), SimpleNamespace(node=SimpleNamespace(
               nodeid="conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]")),
           match="3 of 32 requests failed under load")
@@ -264,7 +264,8 @@ def test_accuracy_check_fails_on_a_model_dir_without_a_readable_config(tmp_path)
 
     (tmp_path / "config.json").write_text("{not json")
     run = run_ctx(model_arg=str(tmp_path))
-    fails(accuracy_checks.test_accuracy_meets_published_figure, "gsm8k", "low", run.target, run, 10, Figures(), None,
+    fails(accuracy_checks.test_accuracy_meets_published_figure, "gsm8k", "low", run.target, run.run_dir, 10,
+          Figures(), None,
           match="cannot be read as JSON")
 
 
@@ -279,6 +280,6 @@ def test_server_kill_check_fails_when_its_server_cannot_start(monkeypatch, tmp_p
             raise ServerError("the vLLM server exited during start-up (code 1): see vllm-server-fault.log.")
     monkeypatch.setattr(serving_fixtures, "new_server", lambda *args, **kwargs: NoStart())
     run = run_ctx(run_dir=tmp_path)
-    fails(reliability.test_server_killed_mid_stream_is_reported_promptly, run.target, run,
+    fails(reliability.test_server_killed_mid_stream_is_reported_promptly, run.target, run.run_dir,
           serving_fixtures.ServedModel(MODEL, tmp_path), tmp_path / "o200k_base.tiktoken", Figures(),
           match="exited during start-up")
