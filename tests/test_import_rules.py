@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("conformance", "env_checks", "reports")
 
@@ -227,23 +229,17 @@ def test_pending_breaches_are_still_there():
     assert not stale, f"these imports are gone: take them out of PENDING: {stale}"
 
 
-def test_every_wing_imports_only_wings_on_floors_below_it():
-    breaches = floor_breaches(IMPORTS)
-    assert not breaches, "\n".join(breaches)
+RULES = {  # what the tree keeps, each rule naming its breaches by file and line
+    "every_wing_imports_only_wings_on_floors_below_it": floor_breaches,
+    "no_module_imports_one_that_imports_it_back": cycles,
+    "env_checks_datafiles_and_tooling_import_the_standard_library_only": stdlib_breaches,
+    "conformance_and_reports_meet_at_the_two_doors_only": package_breaches,
+}
 
 
-def test_no_module_imports_one_that_imports_it_back():
-    loops = cycles(IMPORTS)
-    assert not loops, "\n".join(loops)
-
-
-def test_env_checks_datafiles_and_tooling_import_the_standard_library_only():
-    breaches = stdlib_breaches(IMPORTS)
-    assert not breaches, "\n".join(breaches)
-
-
-def test_conformance_and_reports_meet_at_the_two_doors_only():
-    breaches = package_breaches(IMPORTS)
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_the_tree_keeps_the_rule(rule):
+    breaches = RULES[rule](IMPORTS)
     assert not breaches, "\n".join(breaches)
 
 
