@@ -209,3 +209,54 @@ def test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault(tiny, refer
     with pytest.raises(pytest.skip.Exception, match=f"probes every one of this model's {count} layers"):
         parity.test_every_layer_block_matches_reference(clean, Engines(clean), reference, target_of(dtype="float32"),
                                                         limits_for("float32"), prompts, model, 600.0, Figures())
+
+
+def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(tiny, reference, prompts,
+                                                                               shared_engines, monkeypatch, tmp_path):
+    """#38: where the model's float32 weights exceed 80% of the device, the exact verdict runs on the slice of its
+    first layers that fits (here 2 of the tiny model's 4, on a "device" sized for that), judged against the fp64
+    reference of that slice: a clean vLLM-CPU engine on the slice passes, one that drops the sinks fails, and the
+    record says how many layers ran."""
+    from conformance.checkpoints import slices
+    from conformance.datafiles import content_hash
+
+    from conformance.reference import device
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
+    on_cpu = device.reference_for  # the GPU target's reference_device is a GPU; this host's fp64 is the CPU's
+    monkeypatch.setattr(device, "reference_for", lambda path, streaming, where: on_cpu(path, streaming, None))
+    cfg = reference.cfg
+    total = int(cfg["num_hidden_layers"])
+    outside = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"])
+    per_layer = 10_000
+    model = SimpleNamespace(path=tiny.path, content_hash=content_hash(tiny.path), name="tiny-gpt-oss", config=cfg,
+                            num_params=outside + total * per_layer)
+    monkeypatch.setattr(parity, "_device_memory_bytes", lambda: int((outside + 2.5 * per_layer) * 4 / 0.8))
+    assert slices.layers_that_fit(cfg, model.num_params, (outside + 2.5 * per_layer) * 4) == 2
+
+    class OnTheSlice(Engines):
+        def __init__(self, fault=None):
+            self.fault, self.asked = fault, []
+
+        def get(self, **overrides):
+            self.asked.append(overrides)
+            extra = {"planted_fault": self.fault} if self.fault else {}
+            return shared_engines.get(overrides["model"], dtype=overrides["dtype"], **extra)
+
+    target = target_of(target="rocm", dtype="bfloat16")
+    figures, engines = Figures(), OnTheSlice()
+    parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, reference, prompts,
+                                                       model, 600.0, figures)
+    assert figures.values["exact_layers"] == 2 and figures.values["exact_layers_of"] == total
+    sliced = engines.asked[0]["model"]
+    assert json_config(sliced)["num_hidden_layers"] == 2 and figures.values["max_abs_dlogprob"] < 2e-3
+    with pytest.raises(FAILED, match=r"engine \(float32, first 2 of \d+ layers\) vs reference"):
+        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), OnTheSlice("sinks_dropped"),
+                                                           reference, prompts, model, 600.0, Figures())
+
+
+def json_config(model_dir) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(model_dir) / "config.json").read_text())

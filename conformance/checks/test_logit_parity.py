@@ -2,6 +2,8 @@
 
 import pytest
 
+from conformance.checkpoints import slices
+from conformance.datafiles import DataError
 from conformance.engines.worker import EngineError
 from conformance.verdicts import compare, mathcheck, settings
 from conformance.verdicts.verdict import fail, record_figures
@@ -114,28 +116,51 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
                                                 call_timeout_s, record_figure):
     """On a target whose production dtype is not float32, the same engine also runs the prompt set in float32
     (tf32 off) and must match the fp64 reference within the exact fp32 limits — the run shows both verdicts.
+    A model whose float32 weights exceed 80% of the device runs it on a slice of its first layers that fits
+    (conformance/checkpoints/slices.py: the real dimensions, kernels and weights of those layers), judged against
+    the fp64 reference of the same slice; the record says how many layers (exact_layers of exact_layers_of).
 
     Catches: every math bug the low-precision verdicts can only bound statistically (a window off by one,
-    rounded YaRN, sinks counted twice), on the GPU and kernels the production dtype uses.
+    rounded YaRN, sinks counted twice), on the GPU and kernels the production dtype uses, at the model's size.
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
-    Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks
+    Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks,
+      tests/test_dtype_verdicts.py::test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device
     """
     exact = target.exact_dtype
     if not exact:
         pytest.skip(f"targets.toml names no exact_dtype for {target.name}")
     if exact == target.dtype:
         pytest.skip(f"the run's dtype is {target.dtype}: test_greedy_logprobs_match_reference is the exact verdict")
-    need, have = model_under_test.num_params * 4, _device_memory_bytes()
-    if have and need > 0.8 * have:
-        pytest.skip(f"float32 weights need {need / 2**30:.0f} GiB, more than 80% of the device's "
-                    f"{have / 2**30:.0f} GiB: the exact verdict runs on a smaller checkpoint of the same stack")
+    total = int(model_under_test.config["num_hidden_layers"])
+    layers, have = total, _device_memory_bytes()
+    if have and model_under_test.num_params * 4 > 0.8 * have:
+        layers = slices.layers_that_fit(model_under_test.config, model_under_test.num_params, 0.8 * have)
+        if layers < 1:
+            pytest.skip(f"not even one layer of {model_under_test.name} fits 80% of the device's "
+                        f"{have / 2**30:.0f} GiB in float32 beside its embeddings and lm_head")
+    record_figure("exact_layers", float(layers))
+    record_figure("exact_layers_of", float(total))
+    engine_model, judge = None, reference
+    if layers < total:
+        from conformance.reference.device import reference_for
+        from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
+
+        try:
+            engine_model = slices.slice_layers(model_under_test.path, layers,
+                                              model_under_test.content_hash or model_under_test.name)
+        except (DataError, OSError) as exc:
+            fail(f"the {layers}-layer slice for the exact verdict could not be cut: {exc}")
+        judge = reference_for(engine_model, model_under_test.num_params > STREAMING_ABOVE_PARAMS,
+                              target.table.get("reference_device"))
     tol, top_k = exact_limits.logprobs
     try:
-        out = engines.get(dtype=exact).call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k,
-                                            prompt_logprobs=True, timeout_s=call_timeout_s)
+        out = engines.get(dtype=exact, **({"model": engine_model} if engine_model else {})).call(
+            "generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
+            timeout_s=call_timeout_s)
     except EngineError as exc:
         fail(str(exc))
-    report = compare.logprobs_close(out, [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out], tol,
-                                    names=(f"engine ({exact})", "reference"))
+    what = f"engine ({exact}{f', first {layers} of {total} layers' if layers < total else ''})"
+    report = compare.logprobs_close(out, [judge.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out], tol,
+                                    names=(what, "reference"))
     record_figures(record_figure, report)
     report.raise_if_failed()
