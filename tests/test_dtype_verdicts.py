@@ -236,6 +236,7 @@ def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(t
 
     class OnTheSlice(Engines):
         def __init__(self, fault=None):
+            super().__init__(None)
             self.fault, self.asked = fault, []
 
         def get(self, **overrides):

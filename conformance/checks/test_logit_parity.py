@@ -116,7 +116,8 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
                                                 call_timeout_s, record_figure):
     """On a target whose production dtype is not float32, the same engine also runs the prompt set in float32
     (tf32 off) and must match the fp64 reference within the exact fp32 limits — the run shows both verdicts.
-    A model whose float32 weights exceed 80% of the device runs it on a slice of its first layers that fits
+    A model whose float32 weights exceed the float32 engine's share of the device (its gpu_memory_utilization,
+    at most 80%) runs it on a slice of its first layers that fits
     (conformance/checkpoints/slices.py: the real dimensions, kernels and weights of those layers), judged against
     the fp64 reference of the same slice; the record says how many layers (exact_layers of exact_layers_of).
 
@@ -133,11 +134,13 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         pytest.skip(f"the run's dtype is {target.dtype}: test_greedy_logprobs_match_reference is the exact verdict")
     total = int(model_under_test.config["num_hidden_layers"])
     layers, have = total, _device_memory_bytes()
-    if have and model_under_test.num_params * 4 > 0.8 * have:
-        layers = slices.layers_that_fit(model_under_test.config, model_under_test.num_params, 0.8 * have)
+    # the float32 engine's share of the device: its gpu_memory_utilization, at most 80%
+    budget = min(0.8, float(engines.options(dtype=exact).get("gpu_memory_utilization", 0.8))) * have
+    if have and model_under_test.num_params * 4 > budget:
+        layers = slices.layers_that_fit(model_under_test.config, model_under_test.num_params, budget)
         if layers < 1:
-            pytest.skip(f"not even one layer of {model_under_test.name} fits 80% of the device's "
-                        f"{have / 2**30:.0f} GiB in float32 beside its embeddings and lm_head")
+            pytest.skip(f"not even one layer of {model_under_test.name} fits the float32 engine's "
+                        f"{budget / 2**30:.0f} GiB of the device beside its embeddings and lm_head")
     record_figure("exact_layers", float(layers))
     record_figure("exact_layers_of", float(total))
     engine_model, judge = None, reference
