@@ -219,7 +219,6 @@ def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(t
     record says how many layers ran."""
     from conformance.checkpoints import slices
     from conformance.datafiles import content_hash
-
     from conformance.reference import device
 
     monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
