@@ -58,11 +58,11 @@ def test_planned_engines_start_ahead_in_order_and_unclaimed_ones_are_closed(tiny
         factory.start_ahead()
         assert len(factory.ahead) == 1, "the first planned engine starts ahead, and only it"
         first = next(iter(factory.ahead.values()))[0]
-        got = factory.get(**T)
+        got = factory.process(**T)
         assert got is first and got.info["engine"] == "transformers", "get() hands out the engine started ahead"
         second = next(iter(factory.ahead.values()))[0]
         factory.finished(items[0].nodeid)
-        assert factory.get(**T, dtype="float64") is second
+        assert factory.process(**T, dtype="float64") is second
         third = next(iter(factory.ahead.values()))[0]
         assert len(factory.ahead) == 1 and "float16" in next(iter(factory.ahead)), (
             f"check_c is not selected, so check_d's engine starts next: {list(factory.ahead)}")
@@ -94,9 +94,9 @@ def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one
     factory.max_alive = 2
     try:
         factory.start_ahead()
-        a = factory.get(**T)
+        a = factory.process(**T)
         assert len(factory.live) + len(factory.ahead) == 2, "one engine live, the next starting ahead"
-        b = factory.get(**T, dtype="float64")
+        b = factory.process(**T, dtype="float64")
         assert len(factory.live) + len(factory.ahead) == 2 and b in factory.live.values()
         a._proc.join(10)
         assert not a._proc.is_alive(), "the least recently used engine made room for the one ahead"
@@ -107,7 +107,7 @@ def test_engines_started_ahead_count_toward_max_alive_and_never_displace_the_one
     single.max_alive = 1
     try:
         single.start_ahead()
-        only = single.get(**T)
+        only = single.process(**T)
         assert not single.ahead and only._proc.is_alive(), "no room: the engine handed out last is not closed"
     finally:
         single.close()
@@ -121,8 +121,8 @@ def test_the_cpu_target_starts_two_ahead_and_closes_engines_without_waiting_for_
     try:
         factory.start_ahead()
         assert len(factory.ahead) == 2, "the next two planned engines start at once"
-        a = factory.get(**T)
-        factory.get(**T, dtype="float64")  # no room for c: a, least recently used, is asked to close
+        a = factory.process(**T)
+        factory.process(**T, dtype="float64")  # no room for c: a, least recently used, is asked to close
         assert factory._closing == [a] and a._closing, "an engine made room for another is retired, not waited for"
     finally:
         factory.close()
@@ -137,7 +137,7 @@ def test_an_engine_that_fails_to_start_ahead_fails_the_check_that_asks_for_it(ti
         factory.start_ahead()
         assert len(factory.ahead) == 1
         with pytest.raises(EngineError, match="enforce_eager must be true, false or absent"):
-            factory.get(**T, enforce_eager="sometimes")
+            factory.process(**T, enforce_eager="sometimes")
         assert not factory.ahead and not factory.live
     finally:
         factory.close()
@@ -208,3 +208,66 @@ def test_the_server_starts_with_the_options_and_environment_of_the_engines(tiny,
     assert server.options == engine_options and engine_options["dtype"] == dtype
     kept = {k: v for k, v in started["env"].items() if k not in serving_fixtures.NOT_FOR_SERVER}
     assert kept.items() <= server.env.items()
+
+
+class _FakeProcess:
+    """A stand-in engine process: what the factory reads of one (ready, info, close)."""
+
+    def __init__(self, kind, model_dir, options, *args, **kwargs) -> None:
+        self.options, self.closed, self.info = options, False, {"engine": kind}
+        self.started_at = self.ready_at = 0.0
+
+    def call(self, method, *args, **kwargs):
+        if self.closed:
+            raise EngineError("the engine process exited")
+        return method
+
+    def close(self, timeout_s=None) -> None:
+        self.closed = True
+
+    def is_ready(self) -> bool:
+        return not self.closed
+
+    def begin_close(self) -> None:
+        self.closed = True
+
+    def kill(self) -> None:
+        self.closed = True
+
+
+def _share_factory(tiny, tmp_path, share: float, monkeypatch) -> EngineFactory:
+    run = run_ctx("cuda", run_dir=tmp_path)
+    run.startups, run.engine_info = [], {}
+    factory = EngineFactory(run, ModelUnderTest("tiny", tiny.path, None, {}, 0))
+    started = []
+
+    def start(kind, model_dir, options, wait=True):
+        started.append(options)
+        return _FakeProcess(kind, model_dir, options)
+    monkeypatch.setattr(factory, "_start", start)
+    monkeypatch.setattr(factory, "options", lambda kind=None, **o: {"gpu_memory_utilization": share} | o)
+    factory.started = started
+    return factory
+
+
+def test_engines_that_cannot_share_the_device_take_turns_and_handles_start_them_again(tiny, tmp_path, monkeypatch):
+    """gpt-oss-120b's profile gives each engine 0.9 of the device: the default engine is closed (and waited for)
+    to start another, and the `engine` handle starts it again when a check uses it; the server's share counts
+    too. With the tiny model's 0.3 on an H200 two engines and the server fit, and nothing is closed."""
+    big = _share_factory(tiny, tmp_path, 0.9, monkeypatch)
+    engine = big.get()
+    default = engine.process()
+    other = big.get(block_size=16)
+    assert default.closed and list(big.live) == [big._key(None, None, {"block_size": 16})[0]]
+    assert engine.call("generate_greedy") == "generate_greedy", "the handle started the default again"
+    assert other.process() is not None and len(big.live) == 1 and len(big.started) == 4, "and the other again"
+    big.hold("vllm-server", 0.9)
+    assert not big.live, "the server's share leaves no room for an engine beside it"
+    big.hold("vllm-server", None)
+    assert big.held() == 0.0
+
+    small = _share_factory(tiny, tmp_path / "small", 0.3, monkeypatch)
+    first = small.get()
+    small.get(block_size=16)
+    small.hold("vllm-server", 0.3)
+    assert len(small.live) == 2 and not first.process().closed and len(small.started) == 2

@@ -68,9 +68,33 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
     return m
 
 
+MEMORY_SHARE_MAX = 1.0  # the engines' gpu_memory_utilization together: vLLM refuses to start beyond what is free
+
+
+class EngineHandle:
+    """An engine as a check or fixture holds it: its configuration, resolved to the live engine at every use. The
+    factory starts it again where it closed it (to keep `max_alive`, or to make room in the device's memory for
+    another engine or the server: EngineFactory.make_room)."""
+
+    __slots__ = ("_factory", "_args")
+
+    def __init__(self, factory: EngineFactory, args: dict[str, Any]) -> None:
+        self._factory, self._args = factory, args
+
+    def process(self) -> EngineProcess:
+        """The live engine of this configuration, started if it is not."""
+        return self._factory.process(**self._args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.process(), name)
+
+
 class EngineFactory:
     """Engines keyed by configuration; at most `max_alive` live at once (`engines_alive` in data/targets.toml:
-    2 on GPUs, whose memory they share; the default engine is never closed, the least recently used other is).
+    2 on GPUs, whose memory they share; the default engine stays, the least recently used other is closed), and
+    never more than the device's memory between them: where the engines' gpu_memory_utilization would add up past
+    1 (gpt-oss-120b's profile gives each 0.9), the least recently used are closed first, the default too. get()
+    hands out handles, so an engine closed that way starts again when a check uses it.
 
     Started ahead: where the target allows it (`engines_ahead` in data/targets.toml, 1 on the CPU default,
     where a vLLM engine runs one thread and the other core waits), the factory starts the next engine a check
@@ -91,6 +115,8 @@ class EngineFactory:
         self.ahead_waited = self.ahead_hidden = 0.0
         self.unclaimed = 0  # engines started ahead and closed unasked (a plan that does not match its checks)
         self._closing: list[EngineProcess] = []  # asked to close (_retire), waited for by close()
+        self._share: dict[str, float] = {}  # key -> the share of the device's memory its engine was given
+        self._others: set[str] = set()  # what else holds a share (the suite's server), by name in _share
         self._depth = int(run.target.table.get("engines_ahead", 0)) if items else 0
         self._remaining: dict[tuple[str, str], int] = {}  # (module, check name) -> its items not yet finished
         self._item_names: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -130,8 +156,43 @@ class EngineFactory:
         return self._key(None, None, {})[0]
 
     def get(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
-        """The engine of this kind (default: the one under test) for these options and model dir
-        (default: the model under test), started once."""
+        """The engine of this kind (default: the one under test) for these options and model dir (default: the
+        model under test), started now if it is not alive; handed out as a handle (an EngineProcess to its users)."""
+        self.process(model, kind, **overrides)
+        return EngineHandle(self, {"model": model, "kind": kind, **overrides})  # type: ignore[return-value]
+
+    @staticmethod
+    def share_of(options: dict[str, Any]) -> float:
+        """The share of the device's memory an engine with these options takes (vLLM's gpu_memory_utilization;
+        0 where the engine takes a fixed budget instead, as vLLM-CPU's kv_cache_memory_bytes)."""
+        return float(options.get("gpu_memory_utilization") or 0.0)
+
+    def held(self) -> float:
+        """The share of the device's memory the engines alive or starting, and the server, hold together."""
+        return sum(self._share.get(k, 0.0) for k in [*self.live, *self.ahead, *self._others])
+
+    def make_room(self, share: float) -> None:
+        """Close engines until `share` more of the device's memory fits beside those left: those starting ahead
+        first, then the least recently used alive, the default too; each is waited for (vLLM checks the free memory
+        as it starts). Nothing closes where the shares fit (vLLM-CPU, the tiny model's 0.3 on a GPU)."""
+        over = lambda: self.held() + share > MEMORY_SHARE_MAX + 1e-9  # noqa: E731
+        for key in [k for k in self.ahead if over()]:
+            self.ahead.pop(key)[0].kill()
+            self.unclaimed += 1
+        while self.live and over():
+            self.live.popitem(last=False)[1].close()
+
+    def hold(self, name: str, share: float | None) -> None:
+        """Count (a share) or stop counting (None) what else holds part of the device's memory: the server."""
+        if share is None:
+            self._others.discard(name)
+            return
+        self.make_room(share)
+        self._others.add(name)
+        self._share[name] = share
+
+    def process(self, model: Path | None = None, kind: str | None = None, **overrides: Any) -> EngineProcess:
+        """The live engine of this configuration, started if it is not (what a handle resolves to)."""
         key, kind, model_dir, options = self._key(model, kind, overrides)
         self._last = key
         if key in self.live:
@@ -146,6 +207,8 @@ class EngineFactory:
             if victim is None:
                 break
             self._retire(self.live.pop(victim))
+        if ahead is None:
+            self.make_room(self.share_of(options))  # where two engines cannot share the device
         if ahead is not None:
             proc = ahead
             waited = time.perf_counter()
@@ -159,6 +222,7 @@ class EngineFactory:
             proc = self._start(kind, model_dir, options)
         self.run.startups.append((f"{kind} engine", (proc.ready_at or time.perf_counter()) - proc.started_at))
         self.live[key] = proc
+        self._share[key] = self.share_of(options)
         if not self.run.engine_info:
             self.run.engine_info = proc.info
         self.start_ahead()
@@ -197,7 +261,10 @@ class EngineFactory:
             key, kind, model_dir, options = self._key(arguments.pop("model", None), arguments.pop("kind", None),
                                                       arguments)
             if key not in self.live and key not in self.ahead:
+                if self.held() + self.share_of(options) > MEMORY_SHARE_MAX + 1e-9:
+                    continue  # no memory for it beside the engines alive: it starts when its check asks
                 self.ahead[key] = (self._start(kind, model_dir, options, wait=False), (mod, check))
+                self._share[key] = self.share_of(options)
 
     def _room_ahead(self) -> bool:
         """Whether one more engine may exist: below `max_alive`, or after closing the least recently used one

@@ -228,6 +228,9 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
     proc = _take_prestarted()
     if proc is None:
         proc = new_server(run.target, model, vocab_dir, run.run_dir / "vllm-server.log")
+        factory = run.engine_factory
+        if factory is not None:  # the server's share of the device beside the engines alive
+            factory.hold("vllm-server", factory.share_of(proc.options))
         try:
             with heartbeat.phase("vLLM server start", proc.log_path):
                 proc.start()
@@ -241,6 +244,8 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
                               proc.log_path)
     finally:
         proc.close()
+        if run.engine_factory is not None:
+            run.engine_factory.hold("vllm-server", None)
 
 
 @pytest.fixture(scope="session")
