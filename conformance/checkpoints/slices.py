@@ -67,12 +67,10 @@ def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = Non
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         os.replace(tmp, final)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
         if not (final / "config.json").is_file():  # not another process's identical slice: a real failure
             raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already where os.replace moved it
     return final
 
 

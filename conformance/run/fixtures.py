@@ -202,7 +202,7 @@ class EngineFactory:
         default = self._default_key()
         ahead = self.ahead.pop(key)[0] if key in self.ahead else None
         while len(self.live) + len(self.ahead) >= self.max_alive:  # those starting ahead count: they hold memory
-            # the default engine stays: session fixtures (engine, engine_greedy) hold it
+            # the default engine stays: most checks use it, so it is the costliest to start again
             victim = next((k for k in self.live if k != default), None)
             if victim is None:
                 break
