@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -117,3 +118,32 @@ def test_the_server_serves_on_the_profile_row_the_engines_run(dtype, backend, tm
     assert server.options.get("attention_backend") == backend
     assert server.options["max_model_len"] == target.profile.engine_options()["max_model_len"]
     assert server.options["dtype"] == dtype
+
+
+@pytest.mark.parametrize("dtype, backend", [("float16", "TRITON_ATTN"), ("bfloat16", None), ("float32", None)])
+def test_an_engine_of_another_dtype_takes_the_profile_row_that_serves_it(dtype, backend, tmp_path):
+    """First contact of P1 on the H200 (fixtures/device_runs/20261203T215707-cuda-f40b72): beside a bf16 run on
+    vLLM's own choice (FA3), the GPTQ and AWQ engines, which run fp16 (data/quant.toml), died at their start ("We
+    only support bf16 dtype for S aux"). An engine of another dtype now takes the profile's first row that serves
+    it, with that row's environment, as a whole run of that dtype does; the run's own dtype keeps the run's row."""
+    from conformance.run.fixtures import EngineFactory
+    from tests.check_fakes import run_ctx
+
+    run = run_ctx("cuda", dtype="bfloat16", devices=["NVIDIA H200"])
+    options = EngineFactory(run, SimpleNamespace(path=tmp_path)).options(dtype=dtype)
+    assert options.get("attention_backend") == backend and options["dtype"] == dtype
+    assert options["max_model_len"] == run.target.profile.engine_options()["max_model_len"]  # the profile stays
+    assert run.target.process_options("vllm") == run.target.process_options("vllm", "bfloat16")
+
+
+def test_a_row_run_s_exact_twin_takes_a_row_that_serves_float32():
+    """A run on the FLASH_ATTN row (bf16 only) starts its float32 twin on the first row that serves float32."""
+    from tests.check_fakes import target_of
+
+    target = target_of("cuda", dtype="bfloat16", devices=["NVIDIA H200"])
+    row = target.profile.serving("bfloat16")
+    assert row is target.profile
+    flash = replace(target, profile=profiles.profile("h200-gpt-oss-120b", "cuda-flash-attn"))
+    assert flash.process_options("vllm")["attention_backend"] == "FLASH_ATTN"
+    assert flash.process_options("vllm", "float32")["attention_backend"] == "TRITON_ATTN"  # its first fp32 row
+    assert flash.process_env("vllm", "float32")["TRITON_F32_DEFAULT"] == "ieee"

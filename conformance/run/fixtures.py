@@ -143,7 +143,7 @@ class EngineFactory:
         kind = kind or self.run.engine
         fault = getattr(self.run, "planted_fault", None)  # --planted-fault: every engine of the kind under test
         planted = {"planted_fault": fault} if fault and kind == self.run.engine else {}
-        return self.run.target.process_options(kind) | planted | overrides
+        return self.run.target.process_options(kind, overrides.get("dtype")) | planted | overrides
 
     def _key(self, model: Path | None, kind: str | None, overrides: dict[str, Any]) -> tuple[str, str, str, dict]:
         kind = kind or self.run.engine

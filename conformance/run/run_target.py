@@ -109,18 +109,24 @@ class RunTarget:
         """The target's options for this engine kind (a fresh dict)."""
         return dict(self.engine_options.get(kind, {}))
 
-    def process_options(self, kind: str) -> dict[str, Any]:
+    def _profile(self, kind: str, dtype: str | None) -> Profile | None:
+        """The serving profile a vLLM process of this dtype runs: the run's, on a row that serves the dtype."""
+        return self.profile.serving(dtype or self.dtype) if kind == "vllm" and self.profile is not None else None
+
+    def process_options(self, kind: str, dtype: str | None = None) -> dict[str, Any]:
         """What every process of this engine kind starts with (the engines, the layer probe, the server): the
-        target's options, then for vLLM the serving profile and its backend row, then the run's dtype. One place:
-        on the H200 the server, built apart, ran FA3 where the engines ran the profile's TRITON_ATTN row."""
-        profile = self.profile.engine_options() if kind == "vllm" and self.profile is not None else {}
-        return self.options_for(kind) | profile | {"dtype": self.dtype}
+        target's options, then for vLLM the serving profile and its backend row, then the dtype (`dtype` None: the
+        run's). One place: on the H200 the server, built apart, ran FA3 where the engines ran the profile's
+        TRITON_ATTN row. An engine of another dtype than the run's takes the profile's row that serves it."""
+        profile = self._profile(kind, dtype)
+        return self.options_for(kind) | (profile.engine_options() if profile else {}) | {"dtype": dtype or self.dtype}
 
     def process_env(self, kind: str, dtype: str | None = None) -> dict[str, str]:
-        """The environment of a process of this engine kind: the target's, the profile's for vLLM, and the
+        """The environment of a process of this engine kind: the target's, the profile's row's for vLLM, and the
         dtype's (`env_by_dtype`; `dtype` None: the run's)."""
-        profile = self.profile.engine_env() if kind == "vllm" and self.profile is not None else {}
-        return dict(self.env) | profile | dict(self.table.get("env_by_dtype", {}).get(dtype or self.dtype, {}))
+        profile = self._profile(kind, dtype)
+        return dict(self.env) | (profile.engine_env() if profile else {}) | dict(
+            self.table.get("env_by_dtype", {}).get(dtype or self.dtype, {}))
 
 
 def flavour_name(table: dict[str, Any], flavour: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,16 @@ class Profile:
 
     def engine_env(self) -> dict[str, str]:
         return {k: str(v) for k, v in (dict(self.env) | dict(self.backend.env)).items()}
+
+    def serving(self, dtype: str) -> Profile:
+        """This profile on a row that serves `dtype`: its own row where it does, else the first row of its matrix
+        that does, as a run of that dtype would take (a GPTQ engine in fp16 beside a bf16 run on the H200: FA3 takes
+        gpt-oss's sinks in bf16 only); itself where no row does."""
+        if not self.backend.dtypes or dtype in self.backend.dtypes:
+            return self
+        rows = [backend(name) for name in self.matrix]
+        row = next((b for b in rows if not b.dtypes or dtype in b.dtypes), None)
+        return self if row is None else replace(self, backend=row)
 
     def record(self) -> dict[str, Any]:
         """The `profile_settings` of results.json."""
