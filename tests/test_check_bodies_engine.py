@@ -178,6 +178,43 @@ def test_chunked_prefill_check_fails_when_chunking_changes_tokens():
                                                           1.0, Figures())
 
 
+def _async_prefill(first_chunked: list[int]) -> tuple[ScriptedEngine, ScriptedEngine]:
+    """Engines under async scheduling (vLLM on GPUs): a step returns the outputs of the step before it, so an
+    unchunked first token is seen one step after the request's arrival step."""
+    whole = stepwise(greedy(PROMPTS.prompts), first=[1] * len(PROMPTS.prompts))
+    default = ScriptedEngine({"scheduler_limits": {"max_num_batched_tokens": 8192}, "run_stepwise": whole},
+                             async_scheduling=True)
+    small = ScriptedEngine({"run_stepwise": stepwise(greedy(PROMPTS.prompts), first=first_chunked)},
+                           async_scheduling=True)
+    return default, small
+
+
+def test_chunked_prefill_check_counts_steps_as_an_async_engine_schedules_them():
+    """First contact on the H200 (fixtures/device_runs/20261203T215707-cuda-f40b72): every unchunked first token
+    was seen after 2 steps, the async scheduler's lag; taken off, the same engines pass."""
+    lens = [len(p) for p in PROMPTS.prompts]
+    default, small = _async_prefill([-(-n // LIMITED_SCHEDULER["max_num_batched_tokens"]) for n in lens])
+    figures = Figures()
+    scheduling.test_chunked_prefill_matches_unchunked(ScriptedEngines(default, lambda o: small), PROMPTS, TOL, 1.0,
+                                                      figures)
+    assert figures.values["max_prefill_steps_chunked"] == max(-(-n // LIMITED_SCHEDULER["max_num_batched_tokens"])
+                                                              for n in lens)
+    with pytest.raises(FAILED, match=r"after 2 step\(s\); exactly 1 expected"):  # the lag not taken off
+        default.info["async_scheduling"] = False
+        scheduling.test_chunked_prefill_matches_unchunked(ScriptedEngines(default, lambda o: small), PROMPTS, TOL,
+                                                          1.0, Figures())
+
+
+def test_chunked_prefill_check_fails_when_an_async_engine_does_not_chunk():
+    """The lag taken off does not blind the check: an async engine that prefills a long prompt in one step (its
+    first token seen one step late, as an unchunked one's) fails the chunked count."""
+    default, small = _async_prefill([1] * len(PROMPTS.prompts))
+    with pytest.raises(FAILED, match=r"chunked prefill: a \d+-token prompt gave its first token after 1 step\(s\); "
+                                     r"at least \d+ expected"):
+        scheduling.test_chunked_prefill_matches_unchunked(ScriptedEngines(default, lambda o: small), PROMPTS, TOL,
+                                                          1.0, Figures())
+
+
 def test_preemption_check_fails_when_no_preemption_happened():
     metrics = {"vllm:num_preemptions": 0.0}
     default = ScriptedEngine({"metrics": metrics, "generate_greedy": lambda ps, *a, **k: greedy(ps)})

@@ -414,11 +414,13 @@ def concurrency_within(run: StepwiseRun, limit: int) -> VerdictReport:
 
 
 def prefill_steps(run: StepwiseRun, prompt_lens: list[int], token_budget: int,
-                  chunked: bool) -> VerdictReport:
+                  chunked: bool, output_lag: int = 0) -> VerdictReport:
     """Chunked: a prompt over the token budget needs ceil(len / budget) steps before its first token.
-    Unchunked: every first token comes out in the request's arrival step."""
+    Unchunked: every first token comes out in the request's arrival step. `output_lag`: the steps an engine
+    returns a step's outputs after it (1 under vLLM's async scheduling, the GPU default: a step returns the batch
+    before it), taken off every span."""
     r = VerdictReport("chunked prefill" if chunked else "unchunked prefill")
-    spans = [f - a + 1 if f >= 0 else -1 for f, a in zip(run.first_token_step, run.arrivals)]
+    spans = [f - a + 1 - output_lag if f >= 0 else -1 for f, a in zip(run.first_token_step, run.arrivals)]
     r.measured = {"max_prefill_steps": float(max(spans, default=-1))}
     r.details = [f"prompt of {n} tokens: first token after {s} step(s)" for n, s in zip(prompt_lens, spans)]
     for n, s in zip(prompt_lens, spans):
