@@ -1,7 +1,8 @@
 """Known failures per platform, as data (expectations/*.toml), applied at collection.
 
 An entry names a check id (a prefix for a skip; the exact id, parameters included, for an xfail), conditions on the
-run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, cpu_amx, `needs_device`: the target's fact in
+run info (target, engine, dtype, torch_flavour, gcn_arch, cpu_isa, cpu_amx, the serving profile's `sku` and
+`model` (profiles.toml: H200, MI300X, cpu; tiny, gpt-oss-120b), `needs_device`: the target's fact in
 targets.toml, `missing_modules`: those of the modules the entries name there that this environment cannot import,
 and `versions`: distribution -> version specifier, e.g. `{ vllm = "<0.32" }`, which holds when that distribution is
 installed at a version the specifier contains) and a status: `xfail` (a known bug: needs a link) or `skip` (an

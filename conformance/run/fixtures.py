@@ -404,7 +404,7 @@ def prompts(model_under_test: ModelUnderTest) -> PromptSet:
 @pytest.fixture(scope="session")
 def limits(target: RunTarget) -> Limits:
     """Every limit of the run's dtype (conformance/verdicts/limits.py), validated at configure by the plugin."""
-    return limits_for(target.dtype)
+    return limits_for(target.dtype, target.name)
 
 
 @pytest.fixture(scope="session")

@@ -131,6 +131,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
                 "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules(),
                 "needs_device": ctx.target.needs_device, "versions": expectations.installed_versions()}
+    profile = ctx.target.profile  # the serving profile's SKU (H200, MI300X, cpu) and model (tiny, gpt-oss-120b)
+    run_info |= {"sku": profile.sku, "model": profile.model} if profile is not None else {}
     ctx.unmatched_expectations = expectations.apply(items, run_info)
     check_s = ctx.target.timeouts.check_s
     for item in items:

@@ -8,7 +8,8 @@ reads `limits.<name>`, never a data file keyed by the dtype. The tables:
 - gpt_oss.toml [tolerances.rope.<dtype>], [tolerances.moe] (the dtype's key and router_tie_ulps)
 - perf.toml [graph_mode.max_greedy_divergences]
 - profiles.toml [kv_fp8.tolerance.<dtype>]: optional (measured for the dtypes an fp8 KV cache was run in); its
-  absence fails only the fp8-KV check, with the sentence in `missing`."""
+  absence fails only the fp8-KV check, with the sentence in `missing`. [kv_fp8.<target>.tolerance.<dtype>] replaces
+  the limits it names for that target (whose kernels round more than the cache: fp8 attention on CUDA)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def dtypes() -> list[str]:
     return list(_data("tolerances.toml").get("logprobs", {}))
 
 
-def limits_for(dtype: str) -> Limits:
-    """The Limits of `dtype`; a needed table it lacks is a DataError naming the file and the table."""
+def limits_for(dtype: str, target: str | None = None) -> Limits:
+    """The Limits of `dtype` (on `target`, where a limit differs by target); a needed table it lacks is a DataError
+    naming the file and the table."""
     tol = _data("tolerances.toml")
     logprobs, depth = _row(tol, "logprobs", dtype, "tolerances.toml"), _row(tol, "depth", dtype, "tolerances.toml")
     moe = _data("gpt_oss.toml").get("tolerances", {}).get("moe", {})
@@ -80,6 +82,7 @@ def limits_for(dtype: str) -> Limits:
     kv_fp8, missing = None, {}
     try:
         row = _row(_data("profiles.toml"), "kv_fp8.tolerance", dtype, "profiles.toml")
+        row = row | _data("profiles.toml")["kv_fp8"].get(target or "", {}).get("tolerance", {}).get(dtype, {})
         kv_fp8 = LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
     except DataError as exc:
         missing["kv_fp8"] = str(exc)
