@@ -271,3 +271,18 @@ def test_engines_that_cannot_share_the_device_take_turns_and_handles_start_them_
     small.get(block_size=16)
     small.hold("vllm-server", 0.3)
     assert len(small.live) == 2 and not first.process().closed and len(small.started) == 2
+
+
+def test_three_tiny_gpu_engines_stay_alive_and_a_fourth_closes_by_share(tiny, tmp_path, monkeypatch):
+    """targets.toml engines_alive = 3 on GPUs: P1 on the H200 started two engines twice at 2 (about 65 s each); the
+    tiny model's three 0.3 engines now stay, and a fourth beside the server closes the least recently used."""
+    factory = _share_factory(tiny, tmp_path, 0.3, monkeypatch)
+    assert factory.max_alive == 3
+    factory.get()
+    factory.get(block_size=16)
+    factory.get(block_size=32)
+    assert len(factory.live) == 3 and len(factory.started) == 3
+    factory.get(block_size=16)  # asked again: alive, not started again
+    assert len(factory.started) == 3
+    factory.hold("vllm-server", 0.3)  # 4 x 0.3 > 1: the least recently used goes
+    assert len(factory.live) == 2 and factory.held() <= 1.0
