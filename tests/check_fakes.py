@@ -54,6 +54,12 @@ class ScriptedEngines:
     def options(self, **overrides: Any) -> dict:
         return self._options | overrides
 
+    share_of = staticmethod(lambda options: float(options.get("gpu_memory_utilization") or 0.0))
+
+    def hold(self, name: str, share: float | None) -> None:
+        """What the factory counts beside its engines (EngineFactory.hold): recorded, in order."""
+        self.held = [*getattr(self, "held", []), (name, share)]
+
 
 class Figures:
     """The `record_figure` fixture: figures kept in a dict."""

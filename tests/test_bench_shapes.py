@@ -3,6 +3,7 @@ control of the shape check: its own body fails when requests fail at a long shap
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -66,3 +67,34 @@ def test_shape_check_fails_when_requests_fail_at_a_long_shape(monkeypatch, tmp_p
                                                SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(),
                                                _request("8k1k", 8))
     assert [(p.input_len, p.output_len, p.concurrency) for p in ran] == [(*bench_shapes.lengths("cpu", "8k1k"), 8)]
+
+
+def test_each_shape_and_level_keeps_its_own_result_and_log(monkeypatch, tmp_path):
+    """The three shapes at one concurrency once wrote one bench-cN.json over another (and appended to one log):
+    each run now saves under its shape's lengths and its level."""
+    written = []
+
+    def fake_group(what, cmd, env, log_path, timeout_s, fork_ctx=None):
+        result = tmp_path / cmd[cmd.index("--result-filename") + 1]
+        written.append((result.name, log_path.name))
+        result.write_text(json.dumps({"completed": 0, "failed": 0}))
+        return 0
+    monkeypatch.setattr(perf, "run_in_group", fake_group)
+    for shape in bench_shapes.shapes():
+        plan = bench_shapes.plan("cuda", 8, shape)
+        perf.run_bench(plan, "http://127.0.0.1:1", "m", tmp_path, None, tmp_path, {})
+    assert len({r for r, _ in written}) == len({g for _, g in written}) == len(bench_shapes.shapes()) == 3
+    assert ("bench-1024x8192-c8.json", "bench-1024x8192-c8.log") in written
+
+
+def test_a_bench_check_outlasts_its_bench_run_and_a_server_start():
+    """A slow bench run ends in its own PerfError (with its log), not in pytest's timeout: the bench checks' own
+    timeout is above one bench run plus the server start the first of them pays."""
+    from conformance.run import run_target
+
+    timeout = float(perf.perf_data()["bench"]["check_timeout_s"])
+    engine_start = float(run_target.data()["timeouts"]["engine_start_s"])
+    assert timeout > perf.bench_plan("cuda", 64).timeout_s + engine_start
+    for check in (perf_checks.test_serving_perf_against_baseline, perf_checks.test_serving_perf_at_shape):
+        (marker,) = [m for m in check.pytestmark if m.name == "timeout"]
+        assert marker.args == (timeout,)

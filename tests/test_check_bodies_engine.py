@@ -410,8 +410,8 @@ class _Immortal:
 
     log_path = __file__
 
-    def call(self, *args, **kwargs):
-        return []
+    def call(self, method, *args, **kwargs):
+        return {"max_model_len": 1024} if method == "scheduler_limits" else []
 
     def kill(self) -> None:
         pass
@@ -423,9 +423,27 @@ def test_engine_kill_check_fails_when_the_request_succeeds_after_the_kill():
         reliability.test_engine_killed_mid_request_is_reported_promptly(engines, PROMPTS, Figures())
 
 
+def test_engine_kill_check_asks_for_as_many_tokens_as_the_engine_allows():
+    """A desk check of vLLM 0.26.0 on the H200: 300 requests of 200 tokens can end within the second before the
+    kill (CUDA graphs, async scheduling, the tiny model). The request now runs to the engine's max_model_len."""
+    asked = []
+
+    class Recording(_Immortal):
+        def call(self, method, *args, **kwargs):
+            asked.append((method, args))
+            return super().call(method, *args)
+    with pytest.raises(FAILED):
+        reliability.test_engine_killed_mid_request_is_reported_promptly(
+            ScriptedEngines(ScriptedEngine(), lambda o: Recording()), PROMPTS, Figures())
+    (prompts, max_tokens, _) = [a for m, a in asked if m == "generate_greedy"][0]
+    assert max_tokens == 1024 - max(map(len, PROMPTS.prompts)) and len(prompts) == 50 * len(PROMPTS.prompts)
+
+
 def test_engine_kill_check_accepts_a_prompt_death_report():
     class Dying(_Immortal):
-        def call(self, *args, **kwargs):
+        def call(self, method, *args, **kwargs):
+            if method == "scheduler_limits":
+                return super().call(method)
             raise EngineError("engine died (signal 9)")
     figures = Figures()
     engines = ScriptedEngines(ScriptedEngine(), lambda o: Dying())

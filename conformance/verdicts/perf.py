@@ -170,7 +170,7 @@ def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_k
               env: dict[str, str], fork_ctx: Any = None) -> VerdictReport:
     """Run `vllm bench serve` once (forked from `fork_ctx`, a forkserver context, when given) and parse its saved
     result (PerfError if there is none)."""
-    name = f"bench-c{plan.concurrency}"
+    name = f"bench-{plan.input_len}x{plan.output_len}-c{plan.concurrency}"  # one file per shape and level
     out_dir.mkdir(parents=True, exist_ok=True)
     result_file, log_path = out_dir / f"{name}.json", out_dir / f"{name}.log"
     cmd = bench_command(plan, base_url, model, tokenizer, out_dir, result_file.name)
