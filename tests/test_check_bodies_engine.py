@@ -411,7 +411,7 @@ class _Immortal:
     log_path = __file__
 
     def call(self, method, *args, **kwargs):
-        return {"max_model_len": 1024} if method == "scheduler_limits" else []
+        return []
 
     def kill(self) -> None:
         pass
@@ -425,25 +425,26 @@ def test_engine_kill_check_fails_when_the_request_succeeds_after_the_kill():
 
 def test_engine_kill_check_asks_for_as_many_tokens_as_the_engine_allows():
     """A desk check of vLLM 0.26.0 on the H200: 300 requests of 200 tokens can end within the second before the
-    kill (CUDA graphs, async scheduling, the tiny model). The request now runs to the engine's max_model_len."""
+    kill (CUDA graphs, async scheduling, the tiny model). The request now runs to the engine's max_model_len, and
+    keeps 200 tokens on an engine without one (transformers)."""
     asked = []
 
     class Recording(_Immortal):
         def call(self, method, *args, **kwargs):
             asked.append((method, args))
             return super().call(method, *args)
-    with pytest.raises(FAILED):
-        reliability.test_engine_killed_mid_request_is_reported_promptly(
-            ScriptedEngines(ScriptedEngine(), lambda o: Recording()), PROMPTS, Figures())
-    (prompts, max_tokens, _) = [a for m, a in asked if m == "generate_greedy"][0]
-    assert max_tokens == 1024 - max(map(len, PROMPTS.prompts)) and len(prompts) == 50 * len(PROMPTS.prompts)
+    for options, want in (({"max_model_len": 32768}, 32768 - max(map(len, PROMPTS.prompts))), ({}, 200)):
+        asked.clear()
+        with pytest.raises(FAILED):
+            reliability.test_engine_killed_mid_request_is_reported_promptly(
+                ScriptedEngines(ScriptedEngine(), lambda o: Recording(), options=options), PROMPTS, Figures())
+        (prompts, max_tokens, _) = [a for m, a in asked if m == "generate_greedy"][0]
+        assert max_tokens == want and len(prompts) == 50 * len(PROMPTS.prompts)
 
 
 def test_engine_kill_check_accepts_a_prompt_death_report():
     class Dying(_Immortal):
         def call(self, method, *args, **kwargs):
-            if method == "scheduler_limits":
-                return super().call(method)
             raise EngineError("engine died (signal 9)")
     figures = Figures()
     engines = ScriptedEngines(ScriptedEngine(), lambda o: Dying())
