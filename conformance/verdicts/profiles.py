@@ -61,10 +61,9 @@ class Profile:
         """This profile on a row that serves `dtype`: its own row where it does, else the first row of its matrix
         that does, as a run of that dtype would take (a GPTQ engine in fp16 beside a bf16 run on the H200: FA3 takes
         gpt-oss's sinks in bf16 only); itself where no row does."""
-        if not self.backend.dtypes or dtype in self.backend.dtypes:
+        if _serves(self.backend, dtype):
             return self
-        rows = [backend(name) for name in self.matrix]
-        row = next((b for b in rows if not b.dtypes or dtype in b.dtypes), None)
+        row = next((b for b in map(backend, self.matrix) if _serves(b, dtype)), None)
         return self if row is None else replace(self, backend=row)
 
     def record(self) -> dict[str, Any]:
@@ -88,6 +87,11 @@ def backend(name: str, table: dict[str, Any] | None = None) -> Backend:
                    tuple(row.get("dtypes", ())))
 
 
+def _serves(row: Backend, dtype: str | None) -> bool:
+    """Whether a backend row serves `dtype` (a row that lists no dtypes serves any; None: any dtype)."""
+    return dtype is None or not row.dtypes or dtype in row.dtypes
+
+
 def profile(name: str, backend_name: str | None = None, table: dict[str, Any] | None = None,
             dtype: str | None = None) -> Profile:
     """Profile `name` on row `backend_name`; without one, the first row of its matrix that serves `dtype` (the
@@ -99,7 +103,7 @@ def profile(name: str, backend_name: str | None = None, table: dict[str, Any] | 
                            "(data/profiles.toml)")
     row = profiles[name]
     matrix = tuple(row["matrix"])
-    serving = [b for b in matrix if dtype is None or dtype in backend(b, table).dtypes or not backend(b, table).dtypes]
+    serving = [b for b in matrix if _serves(backend(b, table), dtype)]
     chosen = backend_name or (serving or matrix)[0]
     if chosen not in matrix:
         raise ProfileError(f"profile {name!r} has no backend row {chosen!r}: its matrix is {', '.join(matrix)}")
