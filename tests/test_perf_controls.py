@@ -226,3 +226,33 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
     result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env, fork_ctx)
     assert result.measured["completed"] == plan.num_prompts and result.measured["output_tok_s"] > 0
     assert not result.ok and "cut short" in result.problems[0], result.problems
+
+
+def test_each_level_warms_up_at_its_concurrency_and_the_other_shapes_do_not():
+    """perf.toml warmups_per_concurrency: the baseline check's run sends `concurrency` warm-up requests first (a
+    cold c8 on the H200 met a Triton JIT compile mid-run: TTFT p99 3076 ms, p50 82 ms); the shape checks run after
+    it on the same server and skip them."""
+    from conformance.verdicts import bench_shapes
+
+    plan = perf.bench_plan("cuda", 8)
+    assert plan.num_warmups == 8
+    cmd = perf.bench_command(plan, "http://127.0.0.1:1", "m", Path("tok"), Path("out"), "r.json")
+    assert cmd[cmd.index("--num-warmups") + 1] == "8"
+    assert bench_shapes.plan("cuda", 8, "1k8k").num_warmups == 0
+    assert bench_shapes.plan("cuda", 8, "1k1k").num_warmups == 8
+
+
+def test_kernel_compiles_the_server_logs_during_a_bench_are_counted(tmp_path):
+    """The line vLLM 0.26.0's server logged on the H200 mid-bench (fixtures/recorded/h200 P2 run), counted only
+    after the mark taken before the run; no log (a --server URL) records nothing."""
+    line = ("(EngineCore pid=2782) WARNING 12-03 23:39:15 [jit_monitor.py:135] Triton kernel JIT compilation during "
+            "inference: fused_moe_kernel. This causes a latency spike; consider extending warmup to cover this "
+            "shape/config.\n")
+    log = tmp_path / "vllm-server.log"
+    log.write_text(line + "INFO started\n")
+    mark = perf.log_size(log)
+    assert perf.jit_compiles_since(log, 0) == 1 and perf.jit_compiles_since(log, mark) == 0
+    with log.open("a") as f:
+        f.write("INFO request\n" + line + line)
+    assert perf.jit_compiles_since(log, mark) == 2
+    assert perf.jit_compiles_since(None, 0) is None and perf.log_size(None) == 0

@@ -54,11 +54,15 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
+    server_log = getattr(server, "log_path", None)
+    log_start = perf.log_size(server_log)
     try:
         result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
                                 run_dir / "bench", env, server_fork.client_context(target.table))
     except perf.PerfError as exc:
         fail(str(exc))
+    if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
+        result.measured["jit_compiles_during_run"] = float(jit)
     record_figures(record_figure, result)
     result.raise_if_failed()
 

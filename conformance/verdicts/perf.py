@@ -64,6 +64,7 @@ class BenchPlan:
     seed: int
     percentiles: tuple[int, ...]
     timeout_s: float
+    num_warmups: int = 0
 
 
 def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None) -> BenchPlan:
@@ -74,7 +75,8 @@ def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None
     mix = bench[target]
     n = min(max(concurrency * int(mix["prompts_per_concurrency"]), int(mix["min_prompts"])), int(mix["max_prompts"]))
     return BenchPlan(concurrency, n, int(mix["input_len"]), int(mix["output_len"]), int(bench["seed"]),
-                     tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]))
+                     tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]),
+                     concurrency * int(bench.get("warmups_per_concurrency", 0)))
 
 
 def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, result_dir: Path,
@@ -85,10 +87,25 @@ def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, r
             "--random-input-len", str(plan.input_len), "--random-output-len", str(plan.output_len),
             "--random-range-ratio", "0", "--num-prompts", str(plan.num_prompts),
             "--max-concurrency", str(plan.concurrency), "--request-rate", "inf", "--ignore-eos",
-            "--temperature", "0", "--seed", str(plan.seed), "--disable-tqdm",
+            "--temperature", "0", "--seed", str(plan.seed), "--num-warmups", str(plan.num_warmups), "--disable-tqdm",
             "--percentile-metrics", ",".join(LATENCY_METRICS),
             "--metric-percentiles", ",".join(str(p) for p in plan.percentiles),
             "--save-result", "--result-dir", str(result_dir), "--result-filename", filename]
+
+
+def log_size(path: Path | None) -> int:
+    """Where a server log ends now (0 when there is none: a --server URL's log is not the suite's)."""
+    return path.stat().st_size if path is not None and path.is_file() else 0
+
+
+def jit_compiles_since(path: Path | None, offset: int) -> int | None:
+    """Lines the server logged after `offset` that announce a kernel compiled while serving; None without a log."""
+    if path is None or not path.is_file():
+        return None
+    with path.open("rb") as log:
+        log.seek(offset)
+        marker = str(perf_data()["bench"]["jit_log_marker"]).encode()
+        return sum(marker in line for line in log)
 
 
 def bench_keys(percentiles: tuple[int, ...]) -> dict[str, str]:
