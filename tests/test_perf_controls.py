@@ -242,6 +242,18 @@ def test_each_level_warms_up_at_its_concurrency_and_the_other_shapes_do_not():
     assert bench_shapes.plan("cuda", 8, "1k1k").num_warmups == 8
 
 
+def test_a_vllm_whose_bench_lacks_warmups_runs_cold_without_the_flag(monkeypatch):
+    """--num-warmups came with vLLM 0.11.1 (vllm-project/vllm#26943): an older bench serve would refuse the flag and
+    fail every perf check of a healthy stack, so there it is left out."""
+    spec = perf.perf_data()["bench"]["warmups_need_vllm"]
+    assert perf.bench_warms_up(spec, "0.26.0+hopper") and perf.bench_warms_up(spec, "0.32.0")
+    assert not perf.bench_warms_up(spec, "0.11.0") and not perf.bench_warms_up(spec, "0.10.1+rocm641")
+    monkeypatch.setattr(perf, "bench_warms_up", lambda spec, vllm=None: False)
+    plan = perf.bench_plan("cuda", 8)
+    assert plan.num_warmups == 0
+    assert "--num-warmups" not in perf.bench_command(plan, "http://127.0.0.1:1", "m", Path("t"), Path("o"), "r.json")
+
+
 def test_kernel_compiles_the_server_logs_during_a_bench_are_counted(tmp_path):
     """The line vLLM 0.26.0's server logged on the H200 mid-bench (fixtures/recorded/h200 P2 run), counted only
     after the mark taken before the run; no log (a --server URL) records nothing."""

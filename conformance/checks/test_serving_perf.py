@@ -61,6 +61,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
                                 run_dir / "bench", env, server_fork.client_context(target.table))
     except perf.PerfError as exc:
         fail(str(exc))
+    result.measured["num_warmups"] = float(plan.num_warmups)
     if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
         result.measured["jit_compiles_during_run"] = float(jit)
     record_figures(record_figure, result)

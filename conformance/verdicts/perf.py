@@ -67,6 +67,22 @@ class BenchPlan:
     num_warmups: int = 0
 
 
+def bench_warms_up(spec: str | None, vllm: str | None = None) -> bool:
+    """Whether the installed vLLM's bench serve takes --num-warmups (`spec`, from perf.toml; None: any)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    from env_checks.fingerprint import package_versions
+
+    vllm = vllm or package_versions()["vllm"]
+    if spec is None or vllm is None:
+        return spec is None
+    try:
+        return SpecifierSet(spec).contains(Version(Version(vllm).public), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
 def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None) -> BenchPlan:
     data = data or perf_data()
     bench = data["bench"]
@@ -74,9 +90,10 @@ def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None
         raise datafiles.DataError(f"perf.toml has no [bench.{target}] table: add the request mix for {target}.")
     mix = bench[target]
     n = min(max(concurrency * int(mix["prompts_per_concurrency"]), int(mix["min_prompts"])), int(mix["max_prompts"]))
+    warm = int(bench.get("warmups_per_concurrency", 0)) if bench_warms_up(bench.get("warmups_need_vllm")) else 0
     return BenchPlan(concurrency, n, int(mix["input_len"]), int(mix["output_len"]), int(bench["seed"]),
                      tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]),
-                     concurrency * int(bench.get("warmups_per_concurrency", 0)))
+                     concurrency * warm)
 
 
 def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, result_dir: Path,
@@ -87,10 +104,11 @@ def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, r
             "--random-input-len", str(plan.input_len), "--random-output-len", str(plan.output_len),
             "--random-range-ratio", "0", "--num-prompts", str(plan.num_prompts),
             "--max-concurrency", str(plan.concurrency), "--request-rate", "inf", "--ignore-eos",
-            "--temperature", "0", "--seed", str(plan.seed), "--num-warmups", str(plan.num_warmups), "--disable-tqdm",
+            "--temperature", "0", "--seed", str(plan.seed), "--disable-tqdm",
             "--percentile-metrics", ",".join(LATENCY_METRICS),
             "--metric-percentiles", ",".join(str(p) for p in plan.percentiles),
-            "--save-result", "--result-dir", str(result_dir), "--result-filename", filename]
+            "--save-result", "--result-dir", str(result_dir), "--result-filename", filename] + (
+            ["--num-warmups", str(plan.num_warmups)] if plan.num_warmups else [])
 
 
 def log_size(path: Path | None) -> int:
