@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
 from conformance import datafiles
+from conformance.verdicts.settings import release_within
 
 DIR = resources.files("conformance") / "data" / "expectations"  # package data
 NARROWED = pytest.StashKey[tuple[list[str], str]]()  # on an item: (texts its xfail's failure must hold, entry)
@@ -78,14 +78,7 @@ def installed_versions(entries: list[dict[str, Any]] | None = None) -> dict[str,
 def _versions_hold(want: dict[str, str], have: dict[str, str]) -> bool:
     """Every named distribution is installed at a version its specifier contains (a local build such as
     0.26.0+hopper counts as its release)."""
-    for dist, spec in want.items():
-        try:
-            version = Version(have[dist])
-        except (KeyError, InvalidVersion):
-            return False
-        if not SpecifierSet(spec).contains(Version(version.public), prereleases=True):
-            return False
-    return True
+    return all(dist in have and release_within(have[dist], spec) for dist, spec in want.items())
 
 
 def matches(when: dict[str, Any], run_info: dict[str, Any]) -> bool:

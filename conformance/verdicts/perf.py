@@ -69,18 +69,13 @@ class BenchPlan:
 
 def bench_warms_up(spec: str | None, vllm: str | None = None) -> bool:
     """Whether the installed vLLM's bench serve takes --num-warmups (`spec`, from perf.toml; None: any)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
+    from conformance.verdicts.settings import release_within
     from env_checks.fingerprint import package_versions
 
     vllm = vllm or package_versions()["vllm"]
     if spec is None or vllm is None:
         return spec is None
-    try:
-        return SpecifierSet(spec).contains(Version(Version(vllm).public), prereleases=True)
-    except InvalidVersion:
-        return False
+    return release_within(vllm, spec)
 
 
 def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None) -> BenchPlan:

@@ -9,6 +9,18 @@ from pathlib import Path
 from conformance.datafiles import DATA, load_toml
 
 
+def release_within(version: str, spec: str) -> bool:
+    """Whether an installed version is inside a data file's specifier (such as ">=0.11.1"); a local build such as
+    0.26.0+hopper counts as its release, and a version that does not parse is inside none."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec).contains(Version(Version(version).public), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
 def layer_probe_settings() -> tuple[int, int]:
     """(decode steps, length of the long probe prompt) of the per-layer check."""
     table = load_toml(DATA / "tolerances.toml")["layers"]
