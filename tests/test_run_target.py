@@ -41,13 +41,14 @@ def test_engine_and_dtype_of_the_run_override_the_targets_defaults():
 
 
 def test_engine_kinds_start_as_their_target_says_and_the_forkserver_leaves_out_what_none_forks(tmp_path: Path):
-    """GPU targets fork the transformers engine and the device probe, spawn vLLM; the CPU forks all."""
+    """ROCm forks the transformers engine and the device probe and spawns vLLM (forking vLLM is unverified there);
+    the CPU and CUDA (verified on the H200) fork all."""
     cpu, cuda, rocm = (run_target.build(name) for name in ("cpu", "cuda", "rocm"))
-    assert {k: cpu.start_method(k) for k in ("vllm", "transformers", "device")} == dict.fromkeys(
-        ("vllm", "transformers", "device"), "forkserver")
-    for gpu in (cuda, rocm):
-        assert (gpu.start_method("vllm"), gpu.start_method("transformers"), gpu.start_method("device")) == \
-            ("spawn", "forkserver", "forkserver") and gpu.forks_engines
+    for forks_all in (cpu, cuda):
+        assert {k: forks_all.start_method(k) for k in ("vllm", "transformers", "device")} == dict.fromkeys(
+            ("vllm", "transformers", "device"), "forkserver")
+    assert (rocm.start_method("vllm"), rocm.start_method("transformers"), rocm.start_method("device")) == \
+        ("spawn", "forkserver", "forkserver") and rocm.forks_engines
     # what a forkserver imports: preload.py with the stacks named left out (a GPU run's: vLLM)
     probe = ("import sys, conformance.engines.preload; "
              "print(sorted({'vllm', 'transformers', 'torch'} & set(sys.modules)))")
