@@ -19,7 +19,8 @@ from conformance.checks import (
     test_model_math,
     test_scheduling,
 )
-from conformance.engines.worker import EngineError
+from conformance.engines.worker import EngineError, EngineProcess
+from conformance.run import fixtures
 from conformance.run.fixtures import EngineFactory, ModelUnderTest
 from tests.check_fakes import run_ctx
 
@@ -286,3 +287,27 @@ def test_three_tiny_gpu_engines_stay_alive_and_a_fourth_closes_by_share(tiny, tm
     assert len(factory.started) == 3
     factory.hold("vllm-server", 0.3)  # 4 x 0.3 > 1: the least recently used goes
     assert len(factory.live) == 2 and factory.held() <= 1.0
+
+
+def test_an_engine_that_measures_the_device_memory_starts_after_the_retired_ones_exited(tiny, tmp_path, monkeypatch):
+    """An engine given a share of the device's memory (vLLM's gpu_memory_utilization) starts only once every engine
+    retired before it has exited: vLLM stops when memory is freed while it measures (fixtures.py `_settle`). Real
+    transformers engines stand in (they ignore the share); what was still closing is noted as each engine starts."""
+    factory = _factory(tiny, tmp_path, items=None)
+    factory.max_alive = 1
+    alive_at_start: list[list[bool]] = []
+
+    def noted(*args, **kwargs):
+        alive_at_start.append([p._proc.is_alive() for p in factory._closing])
+        return EngineProcess(*args, **kwargs)
+
+    monkeypatch.setattr(fixtures, "EngineProcess", noted)
+    try:
+        first = factory.process(**T)
+        factory.process(**T, dtype="float64")  # no share: the first is retired and not waited for
+        assert alive_at_start[-1] == [True], "an engine without a share starts beside one still closing"
+        factory.process(**T, dtype="bfloat16", gpu_memory_utilization=0.3)
+        assert alive_at_start[-1] == [], f"an engine with a share started beside a closing one: {alive_at_start}"
+        assert not first._proc.is_alive()
+    finally:
+        factory.close()

@@ -188,6 +188,8 @@ class EngineFactory:
             self._others.discard(name)
             return
         self.make_room(share)
+        if share:  # the server's engine measures the device's free memory as it starts, as an engine's does
+            self._settle()
         self._others.add(name)
         self._share[name] = share
 
@@ -229,6 +231,8 @@ class EngineFactory:
         return proc
 
     def _start(self, kind: str, model_dir: str, options: dict[str, Any], wait: bool = True) -> EngineProcess:
+        if self.share_of(options):  # it measures the device's free memory as it starts
+            self._settle()
         target = self.run.target
         env = target.process_env(kind, options.get("dtype"))  # data/targets.toml, data/profiles.toml
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
@@ -296,6 +300,15 @@ class EngineFactory:
             self._closing.append(proc)
         else:
             proc.kill()  # still starting: nothing to wait for
+
+    def _settle(self) -> None:
+        """Wait until the engines retired so far have exited. vLLM measures the device's free memory while it starts
+        and stops when another process frees memory meanwhile ("Error in memory profiling ... other processes sharing
+        the same container release GPU memory"): on the H200, a vLLM engine forked from the forkserver reached that
+        measurement about 20 s after its start, while a retired transformers engine was still exiting, and failed."""
+        for proc in self._closing:
+            proc.close()
+        self._closing.clear()
 
     def close(self) -> None:
         self._plans.clear()
