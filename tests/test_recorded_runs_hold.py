@@ -411,3 +411,24 @@ def test_round_five_s_six_p1_failures_pass_on_their_fixes_on_the_h200():
     fp8 = outcomes["test_fp8_kv_cache_matches_quantised_reference"]["figures"]
     tol = limits_for("bfloat16", "cuda").kv_fp8[0]
     assert fp8["p99_abs_dlogprob"] <= tol.p99 and fp8["median_abs_dlogprob"] <= tol.median
+
+
+# Round seven on the H200 (vLLM 0.26.0, h200-tiny): vLLM engines forked from the run's forkserver instead of spawned
+# (targets.toml [cuda] engine_start), and the engine factory waiting for retired engines before a vLLM start.
+P0_BF16_FORKED = "20261204T055333-cuda-9daa51"
+
+
+def test_p0_in_bf16_passes_on_the_h200_with_vllm_engines_forked_from_the_forkserver():
+    """The process model that differs from spawn, tested on the GPU rather than assumed: the whole P0 in bf16 with the
+    vLLM engines forked (the float32 twin, whose environment differs, still spawned) passes as the spawned run did,
+    greedy parity and the exact float32 twin inside today's limits. Complete and unfiltered: evidence."""
+    record = _record(P0_BF16_FORKED)
+    assert record["engine"] == "vllm" and record["complete"] and record["evidence"] and record["exit_status"] == 0
+    assert record["narrowed_by"] is None and record["tiers"] == ["p0"] and record["planted_fault"] is None
+    assert record["fingerprint"]["packages"]["vllm"] == "0.26.0+hopper"
+    assert record["summary"] == _record(P0_BF16_PASS)["summary"]
+    dtype, figures = _parity(P0_BF16_FORKED)
+    assert dtype == "bfloat16" and over_limits(dtype, figures) == [] and figures["greedy_divergences"] == 0
+    assert over_limits("float32", _check(record, EXACT)["figures"]) == []
+    assert [k for k in record["phases"] if k.startswith("engine: vllm")] == [
+        f"engine: vllm engine #{n}" for n in (1, 2, 3)]
