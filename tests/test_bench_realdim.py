@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -191,3 +193,15 @@ def test_realdim_bench_refuses_a_checkpoint_too_big_in_one_sentence(tmp_path, mo
     monkeypatch.setattr(bench, "run_once", lambda *a, **k: pytest.fail("ran without its checkpoint"))
     assert bench.main(["--realdim", "8", "--realdim-dir", str(tmp_path), "--reports-dir", str(tmp_path)]) == 1
     assert capsys.readouterr().err.startswith("bench: the 8-layer checkpoint needs 17.1 GB and ")
+
+
+def test_the_writer_without_a_vocab_says_so_in_one_sentence_before_writing_anything(tmp_path):
+    """A node without the o200k vocabulary (no quicktok-v1, no CONFORMANCE_TOKENIZER_VOCAB that reads) is told before
+    the writer spends a minute on gigabytes of weights it could not finish; the directory is left unmade."""
+    out = tmp_path / "realdim-1"
+    env = os.environ | {"CONFORMANCE_TOKENIZER_VOCAB": str(tmp_path / "absent.tiktoken")}
+    done = subprocess.run([sys.executable, "-m", "conformance.checkpoints.quant.realdim", str(out), "--layers", "1"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and not out.exists()
+    assert done.stderr.count("\n") == 1 and "nothing written" in done.stderr and "cannot read the o200k vocabulary" \
+        in done.stderr, done.stderr

@@ -61,6 +61,7 @@ def _mxfp4(gen: torch.Generator, experts: int, out: int, inp: int, std: float) -
 def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120) -> Path:
     from safetensors.torch import save_file
 
+    tokenizer = _tokenizer_dir()  # before gigabytes of weights: a node without the vocab is told at once
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = real_config(variant, layers)
     gen = torch.Generator().manual_seed(seed)
@@ -101,20 +102,21 @@ def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: i
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200012],
                                                                 "pad_token_id": 199999}))
-    _write_tokenizer(out_dir)
+    import shutil
+
+    from conformance.checkpoints.tokenizer import hf_build
+
+    for name in hf_build.TOKENIZER_FILES:  # beside the weights, as the published checkpoint ships them
+        shutil.copyfile(tokenizer / name, out_dir / name)
     return out_dir
 
 
-def _write_tokenizer(out_dir: Path) -> None:
-    """The o200k_harmony HF tokenizer files beside the weights, as the published checkpoint ships them (so the
-    tokenizer checks and the run minimum judge a real-dim run too). Raises VocabUnavailable without a vocab."""
-    import shutil
-
+def _tokenizer_dir() -> Path:
+    """The o200k_harmony HF tokenizer files the checkpoint carries (so the tokenizer checks and the run minimum judge
+    a real-dim run too). Raises VocabUnavailable, with one sentence, where no o200k vocabulary can be had."""
     from conformance.checkpoints.tokenizer import hf_build, vocab
 
-    tok_dir = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
-    for name in hf_build.TOKENIZER_FILES:
-        shutil.copyfile(tok_dir / name, out_dir / name)
+    return hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
 
 
 def sizes(variant: str, layer_counts: list[int]) -> dict:
@@ -140,7 +142,12 @@ def main(argv: list[str] | None = None) -> None:
     elif args.out_dir is None:
         ap.error("the checkpoint's directory is required (or --sizes)")
     else:
-        print(write(args.out_dir, args.layers, args.variant, args.seed))
+        from conformance.checkpoints.tokenizer.vocab import VocabUnavailable
+
+        try:
+            print(write(args.out_dir, args.layers, args.variant, args.seed))
+        except VocabUnavailable as exc:
+            ap.exit(2, f"{ap.prog}: nothing written to {args.out_dir}: {exc}\n")
 
 
 if __name__ == "__main__":
