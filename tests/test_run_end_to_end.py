@@ -44,6 +44,9 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_
     assert "vLLM server" in proc.stdout.split("start-ups:")[1].splitlines()[0]
     record = only_run(tmp_path)
     assert record["complete"] and record["target"] == "cpu" and record["engine"] == "vllm"
+    # each check's record was also appended as it finished: what a run cut off before results.json keeps
+    lines = (next(tmp_path.iterdir()) / "checks.jsonl").read_text().splitlines()
+    assert {c["id"]: c for c in map(json.loads, lines)} == {c["id"]: c for c in record["checks"]}
     junit = next(tmp_path.iterdir()) / "junit.xml"
     assert str(Path(__file__).resolve().parent.parent) not in junit.read_text(), "junit.xml names this machine's paths"
     summary = record["summary"]

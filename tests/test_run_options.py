@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -128,6 +129,17 @@ def test_cache_under_the_reports_folder_makes_last_failed_work(mini: Path):
     assert (mini.parent / "reports" / ".pytest_cache" / "v" / "cache" / "lastfailed").is_file()
     again = run_plugin(mini, "--tier", "p0", "--tier", "p1", "--lf")
     assert ran(mini) == {"test_p1_fails": "failed"}, again.stdout[-2000:]
+
+
+def test_a_failed_check_says_why_as_it_ends_and_its_record_is_kept_at_once(mini: Path):
+    """The progress line of a failed check is followed by its message's first line, and each check's record is
+    appended to checks.jsonl as it ends (what a run cut off before results.json keeps)."""
+    proc = run_plugin(mini, "--tier", "p1")
+    assert re.search(r"FAILED +\S*test_p1_fails .*\n    \S*CheckFailed: p1 ran\n", proc.stdout), proc.stdout[-2000:]
+    (run_dir,) = (mini.parent / "reports" / "runs").iterdir()
+    kept = [json.loads(line) for line in (run_dir / "checks.jsonl").read_text().splitlines()]
+    assert kept == json.loads((run_dir / "results.json").read_text())["checks"]
+    assert kept[0]["outcome"] == "failed" and kept[0]["message"].endswith("CheckFailed: p1 ran")
 
 
 def test_xdist_is_a_usage_error_in_one_sentence(mini: Path):

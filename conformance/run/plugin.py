@@ -6,6 +6,7 @@ Loaded with `-p conformance.run.plugin` (the `conformance` CLI and the nox sessi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -255,6 +256,12 @@ def _progress(config: pytest.Config, rec: CheckRecord) -> None:
         colour = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}}.get(rec.outcome, {})
         tw.write_line(f"[{done}/{ctx.collected}] {rec.outcome.upper():8s} {rec.id}  ({rec.duration_s:.1f} s)  {figs}",
                       **colour)
+        if rec.outcome in ("failed", "error") and rec.message.strip():  # why, at once, not only in the summary
+            tw.write_line(f"    {rec.message.strip().splitlines()[0][:300]}", **colour)
+    # each check's record as it finished: a run whose node is lost before results.json keeps what it judged
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    with (ctx.run_dir / "checks.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec.as_dict(), default=str) + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
