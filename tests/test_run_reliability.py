@@ -19,9 +19,12 @@ pytestmark = pytest.mark.slow
 
 
 def start_run(reports: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`conformance run` as a terminal starts it: its own session, SIGINT at its default even where these tests were
+    started with it ignored (a background job of a non-interactive shell is), since the run keeps an ignored one."""
     return subprocess.Popen([sys.executable, "-m", "conformance", "run", "--reports-dir", str(reports), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=(os.environ | (env or {})), start_new_session=True)
+                            env=(os.environ | (env or {})), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _forkserver_of(pid: int) -> bool:
