@@ -192,7 +192,8 @@ def test_n_check_fails_when_the_choices_are_one_draw(served):
 @pytest.mark.parametrize("served", [("depends_on_neighbours",)], indirect=True)
 def test_n_check_fails_when_seeded_draws_depend_on_neighbours(served):
     fails(checks.test_server_n_choices_are_separate, served,
-          match=r"request 0 \(n=3, seed \d+\) among 4 concurrent requests: choice 0 .* flipped .* moved by 0")
+          match=r"request \d \(n=3, seed \d+\) among 4 concurrent requests: choice 0 .* flipped .* moved by 0")
+    # which request met the others first depends on when each arrived (a loaded host sends them further apart)
 
 
 @pytest.mark.parametrize("served", [("max_tokens_off_by_one",)], indirect=True)
