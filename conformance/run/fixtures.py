@@ -294,7 +294,8 @@ class EngineFactory:
 
     def _retire(self, proc: EngineProcess) -> None:
         """Close an engine no check needs any more without waiting for it (vLLM takes ~2 s to release what it
-        holds): it is asked now and waited for at the end of the run. One still starting is killed."""
+        holds): it is asked now and waited for before the next engine that takes a share of the device's memory starts
+        (`_settle`), else at the end of the run. One still starting is killed."""
         if proc.is_ready():
             proc.begin_close()
             self._closing.append(proc)

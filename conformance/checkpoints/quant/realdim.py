@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -102,8 +103,6 @@ def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: i
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200012],
                                                                 "pad_token_id": 199999}))
-    import shutil
-
     from conformance.checkpoints.tokenizer import hf_build
 
     for name in hf_build.TOKENIZER_FILES:  # beside the weights, as the published checkpoint ships them
