@@ -68,6 +68,12 @@ def test_rope_check_rejects_rounded_yarn_and_bad_buffers(reference, tiny):
     assert not report.ok and "inv_freq" in report.problems[0]
     no_concentration = (good[0] / reference.concentration, good[1] / reference.concentration)
     assert not mathcheck.rope_close(no_concentration, good, pos, ROPE_TOL).ok
+    # one entry off in magnitude alone: the message says where (position, frequency) and what the engine holds
+    one = (good[0].clone(), good[1].clone())
+    one[0][pos.index(4096), 3] *= 1.001
+    one[1][pos.index(4096), 3] *= 1.001
+    (problem,) = [p for p in mathcheck.rope_close(one, good, pos, ROPE_TOL).problems if "concentration" in p]
+    assert "worst at position 4096, frequency 3, where the engine's (cos, sin) has magnitude" in problem
     # an uninitialised rotary buffer: exact at position 0, garbage after it
     stale = (good[0].clone(), good[1].clone())
     stale[0][1:], stale[1][1:] = 0.5, 0.5

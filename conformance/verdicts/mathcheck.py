@@ -54,7 +54,8 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     d_angle = torch.remainder(torch.atan2(gs, gc) - torch.atan2(ws, wc) + math.pi, 2 * math.pi) - math.pi
     angle_err = d_angle.abs().max(dim=1).values
     angle_allowed = tol["angle_abs"] + tol["angle_per_position"] * pos[:, 0]
-    conc_abs = (torch.hypot(gc, gs) - torch.hypot(wc, ws)).abs().max().item()
+    magnitude_err = (torch.hypot(gc, gs) - torch.hypot(wc, ws)).abs()
+    conc_abs = magnitude_err.max().item()
     i1 = positions.index(1)
     g_inv, w_inv = torch.atan2(gs[i1], gc[i1]), torch.atan2(ws[i1], wc[i1])
     inv_rel = ((g_inv - w_inv).abs() / w_inv.abs()).max().item()
@@ -72,8 +73,11 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
                                f"(relative error {inv_rel:.3g} > {tol['inv_freq_rel']:.3g})")
     if not conc_abs <= tol["concentration_abs"]:
         want_conc = torch.hypot(wc[i1], ws[i1]).mean().item()
+        at, freq = divmod(int(magnitude_err.argmax()), magnitude_err.shape[1])
         report.problems.append(f"concentration (YaRN mscale) is off by {conc_abs:.3g} (limit "
-                               f"{tol['concentration_abs']:.3g}); reference {want_conc:.6f}")
+                               f"{tol['concentration_abs']:.3g}); reference {want_conc:.6f}, worst at position "
+                               f"{positions[at]}, frequency {freq}, where the engine's (cos, sin) has magnitude "
+                               f"{torch.hypot(gc[at, freq], gs[at, freq]).item():.6f}")
     bad = (angle_err > angle_allowed).nonzero().flatten().tolist()
     if bad:
         near = [i for i in range(len(positions)) if positions[i] <= 256]
