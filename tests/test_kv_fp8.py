@@ -205,11 +205,32 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
             ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, dtype="bfloat16"), None), model, bf16, prompts,
             300.0,
             Figures())
+    # fp16, as the H200's Triton row runs it: the same two engines in fp16 against fp16's limits
+    fp16 = limits_for("float16")
+    checks.test_fp8_kv_cache_matches_quantised_reference(
+        ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, kv_cache_dtype="fp8", dtype="float16"), None), model,
+        fp16, prompts, 300.0, Figures())
+    with pytest.raises(FAILED, match="exceeds the tolerance"):
+        checks.test_fp8_kv_cache_matches_quantised_reference(
+            ("e4m3fn", "toward_zero", shared_engines.get(tiny.path, dtype="float16"), None), model, fp16, prompts,
+            300.0, Figures())
 
 
-def test_fp8_limits_are_per_dtype_and_a_missing_one_says_so():
-    assert limits_for("bfloat16").kv_fp8[0].median > FP32_LIMITS.kv_fp8[0].median
-    fp16 = limits_for("float16")  # the other limits of float16 are there: only the fp8-KV check fails, saying why
+def test_fp8_limits_are_per_dtype_and_a_missing_one_says_so(monkeypatch):
+    assert limits_for("bfloat16").kv_fp8[0].median > limits_for("float16").kv_fp8[0].median > FP32_LIMITS.kv_fp8[
+        0].median
+    from conformance.verdicts import limits
+
+    data = limits._data
+
+    def without_fp16(name):
+        got = copy.deepcopy(data(name))
+        if name == "profiles.toml":
+            del got["kv_fp8"]["tolerance"]["float16"]
+        return got
+
+    monkeypatch.setattr(limits, "_data", without_fp16)
+    fp16 = limits.limits_for("float16")  # float16's other limits are there: only the fp8-KV check fails, saying why
     assert fp16.kv_fp8 is None and fp16.missing["kv_fp8"].startswith(
         "profiles.toml has no [kv_fp8.tolerance.float16] table (it has bfloat16, float32): measure limits")
 

@@ -468,8 +468,21 @@ def test_p0_in_fp16_passes_on_the_h200_with_forked_engines_and_the_spawned_run_s
     very greedy-parity figures of the spawned fp16 run (vLLM on the H200 is deterministic for a fixed batch)."""
     record = _record(P0_FP16_FORKED)
     assert record["engine"] == "vllm" and record["complete"] and record["evidence"] and record["exit_status"] == 0
-    assert record["narrowed_by"] is None and record["dtype"] == "float16" and record["profile"] == "h200-tiny:cuda-triton"
+    assert record["narrowed_by"] is None and record["dtype"] == "float16"
+    assert record["profile"] == "h200-tiny:cuda-triton"
     assert record["summary"] == _record(P0_FP16_PASS)["summary"]
     dtype, figures = _parity(P0_FP16_FORKED)
     assert over_limits(dtype, figures) == [] and figures == _parity(P0_FP16_PASS)[1]
     assert over_limits("float32", _check(record, EXACT)["figures"]) == []
+
+
+def test_fp8_kv_in_fp16_on_the_h200_passes_the_fp16_limits_set_from_it():
+    """fp8 KV in fp16 on the H200's Triton row (a narrowed run: a measurement, never a platform result) sits inside
+    `[kv_fp8.tolerance.float16]` with room: the median, fp16's discriminator, at two thirds of its limit."""
+    record = _record("20261204T104140-cuda-3c4ce5")
+    assert record["narrowed_by"] and record["evidence"] is False and record["dtype"] == "float16"
+    assert record["summary"] == {"passed": 2, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    figures = _check(record, "test_fp8_kv_cache_matches_quantised_reference")["figures"]
+    tol = limits_for("float16", "cuda").kv_fp8[0]
+    assert figures["max_abs_dlogprob"] <= tol.max_abs and figures["p99_abs_dlogprob"] <= tol.p99
+    assert figures["median_abs_dlogprob"] <= 0.7 * tol.median and figures["greedy_divergences"] == 0
