@@ -205,3 +205,33 @@ def test_the_writer_without_a_vocab_says_so_in_one_sentence_before_writing_anyth
     assert done.returncode == 2 and not out.exists()
     assert done.stderr.count("\n") == 1 and "nothing written" in done.stderr and "cannot read the o200k vocabulary" \
         in done.stderr, done.stderr
+
+
+def test_the_writer_draws_each_part_alone_so_layer_counts_nest_and_workers_do_not_matter(tmp_path, monkeypatch):
+    """Each shard comes from a generator of its own, drawn in its own process: the checkpoint is the same bytes
+    whether one process or several draw it, and layer 0 and the embeddings of the 1-layer checkpoint are those of
+    the 2-layer one (the real dimensions shrunk here: the shapes are the real writer's, the sizes are not)."""
+    from conformance.checkpoints.tokenizer import hf_build
+
+    small = realdim.real_config("gpt-oss-120b", 2) | {"hidden_size": 64, "intermediate_size": 64,
+                                                       "num_local_experts": 4, "vocab_size": 300}
+    monkeypatch.setattr(realdim, "real_config", lambda variant, layers: small | {"num_hidden_layers": layers})
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    for name in hf_build.TOKENIZER_FILES:
+        (vocab / name).write_text("{}")
+    monkeypatch.setattr(realdim, "_tokenizer_dir", lambda: vocab)
+    monkeypatch.setattr(realdim, "_workers", lambda parts: 1)
+    alone = realdim.write(tmp_path / "one-process", layers=2)
+    monkeypatch.setattr(realdim, "_workers", lambda parts: parts)
+    two, one = realdim.write(tmp_path / "two", layers=2), realdim.write(tmp_path / "one", layers=1)
+
+    def shard(ckpt, n, of):
+        return (ckpt / f"model-{n:05d}-of-{of:05d}.safetensors").read_bytes()
+
+    assert [shard(alone, n, 4) for n in range(4)] == [shard(two, n, 4) for n in range(4)]
+    assert shard(one, 0, 3) == shard(two, 0, 4) and shard(one, 1, 3) == shard(two, 1, 4)  # embeddings, layer 0
+    assert shard(two, 1, 4) != shard(two, 2, 4)
+    index = json.loads((two / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index["model.layers.1.mlp.experts.gate_up_proj_blocks"] == "model-00002-of-00004.safetensors"
+    assert index["lm_head.weight"] == "model-00003-of-00004.safetensors"

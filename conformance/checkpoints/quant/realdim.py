@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -53,19 +56,22 @@ def checkpoint_bytes(variant: str, layers: int) -> int:
     return 2 * bf16 + u8
 
 def _mxfp4(gen: torch.Generator, experts: int, out: int, inp: int, std: float) -> tuple[torch.Tensor, torch.Tensor]:
-    blocks = torch.randint(0, 256, (experts, out, inp // 32, 16), generator=gen, dtype=torch.int32).to(torch.uint8)
+    blocks = torch.randint(0, 256, (experts, out, inp // 32, 16), generator=gen, dtype=torch.uint8)
     exp = round(torch.log2(torch.tensor(std)).item() - E2M1_RMS_LOG2)
-    scales = torch.randint(exp - 1, exp + 2, (experts, out, inp // 32), generator=gen, dtype=torch.int32) + 127
+    scales = torch.randint(exp - 1, exp + 2, (experts, out, inp // 32), generator=gen, dtype=torch.int16) + 127
     return blocks, scales.to(torch.uint8)
 
 
-def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120) -> Path:
-    from safetensors.torch import save_file
+def part_names(layers: int) -> list[str]:
+    """The checkpoint's shards in order: the embeddings, one per layer, the final norm with lm_head."""
+    return ["embed", *(f"layer{i}" for i in range(layers)), "head"]
 
-    tokenizer = _tokenizer_dir()  # before gigabytes of weights: a node without the vocab is told at once
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = real_config(variant, layers)
-    gen = torch.Generator().manual_seed(seed)
+
+def part_tensors(cfg: dict, part: str, seed: int) -> dict[str, torch.Tensor]:
+    """One shard's tensors, drawn from a generator of its own (the seed and the part's name): a part is the same
+    whatever the layer count and whichever process draws it, so the parts are drawn in parallel and layer i of the
+    8-layer checkpoint is layer i of the 24-layer one."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + sum(ord(c) << (8 * n) for n, c in enumerate(part)))
     h, inter, e = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
     q, kv, vocab = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"], \
         cfg["vocab_size"]
@@ -73,32 +79,56 @@ def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: i
     def normal(*shape: int, std: float, mean: float = 0.0) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) * std + mean).to(torch.bfloat16)
 
-    shards: dict[str, dict[str, torch.Tensor]] = {"embed": {"model.embed_tokens.weight": normal(vocab, h, std=1.0)}}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        t = {p + "input_layernorm.weight": normal(h, std=0.1, mean=1.0),
-             p + "post_attention_layernorm.weight": normal(h, std=0.1, mean=1.0),
-             p + "self_attn.o_proj.weight": normal(h, q, std=1.0 / q**0.5),
-             p + "self_attn.o_proj.bias": normal(h, std=0.1),
-             p + "self_attn.sinks": normal(cfg["num_attention_heads"], std=1.0),
-             p + "mlp.router.weight": normal(e, h, std=2.0 / h**0.5), p + "mlp.router.bias": normal(e, std=0.5),
-             p + "mlp.experts.gate_up_proj_bias": normal(e, 2 * inter, std=0.5),
-             p + "mlp.experts.down_proj_bias": normal(e, h, std=0.1)}
-        for name, dim in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            t[p + f"self_attn.{name}.weight"] = normal(dim, h, std=1.5 / h**0.5)
-            t[p + f"self_attn.{name}.bias"] = normal(dim, std=0.3)
-        for stem, (out, inp, std) in {"gate_up_proj": (2 * inter, h, 4.0 / h**0.5),
-                                      "down_proj": (h, inter, 0.5 / inter**0.5)}.items():
-            blocks, scales = _mxfp4(gen, e, out, inp, std)
-            t[p + f"mlp.experts.{stem}_blocks"], t[p + f"mlp.experts.{stem}_scales"] = blocks, scales
-        shards[f"layer{i}"] = t
-    shards["head"] = {"model.norm.weight": normal(h, std=0.1, mean=1.0),
-                      "lm_head.weight": normal(vocab, h, std=3.0 / h**0.5)}
-    index = {}
-    for n, tensors in enumerate(shards.values()):
-        name = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / name), metadata={"format": "pt"})
-        index |= dict.fromkeys(tensors, name)
+    if part == "embed":
+        return {"model.embed_tokens.weight": normal(vocab, h, std=1.0)}
+    if part == "head":
+        return {"model.norm.weight": normal(h, std=0.1, mean=1.0), "lm_head.weight": normal(vocab, h, std=3.0 / h**0.5)}
+    p = f"model.layers.{int(part.removeprefix('layer'))}."
+    t = {p + "input_layernorm.weight": normal(h, std=0.1, mean=1.0),
+         p + "post_attention_layernorm.weight": normal(h, std=0.1, mean=1.0),
+         p + "self_attn.o_proj.weight": normal(h, q, std=1.0 / q**0.5),
+         p + "self_attn.o_proj.bias": normal(h, std=0.1),
+         p + "self_attn.sinks": normal(cfg["num_attention_heads"], std=1.0),
+         p + "mlp.router.weight": normal(e, h, std=2.0 / h**0.5), p + "mlp.router.bias": normal(e, std=0.5),
+         p + "mlp.experts.gate_up_proj_bias": normal(e, 2 * inter, std=0.5),
+         p + "mlp.experts.down_proj_bias": normal(e, h, std=0.1)}
+    for name, dim in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        t[p + f"self_attn.{name}.weight"] = normal(dim, h, std=1.5 / h**0.5)
+        t[p + f"self_attn.{name}.bias"] = normal(dim, std=0.3)
+    for stem, (out, inp, std) in {"gate_up_proj": (2 * inter, h, 4.0 / h**0.5),
+                                  "down_proj": (h, inter, 0.5 / inter**0.5)}.items():
+        blocks, scales = _mxfp4(gen, e, out, inp, std)
+        t[p + f"mlp.experts.{stem}_blocks"], t[p + f"mlp.experts.{stem}_scales"] = blocks, scales
+    return t
+
+
+def _write_part(cfg: dict, part: str, seed: int, path: Path) -> list[str]:
+    """Draw one part and write it as its shard; its tensor names (the index's entries)."""
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)  # one part per process: the processes are the parallelism
+    tensors = part_tensors(cfg, part, seed)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    return list(tensors)
+
+
+def _workers(parts: int) -> int:
+    """Processes drawing parts at once: one per core, as many as memory holds (a part takes up to about 4 GB while
+    it is drawn: the 201088 x 2880 embeddings in float32 beside their bf16 copy)."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, min(os.cpu_count() or 1, parts, available // (4 * 2**30)))
+
+
+def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120) -> Path:
+    tokenizer = _tokenizer_dir()  # before gigabytes of weights: a node without the vocab is told at once
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = real_config(variant, layers)
+    parts = part_names(layers)
+    files = {part: f"model-{n:05d}-of-{len(parts):05d}.safetensors" for n, part in enumerate(parts)}
+    # spawned, not forked: a forked torch with its thread pools started may hang in the child
+    with ProcessPoolExecutor(_workers(len(parts)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        names = {part: pool.submit(_write_part, cfg, part, seed, out_dir / files[part]) for part in parts}
+        index = {name: files[part] for part, done in names.items() for name in done.result()}
     (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=1))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200012],
