@@ -114,3 +114,31 @@ def test_parity_check_rejects_mutant_in_decode(tiny, reference, tiny_prompts):
     got = Reference(tiny.path, "window_127").generate_greedy([prompt], 4, top_k)
     want = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
     assert not compare.logprobs_close(got, want, tol).ok
+
+
+def test_a_store_short_of_memory_keeps_what_fits_and_computes_the_same(tiny_prompts):
+    """Where the host cannot hold a layer's experts in fp64 (gpt-oss-120b: about 25 GB a layer), the CPU store keeps
+    the tensors it must, keeps experts only while they fit its budget, dequantizes the others where they are used,
+    and the reference's logprobs are the very same bits as with every expert kept."""
+    from conformance.checkpoints.crafted import mxfp4
+    from conformance.reference import gpt_oss
+
+    path = mxfp4()
+    ids = tiny_prompts[0][0][:24]
+    roomy = Reference(path, streaming=True)
+    assert roomy.w.budget is not None and 0 < roomy.w.budget < gpt_oss.host_memory_available()
+    roomy.w.budget = None
+    before_experts = []  # what the store held when layer 0 asked for its first expert
+    expert = roomy.w.expert
+    roomy.w.expert = lambda prefix, e: (before_experts.append(roomy.w.held), expert(prefix, e))[1]
+    want = roomy.logprobs(ids)
+    one = gpt_oss._nbytes(*expert("model.layers.0.mlp.", 0))
+    assert roomy.w.experts_not_kept == 0 and len(before_experts) > 3
+    short = Reference(path, streaming=True)
+    short.w.budget = before_experts[0] + 3 * one
+    kept = []  # experts in the store as each layer ends
+    done_with = short.w.done_with
+    short.w.done_with = lambda prefix: (kept.append(sum("#" in k for k in short.w.cache)), done_with(prefix))
+    assert torch.equal(short.logprobs(ids), want)
+    layers = int(short.cfg["num_hidden_layers"])
+    assert kept == [3] * layers and short.w.experts_not_kept == len(before_experts) - 3 * layers

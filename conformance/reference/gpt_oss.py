@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,13 +95,37 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+# Of the host memory available when a CPU store opens, the share its fp64 tensors may hold (the engine under test and
+# the run need the rest). gpt-oss-120b's experts are about 25 GB a layer in fp64 and its embeddings and lm_head 9.3 GB:
+# a host without that much keeps the tensors it must and dequantizes each expert again where it is used.
+HOST_MEMORY_SHARE = 0.5
+
+
+def host_memory_available() -> int:
+    """What the host can give without swapping (MemAvailable), in bytes; free pages where /proc/meminfo is not."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class WeightStore:
     """Tensors read from the safetensors shards on first use, as fp64. Experts are read one at a time
     (MXFP4 blocks dequantized on the fly), so a reference of a 120b checkpoint only ever holds the
     experts its tokens are routed to; `streaming` drops a layer's tensors once it has run. On another `device` the
-    tensors are moved there as stored (MXFP4 blocks as bytes) and widened to fp64 there."""
+    tensors are moved there as stored (MXFP4 blocks as bytes) and widened to fp64 there. On the CPU the store holds
+    at most `budget` bytes (HOST_MEMORY_SHARE of what the host has available when it opens): an expert that would
+    pass it is dequantized for its use and not kept, so the reference runs, slower, where the memory is short."""
 
-    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu") -> None:
+    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu",
+                 budget: int | None = None) -> None:
         from safetensors import safe_open
 
         self.streaming, self.device = streaming, torch.device(device)
@@ -110,6 +135,10 @@ class WeightStore:
             for k in handle.keys():
                 self.where[k] = handle
         self.cache: dict[str, Any] = {}
+        if budget is None and self.device.type == "cpu":
+            budget = int(host_memory_available() * HOST_MEMORY_SHARE)
+        self.budget, self.held = budget, 0  # bytes the cache may hold (None: no bound) and holds
+        self.experts_not_kept = 0  # expert dequantizations that did not fit the budget (a figure for the bench)
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
@@ -119,6 +148,7 @@ class WeightStore:
             if name not in self.where:
                 raise KeyError(f"the checkpoint has no tensor {name}")
             self.cache[name] = self.where[name].get_tensor(name).to(self.device).to(torch.float64)
+            self.held += _nbytes(self.cache[name])
         return self.cache[name]
 
     def _slice(self, name: str, e: int) -> torch.Tensor:
@@ -127,23 +157,30 @@ class WeightStore:
     def expert(self, prefix: str, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W1 [2I, H], b1 [2I], W2 [H, I], b2 [H]) of expert e, whatever the on-disk layout."""
         key = f"{prefix}experts#{e}"
-        if key not in self.cache:
-            mats = []
-            for stem in ("gate_up_proj", "down_proj"):
-                name = prefix + "experts." + stem
-                if name + "_blocks" in self.where:  # MXFP4, stored [out, in/32, 16]
-                    mats.append(dequant_mxfp4(self._slice(name + "_blocks", e), self._slice(name + "_scales", e)))
-                else:  # plain HF layout [in, out]
-                    mats.append(self._slice(name, e).to(torch.float64).T)
-            b1 = self._slice(prefix + "experts.gate_up_proj_bias", e).to(torch.float64)
-            b2 = self._slice(prefix + "experts.down_proj_bias", e).to(torch.float64)
-            self.cache[key] = (mats[0], b1, mats[1], b2)
-        return self.cache[key]
+        if key in self.cache:
+            return self.cache[key]
+        mats = []
+        for stem in ("gate_up_proj", "down_proj"):
+            name = prefix + "experts." + stem
+            if name + "_blocks" in self.where:  # MXFP4, stored [out, in/32, 16]
+                mats.append(dequant_mxfp4(self._slice(name + "_blocks", e), self._slice(name + "_scales", e)))
+            else:  # plain HF layout [in, out]
+                mats.append(self._slice(name, e).to(torch.float64).T)
+        b1 = self._slice(prefix + "experts.gate_up_proj_bias", e).to(torch.float64)
+        b2 = self._slice(prefix + "experts.down_proj_bias", e).to(torch.float64)
+        got = (mats[0], b1, mats[1], b2)
+        if self.budget is not None and self.held + _nbytes(*got) > self.budget:
+            self.experts_not_kept += 1
+            return got
+        self.cache[key] = got
+        self.held += _nbytes(*got)
+        return got
 
     def done_with(self, prefix: str) -> None:
         if self.streaming:
             for k in [k for k in self.cache if k.startswith(prefix)]:
-                del self.cache[k]
+                value = self.cache.pop(k)
+                self.held -= _nbytes(*value) if isinstance(value, tuple) else _nbytes(value)
 
 
 class Reference:

@@ -115,8 +115,9 @@ def _write_part(cfg: dict, part: str, seed: int, path: Path) -> list[str]:
 def _workers(parts: int) -> int:
     """Processes drawing parts at once: one per core, as many as memory holds (a part takes up to about 4 GB while
     it is drawn: the 201088 x 2880 embeddings in float32 beside their bf16 copy)."""
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return max(1, min(os.cpu_count() or 1, parts, available // (4 * 2**30)))
+    from conformance.reference.gpt_oss import host_memory_available
+
+    return max(1, min(os.cpu_count() or 1, parts, host_memory_available() // (4 * 2**30)))
 
 
 def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120) -> Path:
