@@ -138,7 +138,7 @@ class WeightStore:
         if budget is None and self.device.type == "cpu":
             budget = int(host_memory_available() * HOST_MEMORY_SHARE)
         self.budget, self.held = budget, 0  # bytes the cache may hold (None: no bound) and holds
-        self.experts_not_kept = 0  # expert dequantizations that did not fit the budget (a figure for the bench)
+        self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
