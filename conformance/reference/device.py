@@ -74,6 +74,14 @@ class DeviceReference(Reference):
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
+        """The spot-checked logprobs; the device holds none of the reference's tensors afterwards (an engine
+        started next measures the device's free memory and takes its share of it)."""
+        try:
+            return self._logprobs(ids)
+        finally:
+            self.on_device.w.release()
+
+    def _logprobs(self, ids: list[int]) -> torch.Tensor:
         dev, cpu, n = self.on_device, self.checker, len(ids)
         cos, sin = self.rope_tables(torch.arange(n))
         cos_d, sin_d = cos.to(dev.w.device), sin.to(dev.w.device)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 # the run need the rest). gpt-oss-120b's experts are about 25 GB a layer in fp64 and its embeddings and lm_head 9.3 GB:
 # a host without that much keeps the tensors it must and dequantizes each expert again where it is used.
 HOST_MEMORY_SHARE = 0.5
+# On a GPU the store shares the device with the engine under test (gpu_memory_utilization 0.9 on the 120b profiles
+# leaves about 14 GB of an H200): an expert is kept only while this much of the device stays free after it.
+DEVICE_HEADROOM = 4 * 2**30
 
 
 def host_memory_available() -> int:
@@ -138,6 +142,9 @@ class WeightStore:
         if budget is None and self.device.type == "cpu":
             budget = int(host_memory_available() * HOST_MEMORY_SHARE)
         self.budget, self.held = budget, 0  # bytes the cache may hold (None: no bound) and holds
+        # what the device has free now (the engine's share counted), for a store on a GPU; None on the CPU
+        self.device_free: Callable[[], int] | None = (
+            (lambda: torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else None)
         self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
 
     def __contains__(self, name: str) -> bool:
@@ -169,12 +176,22 @@ class WeightStore:
         b1 = self._slice(prefix + "experts.gate_up_proj_bias", e).to(torch.float64)
         b2 = self._slice(prefix + "experts.down_proj_bias", e).to(torch.float64)
         got = (mats[0], b1, mats[1], b2)
-        if self.budget is not None and self.held + _nbytes(*got) > self.budget:
+        size = _nbytes(*got)
+        if (self.budget is not None and self.held + size > self.budget) or (
+                self.device_free is not None and self.device_free() - size < DEVICE_HEADROOM):
             self.experts_not_kept += 1
             return got
         self.cache[key] = got
         self.held += _nbytes(*got)
         return got
+
+    def release(self) -> None:
+        """Drop every tensor held and hand a GPU's cached blocks back to the device, so that an engine started
+        after this reference's computation finds the device as free as before it."""
+        self.cache.clear()
+        self.held = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def done_with(self, prefix: str) -> None:
         if self.streaming:
