@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from conformance.engines.base import Completion
 from conformance.reference.gpt_oss import Math, Reference
 from conformance.reference.longref import LongReference
 
@@ -72,16 +73,22 @@ class DeviceReference(Reference):
     def _checked(self, where: str, got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor, column: str) -> None:
         self.worst_rel = max(self.worst_rel, check_agreement(where, got.cpu(), want, rows, column))
 
-    @torch.no_grad()
-    def logprobs(self, ids: list[int]) -> torch.Tensor:
-        """The spot-checked logprobs; the device holds none of the reference's tensors afterwards (an engine
-        started next measures the device's free memory and takes its share of it)."""
+    # After each of the reference's results (a scored path, a greedy generation: many logprobs calls) the device
+    # holds none of its tensors: an engine started next measures the device's free memory and takes its share of it.
+    def _score(self, prompt: list[int], continuation: list[int], top_k: int) -> Completion:
         try:
-            return self._logprobs(ids)
+            return super()._score(prompt, continuation, top_k)
         finally:
             self.on_device.w.release()
 
-    def _logprobs(self, ids: list[int]) -> torch.Tensor:
+    def generate_greedy(self, prompts: list[list[int]], max_tokens: int, top_k: int) -> list[Completion]:
+        try:
+            return super().generate_greedy(prompts, max_tokens, top_k)
+        finally:
+            self.on_device.w.release()
+
+    @torch.no_grad()
+    def logprobs(self, ids: list[int]) -> torch.Tensor:
         dev, cpu, n = self.on_device, self.checker, len(ids)
         cos, sin = self.rope_tables(torch.arange(n))
         cos_d, sin_d = cos.to(dev.w.device), sin.to(dev.w.device)
