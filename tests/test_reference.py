@@ -52,8 +52,15 @@ def test_reference_agrees_with_transformers_fp32(tiny, reference, tiny_prompts):
     prompt = max(tiny_prompts[0], key=len)
     with torch.no_grad():
         got = hf(torch.tensor([prompt])).logits[0].double().log_softmax(-1)
-    delta = (got - reference.logprobs(prompt)).abs().max().item()
-    assert delta < 5e-4, f"transformers fp32 vs fp64 reference: max |Δlogprob| {delta:.3g}"
+    want = reference.logprobs(prompt)
+    delta = (got - want).abs().max().item()
+    if not delta < 5e-4:  # a rare one-off (0.032 twice in ~40 local runs): say which side moved, run again
+        with torch.no_grad():
+            again = hf(torch.tensor([prompt])).logits[0].double().log_softmax(-1)
+        fresh = Reference(tiny.path).logprobs(prompt)
+        pytest.fail(f"transformers fp32 vs fp64 reference: max |Δlogprob| {delta:.3g}; transformers again moved "
+                    f"{(again - got).abs().max().item():.3g}, a fresh reference {(fresh - want).abs().max().item():.3g}"
+                    f", transformers again vs the fresh reference {(again - fresh).abs().max().item():.3g}")
 
 
 def test_tiny_model_exercises_the_swiglu_clamp(reference, tiny_prompts):
