@@ -128,8 +128,7 @@ class WeightStore:
     at most `budget` bytes (HOST_MEMORY_SHARE of what the host has available when it opens): an expert that would
     pass it is dequantized for its use and not kept, so the reference runs, slower, where the memory is short."""
 
-    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu",
-                 budget: int | None = None) -> None:
+    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu") -> None:
         from safetensors import safe_open
 
         self.streaming, self.device = streaming, torch.device(device)
@@ -139,9 +138,9 @@ class WeightStore:
             for k in handle.keys():
                 self.where[k] = handle
         self.cache: dict[str, Any] = {}
-        if budget is None and self.device.type == "cpu":
-            budget = int(host_memory_available() * HOST_MEMORY_SHARE)
-        self.budget, self.held = budget, 0  # bytes the cache may hold (None: no bound) and holds
+        # bytes the cache may hold (None: no bound) and holds
+        self.budget = int(host_memory_available() * HOST_MEMORY_SHARE) if self.device.type == "cpu" else None
+        self.held = 0
         # what the device has free now (the engine's share counted), for a store on a GPU; None on the CPU
         self.device_free: Callable[[], int] | None = (
             (lambda: torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else None)
@@ -182,7 +181,7 @@ class WeightStore:
             self.experts_not_kept += 1
             return got
         self.cache[key] = got
-        self.held += _nbytes(*got)
+        self.held += size
         return got
 
     def release(self) -> None:
