@@ -235,27 +235,64 @@ def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp
           match="3 of 32 requests failed under load")
 
 
-def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
+def _graph_check(tmp_path, eager_out, graph_out, reference_out, dtype):
+    """test_graph_mode_matches_eager's own body on scripted eager and graph engines (the graph one logged its
+    capture) and a scripted fp64 reference: `*_out(prompt)` gives each side's completion of a prompt."""
     from types import SimpleNamespace
 
     from conformance.checks import test_serving_perf as perf_checks
-    from conformance.engines.base import Completion, StepLogprobs
     from conformance.verdicts.limits import limits_for
-    from tests.check_fakes import ScriptedEngine, ScriptedEngines, target_of
+    from tests.check_fakes import target_of
 
-    def answer(tokens):
-        return lambda ps, n, k, **kw: [Completion(p, tokens, [StepLogprobs(t, {t: -0.5, t + 1: -4.0}) for t in tokens])
-                                       for p in ps]
     log = tmp_path / "graph.log"
     log.write_text("INFO Graph capturing finished in 12 secs, took 0.40 GiB\n")
-    eager, graph = ScriptedEngine({"generate_greedy": answer([5, 6])}), ScriptedEngine({"generate_greedy":
-                                                                                        answer([5, 60])})
+    eager = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [eager_out(p) for p in ps]})
+    graph = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [graph_out(p) for p in ps]})
     graph.log_path = log
     engines = ScriptedEngines(eager, by_key=lambda o: eager if o.get("enforce_eager") else graph)
-    prompts = SimpleNamespace(prompts=[[1, 2, 3]], max_tokens=2)
-    request = SimpleNamespace(getfixturevalue=lambda name: engines)
-    fails(perf_checks.test_graph_mode_matches_eager, target_of("cuda"), prompts, limits_for("float32"), 1.0,
-          Figures(), request, match="chose 60")
+    reference = SimpleNamespace(score=lambda prompt, tokens, k: reference_out(prompt, tokens))
+    figures = Figures()
+    fixtures = {"engines": engines, "reference": reference}
+    perf_checks.test_graph_mode_matches_eager(target_of("cuda"), SimpleNamespace(prompts=[[1, 2, 3]], max_tokens=2),
+                                              limits_for(dtype), 1.0, figures,
+                                              SimpleNamespace(getfixturevalue=fixtures.__getitem__))
+    return figures
+
+
+def _steps(prompt, tokens, top):
+    from conformance.engines.base import Completion, StepLogprobs
+
+    return Completion(prompt, tokens, [StepLogprobs(t, dict(row)) for t, row in zip(tokens, top)])
+
+
+def test_graph_mode_check_fails_when_graphs_change_tokens(tmp_path):
+    def answer(tokens):
+        return lambda p, *rest: _steps(p, tokens, [{t: -0.5, t + 1: -4.0} for t in tokens])
+    with pytest.raises(FAILED, match="chose 60"):
+        _graph_check(tmp_path, answer([5, 6]), answer([5, 60]), answer([5, 6]), "float32")
+
+
+def test_graph_mode_check_fails_when_graph_tokens_leave_the_reference(tmp_path):
+    """bf16: graph mode and eager agree token for token (both run the same wrong kernel, say), but the fp64
+    reference gives graph mode's second token a logprob 8.6 lower: only the comparison with the reference sees it."""
+    both = lambda p: _steps(p, [5, 9], [{5: -0.5, 6: -2.0}, {9: -0.4, 8: -3.0}])  # noqa: E731
+    reference = lambda p, tokens: _steps(p, tokens, [{5: -0.5, 6: -2.0}, {tokens[1]: -9.0, 1: -0.2, 2: -1.1}])  # noqa: E731
+    with pytest.raises(FAILED, match=r"graph mode vs fp64 reference(.|\n)*p99_abs_dlogprob = 8.6 exceeds"):
+        _graph_check(tmp_path, both, both, reference, "bfloat16")
+
+
+def test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise(tmp_path):
+    """The H200's case (vLLM 0.26.0, bf16, runs 20261203T141912 and 20261204T124307): graph mode chose a token
+    ranked 2nd in eager's top-5 and eager's own was outside graph mode's top-5, each path inside the reference's
+    limits. In bf16 that parting is counted and the check passes; under fp32 limits the same outputs fail."""
+    eager = lambda p: _steps(p, [5, 7], [{5: -0.5, 6: -2.0}, {7: -1.0, 8: -1.2, 3: -1.3}])  # noqa: E731
+    graph = lambda p: _steps(p, [5, 8], [{5: -0.5, 6: -2.0}, {8: -1.1, 3: -1.2, 4: -1.4}])  # noqa: E731
+    reference = lambda p, tokens: _steps(p, tokens, [{5: -0.5, 6: -2.0},  # noqa: E731
+                                                     {7: -1.05, 8: -1.15, 3: -1.25, 4: -1.35}])
+    figures = _graph_check(tmp_path, eager, graph, reference, "bfloat16")
+    assert figures.values["greedy_divergences"] == 1
+    with pytest.raises(FAILED, match=r"eager chose 7 \(rank None in graph mode's top-3\)"):
+        _graph_check(tmp_path, eager, graph, reference, "float32")
 
 
 def test_accuracy_check_fails_on_a_model_dir_without_a_readable_config(tmp_path):

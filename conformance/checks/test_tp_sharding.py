@@ -15,7 +15,7 @@ from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
 from conformance.engines.worker import EngineError
 from conformance.reference import Reference
 from conformance.verdicts import compare
-from conformance.verdicts.verdict import fail, record_figures
+from conformance.verdicts.verdict import fail, raise_all, record_figures
 
 AREA = "tensor-parallel"
 TP = distributed.data()["tp"]
@@ -116,14 +116,7 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
     record_figure("tensor_parallel_size", tp)
     record_figures(record_figure, report)
     record_figures(record_figure, vs_ref, prefix="reference_")
-    failures = []
-    for verdict in (report, vs_ref):  # both verdicts are reported, each under its own header
-        try:
-            verdict.raise_if_failed()
-        except compare.CheckFailed as exc:
-            failures.append(str(exc))
-    if failures:
-        fail("\n".join(failures))
+    raise_all(report, vs_ref)
 
 
 @pytest.mark.p1

@@ -65,6 +65,15 @@ def fail(sentence: str) -> NoReturn:
     raise CheckFailed(sentence)
 
 
+def raise_all(*verdicts: Verdict) -> None:
+    """Every failed verdict's message in one failure, each under its own header, so a check that judges two
+    comparisons (against its twin and against the reference) never hides the second behind the first."""
+    __tracebackhide__ = True
+    failures = [v.failure_message() for v in verdicts if not v.ok]
+    if failures:
+        raise CheckFailed("\n".join(failures))
+
+
 def figure_values(report: Verdict | Mapping[str, float]) -> dict[str, float]:
     """A report's figures: a mapping as it is, else the verdict's `figures()`."""
     return dict(report) if isinstance(report, Mapping) else report.figures()
