@@ -1,8 +1,9 @@
 """Pinned serving baselines: the figures a P2 serving check is judged against, per check, lineage (target,
 hardware and combination) and model. A pin is the per-figure median of accepted runs (complete, the check
-passed or was measured without a baseline), promoted deliberately with `conformance baseline promote`; a run
-never becomes the baseline by itself. The pins live in one JSON file (default `baselines.json` beside the
-history store), kept apart from the history store, which is a cache rebuilt from the runs.
+passed or was measured without a baseline, and no kernel compiled while it was measured), promoted deliberately
+with `conformance baseline promote`; a run never becomes the baseline by itself. The pins live in one JSON file
+(default `baselines.json` beside the history store), kept apart from the history store, which is a cache rebuilt
+from the runs.
 
 Standard library only: the suite (which judges against a pin) and the reports (which promote one) share it.
 """
@@ -28,6 +29,10 @@ SERVING_CHECKS = (SERVING_CHECK, "conformance/checks/test_serving_perf.py::test_
 # A stored check outcome whose figures may be promoted: passed, or skipped for want of a baseline (the first
 # measurement of a lineage). A failed check, a regression, never becomes the new normal.
 ACCEPTED_OUTCOMES = ("passed", "skipped")
+# A measured run during which the server compiled a Triton kernel (perf.toml jit_log_marker, counted by the check)
+# has a latency outlier that is the compiler's, not the stack's: never a baseline. vLLM 0.26.0 on the H200, c8 of the
+# 1k/1k mix after its warm-up: one compile, TTFT p99 1669 ms against a p50 of 47 ms (run 20261204T124307-cuda-7af75f).
+JIT_FIGURE = "jit_compiles_during_run"
 # Figures the check derives from a baseline; never part of a baseline themselves.
 DERIVED_SUFFIXES = ("_vs_baseline", "_vs_pinned", "_vs_floor", "_drift_since_pin")
 DERIVED_NAMES = ("runs_since_pin",)
@@ -163,11 +168,11 @@ def runs_of(history: Any, lineage: str, model: str, check_id: str, outcomes: Ite
 
 def accepted_runs(history: Any, lineage: str, model: str, check_id: str,
                   names: Iterable[str] = ()) -> list[AcceptedRun]:
-    """The runs whose figures may be promoted, oldest first: the check passed or skipped, and it recorded
-    every figure in `names`."""
+    """The runs whose figures may be promoted, oldest first: the check passed or skipped, it recorded every
+    figure in `names`, and no kernel compiled while it was measured (JIT_FIGURE)."""
     names = list(names)
     return [r for r in runs_of(history, lineage, model, check_id, ACCEPTED_OUTCOMES)
-            if all(n in r.figures for n in names)]
+            if all(n in r.figures for n in names) and not r.figures.get(JIT_FIGURE, 0) > 0]
 
 
 def median_pin(check_id: str, lineage: str, model: str, runs: list[AcceptedRun], note: str = "",

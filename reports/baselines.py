@@ -63,12 +63,15 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
     try:
         pins = baselines.load(pins_file)
         with History.open(db) as history:
-            chosen = {}
+            chosen, compiled = {}, []
             for check_id in _check_ids(history, check):
                 accepted = baselines.accepted_runs(history, lineage, model, check_id)
                 accepted = [r for r in accepted if r.figures]
                 if accepted:
                     chosen[check_id] = accepted
+                elif any(r.figures.get(baselines.JIT_FIGURE, 0) > 0 for r in baselines.runs_of(
+                        history, lineage, model, check_id, baselines.ACCEPTED_OUTCOMES)):
+                    compiled.append(check_id)
     except (baselines.PinError, HistoryError) as exc:
         raise SystemExit(str(exc)) from None
     if not chosen:
@@ -81,6 +84,8 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
         raise SystemExit(f"only {short[c]} accepted run(s) of {c} for {lineage!r} {model!r}, fewer than --runs "
                          f"{runs}: run again or promote with fewer runs.")
     lines = [f"not pinned {c}: only {n} accepted run(s), fewer than --runs {runs}" for c, n in sorted(short.items())]
+    lines += [f"not pinned {c}: each of its runs met a kernel compile while measured ({baselines.JIT_FIGURE} > 0), "
+              "whose latency is the compiler's, not the stack's" for c in compiled]
     for check_id, accepted in sorted(chosen.items()):
         if check_id in short:
             continue

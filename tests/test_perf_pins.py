@@ -183,6 +183,24 @@ def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
         capsys.readouterr().out
 
 
+def test_a_run_measured_during_a_kernel_compile_is_never_pinned(store, capsys):
+    """vLLM's server logged a Triton JIT compile during the H200's c8 run (TTFT p99 1669 ms, p50 47 ms): that run's
+    latencies are the compiler's. Promotion leaves it out, says why when nothing else is left, and pins the rest."""
+    lineage = perf.lineage_of("cuda", FP, COMBO, "vllm")
+    compiled = HEALTHY | {"ttft_p99_ms": 1669.0, baselines.JIT_FIGURE: 1.0}
+    _ingest(store, _record("clean", _stamp(-3), "skipped", HEALTHY | {baselines.JIT_FIGURE: 0.0}, "cuda", check=SHAPE),
+            _record("compiled", _stamp(-2), "skipped", compiled, "cuda"))
+    assert _promote(store, "cuda", "--runs", "1") == 0
+    out = capsys.readouterr().out
+    assert f"not pinned {CHECK}: each of its runs met a kernel compile while measured" in out
+    pins = baselines.load(baselines.pins_path(store))
+    assert pins.get(CHECK, lineage, MODEL) is None and pins.get(SHAPE, lineage, MODEL) is not None
+    _ingest(store, _record("clean-later", _stamp(-1), "skipped", HEALTHY | {baselines.JIT_FIGURE: 0.0}, "cuda"))
+    assert _promote(store, "cuda", "--runs", "1", "--check", CHECK) == 0
+    pin = baselines.load(baselines.pins_path(store)).get(CHECK, lineage, MODEL)
+    assert [r.run_id for r in pin.runs] == ["clean-later"] and pin.figures["ttft_p99_ms"] == 150.0
+
+
 @pytest.mark.parametrize(("body", "why"), [
     ("{not json", "not readable JSON"),
     (json.dumps({"schema": 1, "baselines": [{"check_id": CHECK, "lineage": "x", "model": MODEL,

@@ -527,9 +527,10 @@ def test_p2_in_bf16_ran_whole_on_the_h200_and_failed_only_on_graph_mode_s_two_si
 
 
 def test_the_h200_serving_pins_are_p2_s_figures_and_catch_a_slowdown():
-    """`fixtures/recorded/h200/baselines.json` is `conformance baseline promote --runs 1` over round nine's P2: each
-    of the 12 serving levels pinned at that run's figures. Judged against its own pin the run passes; 15% less
-    output throughput at c64 fails."""
+    """`fixtures/recorded/h200/baselines.json` is `conformance baseline promote --runs 1` over round nine's P2: 11 of
+    the 12 serving levels pinned at that run's figures; c8 of the baseline mix is not, its server having compiled a
+    Triton kernel while it was measured. Judged against its own pin the run passes; 15% less output throughput at
+    c64 fails."""
     from conformance.verdicts import perf
     from env_checks import baselines
 
@@ -537,6 +538,9 @@ def test_the_h200_serving_pins_are_p2_s_figures_and_catch_a_slowdown():
     limits = perf.regression_limits("cuda")
     for check in _serving(_record(P2_BF16)):
         pin = pins.get(check["id"], H200_LINEAGE, TINY)
+        if check["figures"][baselines.JIT_FIGURE]:
+            assert check["id"].endswith("[c8]") and pin is None
+            continue
         assert pin is not None and [r.run_id for r in pin.runs] == [P2_BF16], check["id"]
         assert all(pin.figures[k] == pytest.approx(check["figures"][k]) for k in pin.figures), check["id"]
         assert perf.regression_verdict(check["figures"], perf.Baseline.of_pin(pin), limits).ok, check["id"]
