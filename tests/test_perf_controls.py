@@ -228,6 +228,26 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
     assert not result.ok and "cut short" in result.problems[0], result.problems
 
 
+@pytest.mark.slow
+def test_real_bench_serve_warms_a_gpu_server_once_and_its_short_replies_fail(half_tokens_server: str, tmp_path: Path,
+                                                                              monkeypatch):
+    """The server warm-up is a real `vllm bench serve` run (the CUDA target's: 64 prompts of 1024 tokens at once): the
+    stub's half-length replies fail it, its output is saved as server-warmup.json, and the same server is not warmed
+    a second time."""
+    from conformance.checkpoints.tokenizer import hf_build, vocab
+    from conformance.engines import server_fork
+
+    monkeypatch.setattr(perf, "_WARMED", set())
+    tokenizer = hf_build.hf_tokenizer_dir(vocab.ensure_o200k())
+    cpu = run_target.data()["cpu"]
+    args = (half_tokens_server, "stub", tokenizer, "key", tmp_path, {k: str(v) for k, v in cpu["env"].items()},
+            server_fork.client_context(cpu))
+    warmed = perf.warm_server_once("cuda", *args)
+    assert warmed is not None and not warmed.ok and "cut short" in warmed.failure_message()
+    assert warmed.measured["server_warmup_s"] > 0 and (tmp_path / "server-warmup.json").is_file()
+    assert perf.warm_server_once("cuda", *args) is None
+
+
 def test_each_level_warms_up_at_its_concurrency_and_the_other_shapes_do_not():
     """perf.toml warmups_per_concurrency: the baseline check's run sends `concurrency` warm-up requests first (a
     cold c8 on the H200 met a Triton JIT compile mid-run: TTFT p99 3076 ms, p50 82 ms); the shape checks run after
@@ -268,3 +288,52 @@ def test_kernel_compiles_the_server_logs_during_a_bench_are_counted(tmp_path):
         f.write("INFO request\n" + line + line)
     assert perf.jit_compiles_since(log, mark) == 2
     assert perf.jit_compiles_since(None, 0) is None and perf.log_size(None) == 0
+
+
+def _bench_check(monkeypatch, tmp_path, concurrency, plans, warmup_problems=()):
+    """test_serving_perf_against_baseline's own body on a CUDA target whose `vllm bench serve` is scripted: each
+    run's plan and name land in `plans`; the warm-up's report carries `warmup_problems`. Returns the figures."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_serving_perf as perf_checks
+    from tests.check_fakes import Figures, run_ctx
+
+    def bench(plan, *args, name=None):
+        plans.append((name, plan))
+        figures = {"output_tok_s": 100.0, "completed": float(plan.num_prompts), "failed": 0.0}
+        return compare.VerdictReport("bench", figures, list(warmup_problems) if name else [])
+    monkeypatch.setattr(perf, "run_bench", bench)
+    run = run_ctx("cuda", run_dir=tmp_path)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="m", api_key=None)
+    nodeid = f"conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c{concurrency}]"
+    figures = Figures()
+    with pytest.raises((pytest.skip.Exception, compare.CheckFailed)) as raised:
+        perf_checks.test_serving_perf_against_baseline(concurrency, run.target, run.run_dir, server, tmp_path,
+                                                       SimpleNamespace(name="tiny-gpt-oss"), "cuda H200 · vllm",
+                                                       figures, SimpleNamespace(node=SimpleNamespace(nodeid=nodeid)))
+    return figures, raised.value
+
+
+def test_a_gpu_server_is_warmed_once_with_distinct_prompts_before_its_first_measured_level(monkeypatch, tmp_path):
+    """perf.toml [bench.server_warmup]: before the first measured level a CUDA server gets one unmeasured run of 64
+    distinct prompts (another seed than the measured ones, all at once); later levels on that server get none. bench
+    serve's own warm-up repeats one prompt, which the prefix cache serves: on the H200 c8 still met a kernel compile."""
+    monkeypatch.setattr(perf, "_WARMED", set())
+    monkeypatch.setenv(perf.HISTORY_ENV, str(tmp_path / "h.sqlite"))
+    plans: list = []
+    figures, _ = _bench_check(monkeypatch, tmp_path, 1, plans)
+    (warm_name, warm), (name, measured) = plans
+    assert warm_name == "server-warmup" and name is None
+    assert (warm.num_prompts, warm.concurrency, warm.input_len) == (64, 64, measured.input_len)
+    assert warm.seed != measured.seed and warm.num_warmups == 0 and "server_warmup_s" in figures.values
+    plans.clear()
+    _bench_check(monkeypatch, tmp_path, 8, plans)
+    assert [name for name, _ in plans] == [None]
+    assert perf.server_warmup_plan("cpu") is None  # vLLM-CPU compiles no Triton kernel
+
+
+def test_a_server_that_fails_its_warm_up_fails_the_check(monkeypatch, tmp_path):
+    monkeypatch.setattr(perf, "_WARMED", set())
+    _, raised = _bench_check(monkeypatch, tmp_path, 1, [], ["3 of 64 requests completed, 61 failed"])
+    assert isinstance(raised, compare.CheckFailed)
+    assert "3 of 64 requests completed, 61 failed" in str(raised)

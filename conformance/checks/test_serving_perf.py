@@ -41,7 +41,9 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     within the tolerance (data/perf.toml) of the pinned baseline of this check, lineage and model (the
     median of accepted runs, promoted with `conformance baseline promote`; a run never becomes the
     baseline by itself), with the drift over the runs since the pin. Without a pin the real model is
-    judged against its absolute floor (data/perf_floors.toml); only a combination without one skips.
+    judged against its absolute floor (data/perf_floors.toml); only a combination without one skips. The first
+    level on a GPU server first warms it once, unmeasured, with distinct prompts at the top concurrency (perf.toml
+    [bench.server_warmup]); a server that fails those requests fails here.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
@@ -50,15 +52,21 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
     Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load,
       tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
-      tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence
+      tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
+      tests/test_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
     server_log = getattr(server, "log_path", None)
-    log_start = perf.log_size(server_log)
+    bench_args = (server.client.base_url, server.model, bench_tokenizer, server.api_key, run_dir / "bench", env,
+                  server_fork.client_context(target.table))
     try:
-        result = perf.run_bench(plan, server.client.base_url, server.model, bench_tokenizer, server.api_key,
-                                run_dir / "bench", env, server_fork.client_context(target.table))
+        warmed = perf.warm_server_once(target.name, *bench_args)  # the first level on this server warms it
+        if warmed is not None:
+            record_figures(record_figure, warmed)
+            warmed.raise_if_failed()
+        log_start = perf.log_size(server_log)
+        result = perf.run_bench(plan, *bench_args)
     except perf.PerfError as exc:
         fail(str(exc))
     result.measured["num_warmups"] = float(plan.num_warmups)

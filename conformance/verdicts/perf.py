@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -89,6 +90,35 @@ def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None
     return BenchPlan(concurrency, n, int(mix["input_len"]), int(mix["output_len"]), int(bench["seed"]),
                      tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]),
                      concurrency * warm)
+
+
+def server_warmup_plan(target: str, data: dict[str, Any] | None = None) -> BenchPlan | None:
+    """The one unmeasured run that warms a server before its first measured level (perf.toml
+    [bench.server_warmup]); None where the target warms none."""
+    data = data or perf_data()
+    bench, warm = data["bench"], data["bench"].get("server_warmup", {})
+    prompts = int(warm.get("prompts", {}).get(target, 0))
+    if prompts <= 0:
+        return None
+    return BenchPlan(prompts, prompts, int(bench[target]["input_len"]), int(warm["output_len"]), int(bench["seed"]) + 1,
+                     tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]))
+
+
+_WARMED: set[str] = set()  # the servers (base URLs) this process has warmed
+
+
+def warm_server_once(target: str, base_url: str, model: str, tokenizer: Path, api_key: str | None, out_dir: Path,
+                     env: dict[str, str], fork_ctx: Any = None) -> VerdictReport | None:
+    """Warm the server at `base_url` with its target's warm-up run unless this process already has: the run's
+    report (its problems are the check's: a server that fails unmeasured requests fails), or None."""
+    plan = server_warmup_plan(target)
+    if plan is None or base_url in _WARMED:
+        return None
+    started = time.perf_counter()
+    report = run_bench(plan, base_url, model, tokenizer, api_key, out_dir, env, fork_ctx, name="server-warmup")
+    _WARMED.add(base_url)
+    return VerdictReport(f"the server's warm-up ({plan.num_prompts} prompts of {plan.input_len} tokens at once)",
+                         {"server_warmup_s": time.perf_counter() - started}, report.problems)
 
 
 def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, result_dir: Path,
@@ -197,10 +227,10 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_key: str | None, out_dir: Path,
-              env: dict[str, str], fork_ctx: Any = None) -> VerdictReport:
+              env: dict[str, str], fork_ctx: Any = None, name: str | None = None) -> VerdictReport:
     """Run `vllm bench serve` once (forked from `fork_ctx`, a forkserver context, when given) and parse its saved
     result (PerfError if there is none)."""
-    name = f"bench-{plan.input_len}x{plan.output_len}-c{plan.concurrency}"  # one file per shape and level
+    name = name or f"bench-{plan.input_len}x{plan.output_len}-c{plan.concurrency}"  # one file per shape and level
     out_dir.mkdir(parents=True, exist_ok=True)
     result_file, log_path = out_dir / f"{name}.json", out_dir / f"{name}.log"
     cmd = bench_command(plan, base_url, model, tokenizer, out_dir, result_file.name)
