@@ -195,7 +195,9 @@ def test_rope_faults_died_planting_on_the_gpu(run_id: str) -> None:
 
 
 def test_graph_mode_on_the_h200_is_inside_today_s_bf16_allowance() -> None:
-
+    """Round two's graph mode against eager: its figures inside the bf16 limits and its partings inside the count.
+    Its failure also had eager's token outside graph mode's top-5 at one parting, which round nine showed to be
+    deterministic and the suite now counts between two bf16 engines (test below, and the controls of the check)."""
     record = _record(P2_GRAPHS)
     figures = _check(record, "test_graph_mode_matches_eager")["figures"]
     assert figures["greedy_divergences"] <= limits_for("bfloat16").graph_divergences
