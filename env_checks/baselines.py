@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 1
+SCHEMA = 2  # 2: a pin's lineage names the run's dtype and serving profile too (serving_lineage)
 PINS_ENV = "CONFORMANCE_BASELINES"
 PINS_FILE = "baselines.json"
 SERVING_CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline"
@@ -36,6 +36,13 @@ JIT_FIGURE = "jit_compiles_during_run"
 # Figures the check derives from a baseline; never part of a baseline themselves.
 DERIVED_SUFFIXES = ("_vs_baseline", "_vs_pinned", "_vs_floor", "_drift_since_pin")
 DERIVED_NAMES = ("runs_since_pin",)
+
+
+def serving_lineage(lineage: str, dtype: str | None, profile: str | None) -> str:
+    """What a run's serving figures compare with: its platform lineage (target, hardware, engine, combo), its dtype
+    and its serving profile with the backend row. A bf16 run on FlashAttention is no baseline for an fp16 one on
+    Triton, nor a run that says no dtype for one that does."""
+    return " · ".join([lineage, dtype or "dtype unknown", *([f"profile {profile}"] if profile else [])])
 
 
 class PinError(ValueError):
@@ -116,6 +123,9 @@ def load(path: Path) -> Pins:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise _bad(path, f"not readable JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
             from None
+    if isinstance(body, dict) and body.get("schema") == 1:
+        raise _bad(path, "its pins are of schema 1, keyed by the platform lineage alone, so a bf16 pin would judge an "
+                         "fp16 run; since schema 2 a pin's lineage names the dtype and serving profile too")
     if not isinstance(body, dict) or body.get("schema") != SCHEMA or not isinstance(body.get("baselines"), list):
         raise _bad(path, f"not a schema-{SCHEMA} object with a `baselines` list")
     pins = Pins(path)
@@ -151,11 +161,13 @@ def _measured(figures: dict[str, Any]) -> dict[str, float]:
 
 def runs_of(history: Any, lineage: str, model: str, check_id: str, outcomes: Iterable[str] | None = None,
             since: str | None = None) -> list[AcceptedRun]:
-    """The complete runs of this lineage and model that stored `check_id` (with one of `outcomes`, when
-    given; started after `since`, when given), oldest first, with the figures they measured. `history` is
-    a `reports.history.History` (read through its `runs()` and `checks()`)."""
+    """The complete runs that are platform evidence (not narrowed, planted or refused) of this serving lineage
+    (serving_lineage) and model that stored `check_id` (with one of `outcomes`, when given; started after `since`,
+    when given), oldest first, with the figures they measured. `history` is a `reports.history.History` (read
+    through its `runs()` and `checks()`)."""
     wanted = tuple(outcomes) if outcomes is not None else None
-    candidates = [r for r in history.runs() if r.lineage == lineage and r.model == model and r.complete
+    candidates = [r for r in history.runs() if serving_lineage(r.lineage, r.dtype, r.profile) == lineage
+                  and r.model == model and r.complete and not r.not_evidence
                   and (since is None or r.started_at > since)]
     checks = history.checks(r.run_id for r in candidates) if candidates else {}
     out = []

@@ -109,7 +109,8 @@ def listing(db: Path, pins_file: Path, check: tuple[str, ...]) -> list[str]:
     try:
         pins = baselines.load(pins_file)
         with History.open(db) as history:
-            combos = sorted({(r.lineage, r.model) for r in history.runs() if r.complete})
+            combos = sorted({(baselines.serving_lineage(r.lineage, r.dtype, r.profile), r.model)
+                             for r in history.runs() if r.complete and not r.not_evidence})
             lines = []
             for check_id in _check_ids(history, check):
                 for lineage, model in combos:

@@ -106,10 +106,11 @@ def test_nan_figure_is_a_regression():
 
 
 def _record(run_id: str, started: str, outcome: str, figures: dict, model: str = "tiny-gpt-oss",
-            fingerprint: dict = CPU_FP, complete: bool = True) -> dict:
+            fingerprint: dict = CPU_FP, complete: bool = True, dtype: str = "float32") -> dict:
     summary = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0)
     summary[outcome] = 1
     return {"run_id": run_id, "started_at": started, "finished_at": started, "target": "cpu", "engine": "vllm",
+            "dtype": dtype, "profile": "cpu",
             "combo": None, "tiers": ["p2"], "complete": complete, "model": {"name": model, "content_hash": None},
             "fingerprint": fingerprint, "summary": summary,
             "checks": [{"id": CHECK, "tier": "p2", "area": "performance", "outcome": outcome, "duration_s": 1.0,
@@ -117,7 +118,9 @@ def _record(run_id: str, started: str, outcome: str, figures: dict, model: str =
 
 
 def test_baseline_is_the_latest_passing_run_of_the_lineage_and_model():
-    lineage = perf.lineage_of("cpu", CPU_FP, None, "vllm")
+    from env_checks import baselines
+
+    lineage = baselines.serving_lineage(perf.lineage_of("cpu", CPU_FP, None, "vllm"), "float32", "cpu")
     names = ["output_tok_s"]
     with History.open(":memory:") as history:
         assert perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, names) is None
@@ -130,6 +133,8 @@ def test_baseline_is_the_latest_passing_run_of_the_lineage_and_model():
         history.ingest_record(_record("avx512", "2026-11-06T00:00:00Z", "passed", {"output_tok_s": 900.0},
                                       fingerprint={"platform": {"accelerator": "none", "cpu_flags": ["avx512f"]}}))
         history.ingest_record(_record("no-figure", "2026-11-07T00:00:00Z", "skipped", {}))
+        history.ingest_record(_record("bf16", "2026-11-08T00:00:00Z", "passed", {"output_tok_s": 700.0},
+                                      dtype="bfloat16"))
         found = perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, names)
         assert found is not None and found.run_id == "good" and found.figures["output_tok_s"] == 300.0
         assert perf.find_baseline(history, lineage, "tiny-gpt-oss", CHECK, ["ttft_p50_ms"]) is None

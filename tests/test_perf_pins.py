@@ -26,11 +26,17 @@ CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_base
 SHAPE = "conformance/checks/test_serving_perf.py::test_serving_perf_at_shape[1k-8k-c8]"
 MODEL = "gpt-oss-120b"
 COMBO = "h200-tp1"
+PROFILE = "h200-gpt-oss-120b"
 # A healthy c8 sweep: throughput (higher is better) and latencies (lower is better).
 HEALTHY = {"output_tok_s": 1000.0, "request_per_s": 1.0, "total_tok_s": 2000.0, "ttft_p50_ms": 100.0,
            "ttft_p99_ms": 150.0, "tpot_p50_ms": 10.0, "tpot_p99_ms": 12.0, "itl_p50_ms": 10.0, "itl_p99_ms": 14.0,
            "e2el_p50_ms": 10000.0, "e2el_p99_ms": 11000.0, "completed": 32.0, "failed": 0.0, "concurrency": 8.0}
 NOW = datetime.now(timezone.utc)
+
+
+def _lineage(target: str, dtype: str = "bfloat16", profile: str = PROFILE) -> str:
+    """The serving lineage the check and `baseline promote` key pins on: platform, dtype and serving profile."""
+    return baselines.serving_lineage(perf.lineage_of(target, FP, COMBO, "vllm"), dtype, profile)
 
 
 def _stamp(hours: float) -> str:
@@ -44,14 +50,15 @@ def _scaled(factor: float) -> dict[str, float]:
 
 
 def _record(run_id: str, started: str, outcome: str, figures: dict, target: str, complete: bool = True,
-            check: str = CHECK) -> dict:
+            check: str = CHECK, dtype: str = "bfloat16", **more: object) -> dict:
     summary = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0)
     summary[outcome] = 1
-    return {"run_id": run_id, "started_at": started, "finished_at": started, "target": target, "engine": "vllm",
-            "combo": COMBO, "tiers": ["p2"], "complete": complete, "model": {"name": MODEL, "content_hash": None},
-            "fingerprint": FP, "summary": summary,
-            "checks": [{"id": check, "tier": "p2", "area": "performance", "outcome": outcome, "duration_s": 1.0,
-                        "message": "", "reference": "", "figures": figures}]}
+    return more | {
+        "run_id": run_id, "started_at": started, "finished_at": started, "target": target, "engine": "vllm",
+        "dtype": dtype, "profile": PROFILE, "combo": COMBO, "tiers": ["p2"], "complete": complete,
+        "model": {"name": MODEL, "content_hash": None}, "fingerprint": FP, "summary": summary,
+        "checks": [{"id": check, "tier": "p2", "area": "performance", "outcome": outcome, "duration_s": 1.0,
+                    "message": "", "reference": "", "figures": figures}]}
 
 
 @pytest.fixture
@@ -84,7 +91,7 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     try:
         perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
                                                        SimpleNamespace(name=MODEL),
-                                                       perf.lineage_of(target, FP, COMBO, "vllm"), recorded, request)
+                                                       _lineage(target), recorded, request)
     except FAILED as exc:
         return "failed", str(exc), recorded
     except pytest.skip.Exception as exc:
@@ -92,8 +99,8 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     return "passed", "", recorded
 
 
-def _promote(db: Path, target: str, *extra: str) -> int:
-    return cli_main(["baseline", "promote", "--db", str(db), "--lineage", perf.lineage_of(target, FP, COMBO, "vllm"),
+def _promote(db: Path, target: str, *extra: str, dtype: str = "bfloat16") -> int:
+    return cli_main(["baseline", "promote", "--db", str(db), "--lineage", _lineage(target, dtype),
                      "--model", MODEL, *extra])
 
 
@@ -140,18 +147,18 @@ def test_a_run_never_becomes_the_baseline_by_itself(store, tmp_path, monkeypatch
     assert outcome == "skipped" and "no pinned baseline for lineage" in message and "no absolute floor" in message
     assert "conformance baseline promote" in message
     assert _promote(store, "cpu", "--runs", "1") == 0
-    before = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO, "vllm"), MODEL)
+    before = baselines.load(baselines.pins_path(store)).get(CHECK, _lineage("cpu"), MODEL)
     for n, factor in enumerate((0.9, 0.8, 0.7), start=1):
         outcome, _, recorded = _run_check(monkeypatch, tmp_path, "cpu", _scaled(factor))
         assert outcome == "passed"
         _ingest(store, _record(f"later-{n}", _stamp(n), outcome, recorded.values, "cpu"))
-    after = baselines.load(baselines.pins_path(store)).get(CHECK, perf.lineage_of("cpu", FP, COMBO, "vllm"), MODEL)
+    after = baselines.load(baselines.pins_path(store)).get(CHECK, _lineage("cpu"), MODEL)
     assert after == before and after.figures["output_tok_s"] == 1000.0
     assert recorded.values["output_tok_s_vs_pinned"] == pytest.approx(0.7)
 
 
 def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
-    lineage = perf.lineage_of("cuda", FP, COMBO, "vllm")
+    lineage = _lineage("cuda")
     tok = (900.0, 1000.0, 1100.0, 5000.0, 1050.0)
     _ingest(store, *(_record(f"ok-{i}", _stamp(-20 + i), "passed" if i else "skipped",
                              HEALTHY | {"output_tok_s": t, "output_tok_s_vs_pinned": 9.0}, "cuda")
@@ -183,10 +190,30 @@ def test_promotion_takes_the_median_of_the_last_accepted_runs(store, capsys):
         capsys.readouterr().out
 
 
+def test_a_pin_takes_only_evidence_of_its_own_dtype_and_serving_profile(store, capsys):
+    """Like with like: a bf16 pin is the median of bf16 runs on the same serving profile, never of an fp16 run (another
+    attention backend, other kernels) nor of a narrowed run (not a platform result); `baseline list` names each
+    serving lineage apart, and the fp16 one gets its own pin."""
+    _ingest(store, _record("bf16", _stamp(-5), "skipped", HEALTHY, "cuda"),
+            _record("fp16", _stamp(-4), "skipped", _scaled(2.0), "cuda", dtype="float16"),
+            _record("narrowed", _stamp(-3), "passed", _scaled(3.0), "cuda", narrowed_by="-k c8", evidence=False))
+    assert _promote(store, "cuda", "--runs", "1") == 0
+    pins = baselines.load(baselines.pins_path(store))
+    assert [r.run_id for r in pins.get(CHECK, _lineage("cuda"), MODEL).runs] == ["bf16"]
+    assert pins.get(CHECK, _lineage("cuda", "float16"), MODEL) is None
+    assert _promote(store, "cuda", "--runs", "1", dtype="float16") == 0
+    pin = baselines.load(baselines.pins_path(store)).get(CHECK, _lineage("cuda", "float16"), MODEL)
+    assert [r.run_id for r in pin.runs] == ["fp16"] and pin.figures["output_tok_s"] == 2000.0
+    capsys.readouterr()
+    assert cli_main(["baseline", "list", "--db", str(store)]) == 0
+    listed = capsys.readouterr().out
+    assert f"--lineage {_lineage('cuda')!r}" in listed and f"--lineage {_lineage('cuda', 'float16')!r}" in listed
+
+
 def test_a_run_measured_during_a_kernel_compile_is_never_pinned(store, capsys):
     """vLLM's server logged a Triton JIT compile during the H200's c8 run (TTFT p99 1669 ms, p50 47 ms): that run's
     latencies are the compiler's. Promotion leaves it out, says why when nothing else is left, and pins the rest."""
-    lineage = perf.lineage_of("cuda", FP, COMBO, "vllm")
+    lineage = _lineage("cuda")
     compiled = HEALTHY | {"ttft_p99_ms": 1669.0, baselines.JIT_FIGURE: 1.0}
     _ingest(store, _record("clean", _stamp(-3), "skipped", HEALTHY | {baselines.JIT_FIGURE: 0.0}, "cuda", check=SHAPE),
             _record("compiled", _stamp(-2), "skipped", compiled, "cuda"))
@@ -203,12 +230,13 @@ def test_a_run_measured_during_a_kernel_compile_is_never_pinned(store, capsys):
 
 @pytest.mark.parametrize(("body", "why"), [
     ("{not json", "not readable JSON"),
-    (json.dumps({"schema": 1, "baselines": [{"check_id": CHECK, "lineage": "x", "model": MODEL,
+    (json.dumps({"schema": 2, "baselines": [{"check_id": CHECK, "lineage": "x", "model": MODEL,
                                              "promoted_at": "2026-11-01T00:00:00Z", "figures": {"output_tok_s": "NaN"},
                                              "runs": [{"run_id": "a"}]}]}), "non-finite or non-numeric figures"),
-    (json.dumps({"baselines": {}}), "not a schema-1 object"),
+    (json.dumps({"baselines": {}}), "not a schema-2 object"),
+    (json.dumps({"schema": 1, "baselines": []}), "of schema 1, keyed by the platform lineage alone"),
     (None, "has no ttft_p50_ms, tpot_p50_ms, which perf.toml judges"),
-], ids=["garbage", "nan-figure", "wrong-shape", "pin-lacks-a-judged-figure"])
+], ids=["garbage", "nan-figure", "wrong-shape", "schema-1", "pin-lacks-a-judged-figure"])
 def test_a_damaged_pin_file_fails_the_check_in_one_sentence(store, tmp_path, monkeypatch, body, why):
     pins = baselines.pins_path(store)
     if body is None:  # a pin whose runs measured only throughput

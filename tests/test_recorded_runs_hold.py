@@ -494,7 +494,7 @@ def test_fp8_kv_in_fp16_on_the_h200_passes_the_fp16_limits_set_from_it():
 # pinned baselines, and P0 on the cuda-triton row.
 P2_BF16 = "20261204T124307-cuda-7af75f"
 P0_BF16_TRITON = "20261204T125844-cuda-aa5d5d"
-H200_LINEAGE, TINY = "cuda H200 · vllm · installed", "tiny-gpt-oss"
+H200_LINEAGE, TINY = "cuda H200 · vllm · installed · bfloat16 · profile h200-tiny", "tiny-gpt-oss"
 
 
 def _serving(record: dict) -> list[dict]:

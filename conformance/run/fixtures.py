@@ -384,11 +384,14 @@ def engine_options(run: RunContext, model_under_test: ModelUnderTest) -> dict[st
 @pytest.fixture(scope="session")
 def run_lineage(target: RunTarget, run: RunContext) -> str:
     """The lineage of this run's performance figures: target, the stack's fingerprint (collected now if the run
-    has not yet), --combo and engine (conformance/verdicts/perf.py)."""
+    has not yet), --combo and engine (conformance/verdicts/perf.py), the dtype and the serving profile
+    (env_checks/baselines.py serving_lineage)."""
     from conformance.run.recorder import fingerprint
     from conformance.verdicts import perf
+    from env_checks import baselines
 
-    return perf.lineage_of(target.name, run.fingerprint or fingerprint(run), run.combo, target.engine)
+    platform = perf.lineage_of(target.name, run.fingerprint or fingerprint(run), run.combo, target.engine)
+    return baselines.serving_lineage(platform, target.dtype, run.profile)
 
 
 @pytest.fixture(scope="session")
