@@ -48,3 +48,36 @@ def test_layers_that_fit_counts_the_embeddings_whole_and_each_layer_its_share():
     budget = 0.8 * 143_771_172_864  # 80% of an H200, float32 weights
     assert slices.layers_that_fit(cfg, params, budget) == int((budget / 4 - outside) // per_layer) == 8
     assert slices.layers_that_fit(cfg, params, 10e9) == 0 and slices.layers_that_fit(cfg, params, 1e15) == 36
+
+
+def test_a_dequantized_slice_holds_the_mxfp4_experts_exactly_in_the_unquantized_layout(tiny, tmp_path, monkeypatch):
+    """The MXFP4 experts come back as the unquantized HF tensors [E, in, out] in bf16, bit for bit the values the
+    fp64 reference dequantizes, the quantization_config dropped; a scale that overflows bf16 and a checkpoint that
+    is not MXFP4 are refused in one sentence."""
+    import torch
+    from safetensors.torch import save_file
+
+    from conformance.checkpoints import crafted
+    from conformance.reference.gpt_oss import dequant_mxfp4
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    source = crafted.mxfp4()
+    cut = slices.slice_layers(source, 1, "mx", root=tmp_path, dequantize=True)
+    assert "quantization_config" not in json.loads((cut / "config.json").read_text())
+    stem = "model.layers.0.mlp.experts.gate_up_proj"
+    with safe_open(str(next(cut.glob("*.safetensors"))), "pt") as f, \
+            safe_open(str(next(source.glob("*.safetensors"))), "pt") as g:
+        got = f.get_tensor(stem)
+        want = dequant_mxfp4(g.get_tensor(stem + "_blocks"), g.get_tensor(stem + "_scales")).transpose(1, 2)
+        assert got.dtype == torch.bfloat16 and torch.equal(got.double(), want)
+        assert stem + "_blocks" not in f.keys() and "model.layers.1.mlp.experts.down_proj" not in f.keys()
+        tensors = {n: g.get_tensor(n) for n in g.keys()}
+    tensors[stem + "_scales"] = torch.full_like(tensors[stem + "_scales"], 255)  # 6 x 2^128: past bf16 (and fp32)
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "config.json").write_text((source / "config.json").read_text())
+    save_file(tensors, str(wide / "model.safetensors"))
+    with pytest.raises(DataError, match="bf16 cannot hold exactly"):
+        slices.slice_layers(wide, 1, "wide", root=tmp_path, dequantize=True)
+    with pytest.raises(DataError, match="is not an MXFP4 checkpoint"):
+        slices.slice_layers(tiny.path, 1, "plain", root=tmp_path, dequantize=True)

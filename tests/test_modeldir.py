@@ -113,3 +113,13 @@ def test_shard_shorter_than_its_header_length_is_one_sentence(model_copy):
     with pytest.raises(ModelDirError) as exc:
         inspect_model_dir(model_copy)
     assert "larger than the file" in one_sentence(exc)
+
+
+def test_an_mxfp4_checkpoint_counts_the_parameters_its_model_has(tiny, tmp_path, monkeypatch):
+    """Two E2M1 values a block byte, scales no parameters: the tiny model written in MXFP4 has the tiny model's count,
+    which is what a float32 copy of it holds (the exact verdict sizes its slice by it)."""
+    from conformance.checkpoints import crafted
+    from conformance.checkpoints.modeldir import inspect_model_dir
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
+    assert inspect_model_dir(crafted.mxfp4()).num_params == inspect_model_dir(tiny.path).num_params

@@ -122,7 +122,12 @@ def inspect_model_dir(path: Path) -> ModelInfo:
         raise ModelDirError(f"{path} holds no *.safetensors files: the weights are missing.")
     params, dtypes = 0, set()
     for shard in shards:
-        for t in read_safetensors_header(shard).values():
-            params += math.prod(t["shape"])
+        header = read_safetensors_header(shard)
+        for name, t in header.items():
+            stem = name.removesuffix("_scales")
+            if stem != name and stem + "_blocks" in header:
+                continue  # an MXFP4 block's scale: not a parameter
+            # MXFP4 blocks hold two E2M1 values a byte: the parameters the model has (and a float32 copy holds)
+            params += math.prod(t["shape"]) * (2 if name.endswith("_blocks") and t["dtype"] == "U8" else 1)
             dtypes.add(t["dtype"])
     return ModelInfo(path, config, params, frozenset(dtypes))

@@ -1,5 +1,8 @@
 """The first layers of a checkpoint, as a checkpoint of its own: the same embeddings, final norm, lm_head and
 quantisation, the same tensors for layers 0..n-1, `num_hidden_layers = n` (and `layer_types` cut to match).
+With `dequantize`, MXFP4 experts are written dequantized in the unquantized HF layout (bf16, which holds every MXFP4
+value exactly) and the quantization_config is dropped: the same weights, for an engine that serves MXFP4
+only in a dtype other than the one asked (vLLM runs gpt_oss_mxfp4 in bf16 only; data/quant.toml `serves`).
 
 The exact float32 verdict of a model too big to hold in float32 runs on such a slice: the real dimensions, the
 real kernels and the real weights of its first layers, on the device beside the production run (#38,
@@ -27,9 +30,32 @@ def _kept(name: str, layers: int) -> bool:
     return match is None or int(match.group(1)) < layers
 
 
-def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = None) -> Path:
-    """The checkpoint of `model_dir`'s first `layers` layers (cached by `key`, the source's content hash). DataError,
-    in one sentence, for a layer count the model does not have or a checkpoint without safetensors."""
+MXFP4_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # stored as <stem>_blocks and <stem>_scales
+
+
+def _dequantized_experts(f: object, stem: str) -> object:
+    """`<stem>_blocks`/`_scales` [E, out, in/32, 16] / [E, out, in/32] as the unquantized HF tensor [E, in, out] in
+    bf16, one expert at a time (a 120b layer's fp64 would not fit a host). bf16 holds every E2M1 x 2^k exactly (two
+    mantissa bits, fp32's exponent range, subnormals down to 2^-133) but a scale that overflows it: DataError."""
+    import torch
+
+    from conformance.reference.gpt_oss import dequant_mxfp4
+
+    blocks, scales = f.get_slice(stem + "_blocks"), f.get_slice(stem + "_scales")  # type: ignore[attr-defined]
+    experts, rows, nblocks, _ = blocks.get_shape()
+    out = torch.empty(experts, nblocks * 32, rows, dtype=torch.bfloat16)
+    for e in range(experts):
+        values = dequant_mxfp4(blocks[e], scales[e]).T
+        out[e] = values.to(torch.bfloat16)
+        if not torch.equal(out[e].double(), values):
+            raise DataError(f"{stem} expert {e} holds MXFP4 values bf16 cannot hold exactly (a scale past its range)")
+    return out
+
+
+def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = None, dequantize: bool = False) -> Path:
+    """The checkpoint of `model_dir`'s first `layers` layers (cached by `key`, the source's content hash), its MXFP4
+    experts dequantized with `dequantize`. DataError, in one sentence, for a layer count the model does not have, a
+    checkpoint without safetensors, or one to dequantize that is not MXFP4."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -41,7 +67,9 @@ def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = Non
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise DataError(f"{model_dir} holds no .safetensors files to slice")
-    final = (root or cache_root()) / f"slice-{key[:16]}-{layers}-of-{total}"
+    if dequantize and (config.get("quantization_config") or {}).get("quant_method") != "mxfp4":
+        raise DataError(f"{model_dir.name} is not an MXFP4 checkpoint: the suite dequantizes only MXFP4 experts")
+    final = (root or cache_root()) / f"slice-{key[:16]}-{layers}-of-{total}{'-dequantized' if dequantize else ''}"
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -54,14 +82,23 @@ def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = Non
         for shard in shards:
             with safe_open(str(shard), "pt") as f:
                 names = [n for n in f.keys() if _kept(n, layers)]
-                if names:
-                    save_file({n: f.get_tensor(n) for n in names}, str(tmp / shard.name), metadata=f.metadata())
-                    weight_map.update({n: shard.name for n in names})
+                tensors = {}
+                for n in names:
+                    stem = n.removesuffix("_blocks")
+                    if dequantize and stem.endswith(MXFP4_EXPERTS) and stem + "_scales" in names:
+                        tensors[stem] = _dequantized_experts(f, stem)
+                    elif not (dequantize and n.removesuffix("_scales").endswith(MXFP4_EXPERTS)):
+                        tensors[n] = f.get_tensor(n)
+                if tensors:
+                    save_file(tensors, str(tmp / shard.name), metadata=f.metadata())
+                    weight_map.update({n: shard.name for n in tensors})
         if (model_dir / INDEX).is_file():
             index = json.loads((model_dir / INDEX).read_text())
             index["weight_map"] = {n: s for n, s in index.get("weight_map", {}).items() if n in weight_map}
             (tmp / INDEX).write_text(json.dumps(index, indent=2))
         config["num_hidden_layers"] = layers
+        if dequantize:
+            config.pop("quantization_config", None)
         if isinstance(config.get("layer_types"), list):
             config["layer_types"] = config["layer_types"][:layers]
         (tmp / "config.json").write_text(json.dumps(config, indent=2))

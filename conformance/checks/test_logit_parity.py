@@ -31,6 +31,23 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     report.raise_if_failed()
 
 
+def _format_not_served(config: dict, engine: str, dtype: str) -> str | None:
+    """The checkpoint's quantization format where `engine` does not run it in `dtype` (data/quant.toml `serves`:
+    vLLM runs MXFP4 in bf16 only), so the exact verdict runs on its weights dequantized; None otherwise."""
+    from conformance.checkpoints.quant.limits import format_limits
+    from conformance.checkpoints.quant.validate import ALIASES
+
+    method = str((config.get("quantization_config") or {}).get("quant_method", "")).lower()
+    if not method:
+        return None
+    fmt = ALIASES.get(method, method)
+    try:
+        limits = format_limits(fmt)
+    except DataError:
+        return None  # a format the data says nothing of: the engine is asked as it is
+    return None if limits.served_in(engine, dtype) else fmt
+
+
 def _device_memory_bytes() -> int:
     try:
         import torch
@@ -119,13 +136,17 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
     A model whose float32 weights exceed the float32 engine's share of the device (its gpu_memory_utilization,
     at most 80%) runs it on a slice of its first layers that fits
     (conformance/checkpoints/slices.py: the real dimensions, kernels and weights of those layers), judged against
-    the fp64 reference of the same slice; the record says how many layers (exact_layers of exact_layers_of).
+    the fp64 reference of the same slice; the record says how many layers (exact_layers of exact_layers_of). A
+    quantized model the engine does not run in float32 (vLLM serves MXFP4 in bf16 only: data/quant.toml `serves`)
+    runs on its weights dequantized, exactly, in the unquantized layout; the record says so
+    (exact_weights_dequantized), and its MXFP4 kernel is judged by greedy parity in bf16 and the MXFP4 check.
 
     Catches: every math bug the low-precision verdicts can only bound statistically (a window off by one,
     rounded YaRN, sinks counted twice), on the GPU and kernels the production dtype uses, at the model's size.
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
     Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks,
-      tests/test_dtype_verdicts.py::test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device
+      tests/test_dtype_verdicts.py::test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device,
+      tests/test_dtype_verdicts.py::test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized
     """
     exact = target.exact_dtype
     if not exact:
@@ -143,18 +164,24 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
                         f"{budget / 2**30:.0f} GiB of the device beside its embeddings and lm_head")
     record_figure("exact_layers", float(layers))
     record_figure("exact_layers_of", float(total))
+    fmt = _format_not_served(model_under_test.config, target.engine, exact)
+    if fmt:
+        record_figure("exact_weights_dequantized", 1.0)
     engine_model, judge = None, reference
-    if layers < total:
+    if layers < total or fmt:
         from conformance.reference.device import reference_for
         from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
         try:
             engine_model = slices.slice_layers(model_under_test.path, layers,
-                                              model_under_test.content_hash or model_under_test.name)
+                                              model_under_test.content_hash or model_under_test.name,
+                                              dequantize=bool(fmt))
         except (DataError, OSError) as exc:
-            fail(f"the {layers}-layer slice for the exact verdict could not be cut: {exc}")
-        judge = reference_for(engine_model, model_under_test.num_params > STREAMING_ABOVE_PARAMS,
-                              target.table.get("reference_device"))
+            fail(f"the {layers}-layer {'dequantized ' if fmt else ''}slice for the exact verdict could not be cut: "
+                 f"{exc}")
+        if layers < total:
+            judge = reference_for(engine_model, model_under_test.num_params > STREAMING_ABOVE_PARAMS,
+                                  target.table.get("reference_device"))
     tol, top_k = exact_limits.logprobs
     try:
         out = engines.get(dtype=exact, **({"model": engine_model} if engine_model else {})).call(
@@ -162,7 +189,8 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
             timeout_s=call_timeout_s)
     except EngineError as exc:
         fail(str(exc))
-    what = f"engine ({exact}{f', first {layers} of {total} layers' if layers < total else ''})"
+    what = (f"engine ({exact}{f', {fmt} dequantized' if fmt else ''}"
+            f"{f', first {layers} of {total} layers' if layers < total else ''})")
     report = compare.logprobs_close(out, [judge.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out], tol,
                                     names=(what, "reference"))
     record_figures(record_figure, report)

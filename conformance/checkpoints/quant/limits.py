@@ -17,9 +17,14 @@ class FormatLimits:
     top_k: int
     quantized_layers: dict[str, list[str]] = field(default_factory=dict)  # engine -> name patterns
     engine_dtype: dict[str, str] = field(default_factory=dict)  # engine -> dtype, where not `dtype`
+    serves: dict[str, list[str]] = field(default_factory=dict)  # engine -> the only dtypes it runs the format in
 
     def dtype_for(self, engine: str) -> str:
         return self.engine_dtype.get(engine, self.dtype)
+
+    def served_in(self, engine: str, dtype: str) -> bool:
+        """Whether `engine` runs this format in `dtype` (an engine the data names no dtypes for runs it in any)."""
+        return dtype in self.serves.get(engine, [dtype])
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ def _limits(fmt: str, row: dict) -> FormatLimits:
     return FormatLimits(fmt, str(row.get("dtype", "bfloat16")),
                         LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"]),
                         {k: list(v) for k, v in row.get("quantized_layers", {}).items()},
-                        dict(row.get("engine_dtype", {})))
+                        dict(row.get("engine_dtype", {})), {k: list(v) for k, v in row.get("serves", {}).items()})
 
 
 def format_limits(fmt: str) -> FormatLimits:
