@@ -300,6 +300,23 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
         parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), Asked("sinks_dropped"), ref,
                                                            prompts, model, 600.0, Figures())
 
+    # a disk that holds 2 of the 4 layers dequantized (bf16, the embeddings whole): the slice of those, judged
+    # against the fp64 reference of that slice (on this host's CPU)
+    from conformance.reference import device
+
+    on_cpu = device.reference_for
+    monkeypatch.setattr(device, "reference_for", lambda path, streaming, where: on_cpu(path, streaming, None))
+    cfg, total = ref.cfg, int(ref.cfg["num_hidden_layers"])
+    outside, per_layer = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"]), 10_000
+    model.num_params = outside + total * per_layer
+    free = (outside + 2.5 * per_layer) * 2 / 0.9
+    monkeypatch.setattr(parity.shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
+    figures, engines = Figures(), Asked()
+    parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
+                                                       600.0, figures)
+    assert figures.values["exact_layers"] == 2 and json_config(engines.asked[0]["model"])["num_hidden_layers"] == 2
+    assert figures.values["max_abs_dlogprob"] < 2e-3
+
 
 def json_config(model_dir) -> dict:
     import json
