@@ -127,8 +127,8 @@ def test_a_server_closed_before_it_started_is_never_launched(tmp_path: Path):
 
 
 def test_a_forked_server_dies_with_its_parent():
-    """A run killed outright (SIGKILL) takes the forkserver with it; the server, in its own session, must die
-    then too, or it keeps its memory and cores after the run is gone."""
+    """When its parent (the forkserver) dies, the server, in its own session, dies too, or it keeps its memory and
+    cores. The forkserver itself may outlive the run: the next test covers that."""
     import subprocess
     import sys
     import time
