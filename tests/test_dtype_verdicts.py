@@ -211,6 +211,20 @@ def test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault(tiny, refer
                                                         limits_for("float32"), prompts, model, 600.0, Figures())
 
 
+class AskedFor(Engines):
+    """The `engines` fixture for the exact verdict: each engine it is asked for (a slice, a dequantized copy) started
+    for real on the CPU from `shared`, with `fault` planted; what was asked is kept in `asked`."""
+
+    def __init__(self, shared, fault=None):
+        super().__init__(None)
+        self.shared, self.fault, self.asked = shared, fault, []
+
+    def get(self, **overrides):
+        self.asked.append(overrides)
+        extra = {"planted_fault": self.fault} if self.fault else {}
+        return self.shared.get(overrides["model"], dtype=overrides["dtype"], **extra)
+
+
 def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(tiny, reference, prompts,
                                                                                shared_engines, monkeypatch, tmp_path):
     """#38: where the model's float32 weights exceed 80% of the device, the exact verdict runs on the slice of its
@@ -233,26 +247,17 @@ def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(t
     monkeypatch.setattr(parity, "_device_memory_bytes", lambda: int((outside + 2.5 * per_layer) * 4 / 0.8))
     assert slices.layers_that_fit(cfg, model.num_params, (outside + 2.5 * per_layer) * 4) == 2
 
-    class OnTheSlice(Engines):
-        def __init__(self, fault=None):
-            super().__init__(None)
-            self.fault, self.asked = fault, []
-
-        def get(self, **overrides):
-            self.asked.append(overrides)
-            extra = {"planted_fault": self.fault} if self.fault else {}
-            return shared_engines.get(overrides["model"], dtype=overrides["dtype"], **extra)
-
     target = target_of(target="rocm", dtype="bfloat16")
-    figures, engines = Figures(), OnTheSlice()
+    figures, engines = Figures(), AskedFor(shared_engines)
     parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, reference, prompts,
                                                        model, 600.0, figures)
     assert figures.values["exact_layers"] == 2 and figures.values["exact_layers_of"] == total
     sliced = engines.asked[0]["model"]
     assert json_config(sliced)["num_hidden_layers"] == 2 and figures.values["max_abs_dlogprob"] < 2e-3
     with pytest.raises(FAILED, match=r"engine \(float32, first 2 of \d+ layers\) vs reference"):
-        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), OnTheSlice("sinks_dropped"),
-                                                           reference, prompts, model, 600.0, Figures())
+        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"),
+                                                           AskedFor(shared_engines, "sinks_dropped"), reference,
+                                                           prompts, model, 600.0, Figures())
 
 
 def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prompts, shared_engines, monkeypatch,
@@ -279,26 +284,17 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
                             num_params=1)
     monkeypatch.setattr(parity, "_device_memory_bytes", lambda: 0)  # the whole model: no slice for the device
 
-    class Asked(Engines):
-        def __init__(self, fault=None):
-            super().__init__(None)
-            self.fault, self.asked = fault, []
-
-        def get(self, **overrides):
-            self.asked.append(overrides)
-            extra = {"planted_fault": self.fault} if self.fault else {}
-            return shared_engines.get(overrides["model"], dtype=overrides["dtype"], **extra)
-
     target = target_of(target="rocm", dtype="bfloat16")
-    figures, engines = Figures(), Asked()
+    figures, engines = Figures(), AskedFor(shared_engines)
     parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
                                                        600.0, figures)
     dequantized = engines.asked[0]["model"]
     assert "quantization_config" not in json_config(dequantized) and not list(dequantized.glob("*_blocks*"))
     assert figures.values["exact_weights_dequantized"] == 1.0 and figures.values["max_abs_dlogprob"] < 2e-3
     with pytest.raises(FAILED, match=r"engine \(float32, mxfp4 dequantized\) vs reference"):
-        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), Asked("sinks_dropped"), ref,
-                                                           prompts, model, 600.0, Figures())
+        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"),
+                                                           AskedFor(shared_engines, "sinks_dropped"), ref, prompts,
+                                                           model, 600.0, Figures())
 
     # a disk that holds 2 of the 4 layers dequantized (bf16, the embeddings whole): the slice of those, judged
     # against the fp64 reference of that slice (on this host's CPU)
@@ -311,7 +307,7 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
     model.num_params = outside + total * per_layer
     free = (outside + 2.5 * per_layer) * 2 / 0.9
     monkeypatch.setattr(parity.shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
-    figures, engines = Figures(), Asked()
+    figures, engines = Figures(), AskedFor(shared_engines)
     parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
                                                        600.0, figures)
     assert figures.values["exact_layers"] == 2 and json_config(engines.asked[0]["model"])["num_hidden_layers"] == 2
