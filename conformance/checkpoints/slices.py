@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from conformance.datafiles import DataError, cache_root
 
@@ -33,7 +34,7 @@ def _kept(name: str, layers: int) -> bool:
 MXFP4_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")  # stored as <stem>_blocks and <stem>_scales
 
 
-def _dequantized_experts(f: object, stem: str) -> object:
+def _dequantized_experts(f: Any, stem: str) -> Any:
     """`<stem>_blocks`/`_scales` [E, out, in/32, 16] / [E, out, in/32] as the unquantized HF tensor [E, in, out] in
     bf16, one expert at a time (a 120b layer's fp64 would not fit a host). bf16 holds every E2M1 x 2^k exactly (two
     mantissa bits, fp32's exponent range, subnormals down to 2^-133) but a scale that overflows it: DataError."""
@@ -41,7 +42,7 @@ def _dequantized_experts(f: object, stem: str) -> object:
 
     from conformance.reference.gpt_oss import dequant_mxfp4
 
-    blocks, scales = f.get_slice(stem + "_blocks"), f.get_slice(stem + "_scales")  # type: ignore[attr-defined]
+    blocks, scales = f.get_slice(stem + "_blocks"), f.get_slice(stem + "_scales")
     experts, rows, nblocks, _ = blocks.get_shape()
     out = torch.empty(experts, nblocks * 32, rows, dtype=torch.bfloat16)
     for e in range(experts):

@@ -1,9 +1,8 @@
 """The paged KV cache is allocated while requests run and every block is released after."""
 
-import math
-
 import pytest
 
+from conformance.reference import kv_model
 from conformance.verdicts import compare
 from conformance.verdicts.verdict import record_figures
 
@@ -30,10 +29,10 @@ def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, model
     during = engine.call("kv_state", timeout_s=call_timeout_s)
     engine.call("step", 8, timeout_s=call_timeout_s)  # 1 prefill + 4 decode steps are enough to finish
     after = engine.call("kv_state", timeout_s=call_timeout_s)
-    cfg = model_under_test.config
-    window = int(cfg.get("sliding_window") or 0)
-    sliding_only = window and cfg.get("layer_types") and "full_attention" not in cfg["layer_types"]
-    needed = min(len(prompt), window) if sliding_only else len(prompt)
-    report = compare.kv_blocks_released(during, after, math.ceil(needed / during.block_size))
+    cfg = model_under_test.config  # what each kind of layer must hold (a full layer: the whole prompt)
+    kinds = {"sliding" if "sliding" in t else "full" for t in cfg.get("layer_types") or ["full_attention"]}
+    needed = max(kv_model.blocks_needed(kind, len(prompt), during.block_size, cfg.get("sliding_window"),
+                                        after_decode=True) for kind in kinds)
+    report = compare.kv_blocks_released(during, after, needed)
     record_figures(record_figure, report)
     report.raise_if_failed()
