@@ -177,6 +177,20 @@ def test_cpu_probe_returns_the_sampled_block(dtype):
     assert torch.equal(out["c"], again["c"])  # the seed fixes the inputs
 
 
+def test_each_probe_call_hands_the_device_memory_back(monkeypatch):
+    """The probe's process lives through the run: on the H200 the caching allocator kept 6 GB of its GEMMs from the
+    vLLM engine and the fp64 reference started after them (the reference then ran out of memory). Each call, also
+    one that fails, ends by emptying the cache (torch.cuda.empty_cache on a GPU, counted here)."""
+    closed = []
+    monkeypatch.setattr(DeviceProbe, "close", lambda self: closed.append(1))
+    probe = DeviceProbe("-", {"device": "cpu"})
+    probe.gemm_sample(33, 96, 300, "float32", 11, [0], [0])
+    with pytest.raises(AttributeError):
+        probe.gemm_sample(33, 96, 300, "no_such_dtype", 11, [0], [0])
+    assert len(closed) == 2
+    assert all(getattr(DeviceProbe, m).__wrapped__ for m in ("gemm_sample", "gemm_tflops", "copy_gbps"))
+
+
 def test_tf32_switch_is_restored(monkeypatch):
     probe = DeviceProbe("-", {"device": "cpu"})
     probe.gpu = True  # the switch is a flag of torch.backends: settable on a CPU build too

@@ -119,3 +119,28 @@ def test_the_device_store_keeps_experts_only_while_the_device_has_room_and_hands
     not_kept = store.experts_not_kept
     assert ref.generate_greedy([prompt], 2, 5) == cpu.generate_greedy([prompt], 2, 5)
     assert store.experts_not_kept == not_kept and store.cache == {} and store.held == 0
+
+
+@pytest.mark.parametrize("room", [0, 2**40], ids=["no-room", "room"])
+def test_the_device_store_streams_the_tables_beside_an_engine(tiny, tiny_prompts, monkeypatch, room):
+    """Seen on the H200 at gpt-oss-120b's dimensions: with vLLM holding 90% of the device, the device reference
+    asked for the whole lm_head in fp64 (4.6 GB) and ran out of memory. A GPU store keeps neither the embeddings
+    nor lm_head in fp64: it gathers the prompt's embedding rows and widens lm_head a chunk at a time (kept as stored
+    on the device only while DEVICE_HEADROOM stays free), with the CPU reference's results (a store on "cpu" set to
+    stream, as a GPU store does; chunks of 7 rows, so the last is ragged)."""
+    from conformance.reference import gpt_oss
+
+    monkeypatch.setattr(gpt_oss, "HEAD_CHUNK", 7)
+    prompt = tiny_prompts[0][0][:24]
+    cpu = Reference(tiny.path, streaming=True)
+    ref = DeviceReference(tiny.path, streaming=True, device="cpu")
+    store = ref.on_device.w
+    store.keeps_tables, store.budget = False, None
+    assert int(cpu.cfg["vocab_size"]) % 7 != 0
+    store.device_free = lambda: room + gpt_oss.DEVICE_HEADROOM - store.held
+    got, want = ref.logprobs(prompt), cpu.logprobs(prompt)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert not {"model.embed_tokens.weight", "lm_head.weight"} & set(store.cache), "no table held in fp64"
+    assert ("lm_head.weight#stored" in store.cache) == (room > 0), "kept as stored only where there is room"
+    assert ref._score(prompt, [5, 9], 5) == cpu._score(prompt, [5, 9], 5)
+    assert store.cache == {} and store.held == 0

@@ -103,6 +103,7 @@ HOST_MEMORY_SHARE = 0.5
 # On a GPU the store shares the device with the engine under test (gpu_memory_utilization 0.9 on the 120b profiles
 # leaves about 14 GB of an H200): an expert is kept only while this much of the device stays free after it.
 DEVICE_HEADROOM = 4 * 2**30
+HEAD_CHUNK = 16384  # lm_head rows widened to fp64 at a time on a GPU (377 MB at hidden 2880)
 
 
 def host_memory_available() -> int:
@@ -145,6 +146,8 @@ class WeightStore:
         self.device_free: Callable[[], int] | None = (
             (lambda: torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else None)
         self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
+        # whether whole tables (embeddings, lm_head) are held in fp64: on the CPU, not beside an engine on a GPU
+        self.keeps_tables = self.device.type == "cpu"
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
@@ -156,6 +159,35 @@ class WeightStore:
             self.cache[name] = self.where[name].get_tensor(name).to(self.device).to(torch.float64)
             self.held += _nbytes(self.cache[name])
         return self.cache[name]
+
+    def rows(self, name: str, ids: list[int]) -> torch.Tensor:
+        """Rows `ids` of a 2-D tensor, fp64 on the store's device. A GPU store gathers them on the host and keeps
+        no copy of the whole table: gpt-oss-120b's embeddings are 4.6 GB in fp64, beside an engine that holds 90%
+        of the device."""
+        if self.keeps_tables or name in self.cache:
+            return self[name][torch.tensor(ids, device=self.device)]
+        return self.where[name].get_tensor(name)[torch.tensor(ids)].to(self.device).to(torch.float64)
+
+    def times_transposed(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x @ W.T for a 2-D tensor W [out, in] of the checkpoint, fp64. A GPU store widens W to fp64 a chunk of
+        HEAD_CHUNK rows at a time (gpt-oss-120b's lm_head is 4.6 GB in fp64), keeping W as stored (bf16, 1.2 GB) on
+        the device only while DEVICE_HEADROOM stays free beside it, else reading each chunk from the file."""
+        if self.keeps_tables or name in self.cache:
+            return x @ self[name].T
+        table = self.where[name].get_slice(name)
+        rows = int(table.get_shape()[0])
+        stored = self.cache.get(name + "#stored")
+        if stored is None:
+            size = _nbytes(table[:1]) * rows
+            if self.device_free is not None and self.device_free() - size >= DEVICE_HEADROOM:
+                stored = self.cache[name + "#stored"] = self.where[name].get_tensor(name).to(self.device)
+                self.held += size
+        out = torch.empty(x.shape[0], rows, dtype=torch.float64, device=x.device)
+        for start in range(0, rows, HEAD_CHUNK):
+            end = min(rows, start + HEAD_CHUNK)
+            chunk = stored[start:end] if stored is not None else table[start:end]
+            out[:, start:end] = x @ chunk.to(self.device).to(torch.float64).T
+        return out
 
     def _slice(self, name: str, e: int) -> torch.Tensor:
         return self.where[name].get_slice(name)[e].to(self.device)
@@ -312,7 +344,7 @@ class Reference:
 
     def embed(self, ids: list[int]) -> torch.Tensor:
         """The input hidden states [T, H] of token ids."""
-        return self.w["model.embed_tokens.weight"][torch.tensor(ids, device=self.w.device)]
+        return self.w.rows("model.embed_tokens.weight", ids)
 
     def layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Decoder layer i on the residual stream x [T, H]: attention, then MoE, each with its norm and residual."""
@@ -322,7 +354,7 @@ class Reference:
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """log-softmax of the next-token logits of the final residual stream x [T, H]."""
-        logits = rms_norm(x, self.w["model.norm.weight"], self.eps) @ self.w["lm_head.weight"].T
+        logits = self.w.times_transposed(rms_norm(x, self.w["model.norm.weight"], self.eps), "lm_head.weight")
         return torch.log_softmax(logits, dim=-1)
 
     @torch.no_grad()
