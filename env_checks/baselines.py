@@ -33,6 +33,7 @@ ACCEPTED_OUTCOMES = ("passed", "skipped")
 # has a latency outlier that is the compiler's, not the stack's: never a baseline. vLLM 0.26.0 on the H200, c8 of the
 # 1k/1k mix after its warm-up: one compile, TTFT p99 1669 ms against a p50 of 47 ms (run 20261204T124307-cuda-7af75f).
 JIT_FIGURE = "jit_compiles_during_run"
+FAILED_FIGURE = "failed"  # requests of the measured run that failed: such a measurement is never a baseline
 # Figures the check derives from a baseline; never part of a baseline themselves.
 DERIVED_SUFFIXES = ("_vs_baseline", "_vs_pinned", "_vs_floor", "_drift_since_pin")
 DERIVED_NAMES = ("runs_since_pin",)
@@ -65,6 +66,8 @@ class Pin:
     runs: tuple[AcceptedRun, ...]  # the runs the median came from, their own figures dropped
     promoted_at: str
     note: str = ""
+    # per figure, how far its runs lay apart: (largest - smallest) / median; none from a single run
+    spread: dict[str, float] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -77,7 +80,7 @@ class Pin:
     def to_json(self) -> dict[str, Any]:
         return {"check_id": self.check_id, "lineage": self.lineage, "model": self.model, "figures": self.figures,
                 "runs": [{"run_id": r.run_id, "started_at": r.started_at} for r in self.runs],
-                "promoted_at": self.promoted_at, "note": self.note}
+                "promoted_at": self.promoted_at, "note": self.note} | ({"spread": self.spread} if self.spread else {})
 
 
 @dataclass
@@ -145,9 +148,12 @@ def load(path: Path) -> Pins:
         if not isinstance(runs, list) or not runs or not all(
                 isinstance(r, dict) and isinstance(r.get("run_id"), str) for r in runs):
             raise _bad(path, f"{where} ({row['check_id']}) does not name the runs it came from")
+        spread = row.get("spread", {})
+        if not isinstance(spread, dict) or not all(_finite(v) and float(v) >= 0 for v in spread.values()):
+            raise _bad(path, f"{where} ({row['check_id']}) has a `spread` that is not figures of non-negative numbers")
         pin = Pin(row["check_id"], row["lineage"], row["model"], {k: float(v) for k, v in figures.items()},
                   tuple(AcceptedRun(r["run_id"], str(r.get("started_at", "")), {}) for r in runs),
-                  row["promoted_at"], str(row.get("note") or ""))
+                  row["promoted_at"], str(row.get("note") or ""), {k: float(v) for k, v in spread.items()})
         if pin.key in pins.pins:
             raise _bad(path, f"{where} pins {row['check_id']} for {row['lineage']!r} {row['model']!r} a second time")
         pins.put(pin)
@@ -178,22 +184,37 @@ def runs_of(history: Any, lineage: str, model: str, check_id: str, outcomes: Ite
     return out
 
 
+def _pinnable(run: AcceptedRun, names: list[str]) -> bool:
+    """Whether a measurement may be a baseline: it has every figure in `names`, no kernel compiled while it was
+    measured (JIT_FIGURE) and none of its requests failed (FAILED_FIGURE)."""
+    return (all(n in run.figures for n in names) and not run.figures.get(JIT_FIGURE, 0) > 0
+            and not run.figures.get(FAILED_FIGURE, 0) > 0)
+
+
 def accepted_runs(history: Any, lineage: str, model: str, check_id: str,
-                  names: Iterable[str] = ()) -> list[AcceptedRun]:
-    """The runs whose figures may be promoted, oldest first: the check passed or skipped, it recorded every
-    figure in `names`, and no kernel compiled while it was measured (JIT_FIGURE)."""
+                  names: Iterable[str] = (), run_ids: Iterable[str] | None = None) -> list[AcceptedRun]:
+    """The runs whose figures may be promoted, oldest first: the check passed or skipped (any outcome for runs named
+    in `run_ids`, which the operator vouches for: a run that failed only against the pin it is to join), and the
+    measurement is pinnable (`_pinnable`)."""
     names = list(names)
-    return [r for r in runs_of(history, lineage, model, check_id, ACCEPTED_OUTCOMES)
-            if all(n in r.figures for n in names) and not r.figures.get(JIT_FIGURE, 0) > 0]
+    if run_ids is None:
+        return [r for r in runs_of(history, lineage, model, check_id, ACCEPTED_OUTCOMES) if _pinnable(r, names)]
+    wanted = set(run_ids)
+    return [r for r in runs_of(history, lineage, model, check_id) if r.run_id in wanted and _pinnable(r, names)]
 
 
 def median_pin(check_id: str, lineage: str, model: str, runs: list[AcceptedRun], note: str = "",
                now: datetime | None = None) -> Pin:
-    """The per-figure median of `runs`, over the figures every one of them measured."""
+    """The per-figure median of `runs`, over the figures every one of them measured, with each figure's spread
+    over them (from two runs or more): what the same stack measured apart on the same machine, which a later run's
+    verdict does not call a regression (conformance/verdicts/perf.py regression_verdict)."""
     if not runs:
         raise ValueError("a pin needs at least one accepted run")
     common = set(runs[0].figures).intersection(*(r.figures for r in runs[1:]))
     figures = {name: float(statistics.median(r.figures[name] for r in runs)) for name in sorted(common)}
+    spread = {} if len(runs) < 2 else {
+        name: (max(r.figures[name] for r in runs) - min(r.figures[name] for r in runs)) / abs(figures[name])
+        for name in sorted(common) if figures[name]}
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Pin(check_id, lineage, model, figures, tuple(AcceptedRun(r.run_id, r.started_at, {}) for r in runs),
-               stamp, note)
+               stamp, note, spread)

@@ -2,8 +2,8 @@
 baseline deliberately (the median of the last N accepted runs). docs/results.md "Pinned serving baselines".
 
   conformance baseline list [--db FILE] [--pins FILE]
-  conformance baseline promote --lineage LINEAGE --model MODEL [--runs N] [--check ID] [--note TEXT]
-                               [--db FILE] [--pins FILE]
+  conformance baseline promote --lineage LINEAGE --model MODEL [--runs N | --run RUN_ID ...] [--check ID]
+                               [--note TEXT] [--db FILE] [--pins FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--model", required=True, help="model name as `baseline list` prints it")
             s.add_argument("--runs", type=int, default=DEFAULT_RUNS,
                            help=f"how many of the latest accepted runs the median takes (default {DEFAULT_RUNS})")
+            s.add_argument("--run", action="append", dest="run_ids", metavar="RUN_ID",
+                           help="pin the median of exactly these runs (repeatable; instead of --runs), whatever the "
+                                "check's outcome in them, e.g. a run that failed only against the pin it joins; "
+                                "each must still be evidence, measured without a kernel compile or failed request")
             s.add_argument("--note", default="", help="why this baseline was promoted (kept in the pin)")
     return p
 
@@ -51,11 +55,14 @@ def _check_ids(history, wanted: tuple[str, ...]) -> list[str]:  # noqa: ANN001 -
 
 
 def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[str, ...], runs: int,
-            note: str = "") -> list[str]:
-    """Pin the median of the last `runs` accepted runs of every check matching `check`; the lines to print.
-    Raises SystemExit with one sentence when there is nothing (or too little) to promote."""
+            note: str = "", run_ids: list[str] | None = None) -> list[str]:
+    """Pin the median of the last `runs` accepted runs of every check matching `check` (of the runs `run_ids`, all
+    of them, when given); the lines to print. Raises SystemExit with one sentence when there is nothing (or too
+    little) to promote."""
     from reports.history import History, HistoryError
 
+    if run_ids:
+        runs = len(set(run_ids))
     if runs < 1:
         raise SystemExit("--runs must be at least 1.")
     if not db.is_file():
@@ -65,7 +72,7 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
         with History.open(db) as history:
             chosen, compiled = {}, []
             for check_id in _check_ids(history, check):
-                accepted = baselines.accepted_runs(history, lineage, model, check_id)
+                accepted = baselines.accepted_runs(history, lineage, model, check_id, run_ids=run_ids or None)
                 accepted = [r for r in accepted if r.figures]
                 if accepted:
                     chosen[check_id] = accepted
@@ -79,11 +86,12 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
                          f"{' or '.join(check)} passed or skipped with figures: nothing to promote (see "
                          f"`conformance baseline list`).")
     short = {c: len(r) for c, r in chosen.items() if len(r) < runs}
+    wanted = f"the {runs} named with --run" if run_ids else f"--runs {runs}"
     if len(short) == len(chosen):
         c = min(short, key=short.get)
-        raise SystemExit(f"only {short[c]} accepted run(s) of {c} for {lineage!r} {model!r}, fewer than --runs "
-                         f"{runs}: run again or promote with fewer runs.")
-    lines = [f"not pinned {c}: only {n} accepted run(s), fewer than --runs {runs}" for c, n in sorted(short.items())]
+        raise SystemExit(f"only {short[c]} accepted run(s) of {c} for {lineage!r} {model!r}, fewer than {wanted}: "
+                         "run again or promote with fewer runs.")
+    lines = [f"not pinned {c}: only {n} accepted run(s), fewer than {wanted}" for c, n in sorted(short.items())]
     lines += [f"not pinned {c}: each of its runs met a kernel compile while measured ({baselines.JIT_FIGURE} > 0), "
               "whose latency is the compiler's, not the stack's" for c in compiled]
     for check_id, accepted in sorted(chosen.items()):
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     pins_file = ns.pins or baselines.pins_path(ns.db)
     check = tuple(ns.check or baselines.SERVING_CHECKS)
     if ns.action == "promote":
-        lines = promote(ns.db, pins_file, ns.lineage, ns.model, check, ns.runs, ns.note)
+        lines = promote(ns.db, pins_file, ns.lineage, ns.model, check, ns.runs, ns.note, ns.run_ids)
     else:
         lines = listing(ns.db, pins_file, check)
     print("\n".join(lines))

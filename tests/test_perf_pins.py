@@ -228,6 +228,39 @@ def test_a_run_measured_during_a_kernel_compile_is_never_pinned(store, capsys):
     assert [r.run_id for r in pin.runs] == ["clean-later"] and pin.figures["ttft_p99_ms"] == 150.0
 
 
+def test_a_pin_from_named_runs_keeps_their_spread_and_the_check_allows_no_more(store, tmp_path, monkeypatch):
+    """The H200's two P2 runs of one stack lay 23% apart in output tok/s at c1 (683 and 524; GPU clocks steady): the
+    second failed against a pin of the first alone. Promoted from both by name (`--run`, whatever the outcome), the
+    pin keeps each figure's spread, and the check's own body allows that spread instead of perf.toml's 10%, no more:
+    a run like the slower one passes, one beyond the spread fails. A named run whose requests failed is never pinned,
+    and a spread wider than perf.toml's cap widens no further than the cap."""
+    lineage = _lineage("cuda")
+    _ingest(store, _record("first", _stamp(-3), "passed", _scaled(1.0), "cuda"),
+            _record("second", _stamp(-2), "failed", _scaled(0.77), "cuda"),
+            _record("broken", _stamp(-1), "passed", _scaled(0.5) | {"failed": 3.0}, "cuda"))
+    assert _promote(store, "cuda", "--run", "first") == 0
+    assert _run_check(monkeypatch, tmp_path, "cuda", _scaled(0.77))[0] == "failed"  # one run: 10% holds
+    with pytest.raises(SystemExit, match=r"only 2 accepted run\(s\) .* fewer than the 3 named with --run"):
+        _promote(store, "cuda", "--run", "first", "--run", "second", "--run", "broken")
+    assert _promote(store, "cuda", "--run", "first", "--run", "second") == 0
+    pin = baselines.load(baselines.pins_path(store)).get(CHECK, lineage, MODEL)
+    assert [r.run_id for r in pin.runs] == ["first", "second"]
+    assert pin.spread["output_tok_s"] == pytest.approx(230 / 885)
+    assert pin.spread["completed"] == 0.0
+    outcome, message, _ = _run_check(monkeypatch, tmp_path, "cuda", _scaled(0.70))
+    assert outcome == "passed", message
+    outcome, message, _ = _run_check(monkeypatch, tmp_path, "cuda", _scaled(0.60))
+    assert outcome == "failed" and "output_tok_s regressed to 600 from 885" in message
+    assert "tolerance 26% (the spread of the pinned runs)" in message
+    wide = perf.Baseline("p", "", {"output_tok_s": 1000.0, "ttft_p99_ms": 100.0}, "pinned",
+                         {"output_tok_s": 1.4, "ttft_p99_ms": 1.6})
+    limits = [perf.FigureLimit("output_tok_s", "higher", 0.10), perf.FigureLimit("ttft_p99_ms", "lower", 0.35)]
+    assert (perf.spread_cap("higher"), perf.spread_cap("lower")) == (0.5, 1.0)
+    assert perf.regression_verdict({"output_tok_s": 510.0, "ttft_p99_ms": 199.0}, wide, limits).ok
+    assert not perf.regression_verdict({"output_tok_s": 490.0, "ttft_p99_ms": 199.0}, wide, limits).ok
+    assert not perf.regression_verdict({"output_tok_s": 510.0, "ttft_p99_ms": 201.0}, wide, limits).ok
+
+
 @pytest.mark.parametrize(("body", "why"), [
     ("{not json", "not readable JSON"),
     (json.dumps({"schema": 2, "baselines": [{"check_id": CHECK, "lineage": "x", "model": MODEL,

@@ -528,28 +528,78 @@ def test_p2_in_bf16_ran_whole_on_the_h200_and_failed_only_on_graph_mode_s_two_si
         "bfloat16").graph_divergences
 
 
-def test_the_h200_serving_pins_are_p2_s_figures_and_catch_a_slowdown():
-    """`fixtures/recorded/h200/baselines.json` is `conformance baseline promote --runs 1` over round nine's P2: 11 of
-    the 12 serving levels pinned at that run's figures; c8 of the baseline mix is not, its server having compiled a
-    Triton kernel while it was measured. Judged against its own pin the run passes; 15% less output throughput at
-    c64 fails."""
+def test_the_h200_serving_pins_are_two_p2_runs_and_catch_a_slowdown():
+    """`fixtures/recorded/h200/baselines.json` is `conformance baseline promote --run` over the two whole P2 runs
+    (rounds nine and ten): 11 of the 12 serving levels pinned at their median with their spread; c8 of the baseline
+    mix is not, round nine's server having compiled a Triton kernel while it was measured there (round ten's c8
+    is clean: one run, not yet a pin). Judged against these pins both runs pass at every level; 15% less output
+    throughput at c64, where the two runs lay 6% apart, fails."""
     from conformance.verdicts import perf
     from env_checks import baselines
 
     pins = baselines.load(RUNS.parent / "recorded" / "h200" / "baselines.json")
     limits = perf.regression_limits("cuda")
-    for check in _serving(_record(P2_BF16)):
-        pin = pins.get(check["id"], H200_LINEAGE, TINY)
-        if check["figures"][baselines.JIT_FIGURE]:
-            assert check["id"].endswith("[c8]") and pin is None
-            continue
-        assert pin is not None and [r.run_id for r in pin.runs] == [P2_BF16], check["id"]
-        assert all(pin.figures[k] == pytest.approx(check["figures"][k]) for k in pin.figures), check["id"]
-        assert perf.regression_verdict(check["figures"], perf.Baseline.of_pin(pin), limits).ok, check["id"]
+    for run_id in (P2_BF16, P2_BF16_PINNED):
+        for check in _serving(_record(run_id)):
+            pin = pins.get(check["id"], H200_LINEAGE, TINY)
+            if check["id"].endswith("[c8]") and "shape" not in check["id"]:
+                assert pin is None
+                continue
+            assert pin is not None and [r.run_id for r in pin.runs] == [P2_BF16, P2_BF16_PINNED], check["id"]
+            verdict = perf.regression_verdict(check["figures"], perf.Baseline.of_pin(pin), limits)
+            assert verdict.ok, (run_id, verdict.failure_message())
     c64 = _check(_record(P2_BF16), "test_serving_perf_against_baseline[c64]")
-    slow = dict(c64["figures"], output_tok_s=c64["figures"]["output_tok_s"] * 0.85)
-    pin = perf.Baseline.of_pin(pins.get(c64["id"], H200_LINEAGE, TINY))
-    assert "output_tok_s regressed" in perf.regression_verdict(slow, pin, limits).failure_message()
+    pin = pins.get(c64["id"], H200_LINEAGE, TINY)
+    assert pin.spread["output_tok_s"] < 0.10
+    slow = dict(c64["figures"], output_tok_s=pin.figures["output_tok_s"] * 0.85)
+    verdict = perf.regression_verdict(slow, perf.Baseline.of_pin(pin), limits)
+    assert "output_tok_s regressed" in verdict.failure_message()
+
+
+P2_BF16_PINNED = "20261204T145937-cuda-1b8867"
+REALDIM_2 = "20261204T151549-bench-p0-L2-0"
+
+
+def test_p2_in_bf16_passes_graph_mode_on_the_h200_and_failed_only_against_one_run_pins():
+    """Round ten: the whole P2 again, unfiltered, judged against round nine's one-run pins. Graph mode passed under
+    the pairwise rule; the five device floors passed; every level completed all its requests and none met a kernel
+    compile (the server's warm-up: round nine's c8 compiled one). Three levels failed against pins of one run alone
+    (c1 of the 1k/1k and 8k/1k shapes, 23% and 32% below; ITL p50 at 1k/8k c64), with the GPU at 1980 MHz and
+    never throttled throughout: this machine's run-to-run noise, which pins of two runs now carry as their spread."""
+    record = _record(P2_BF16_PINNED)
+    assert record["engine"] == "vllm" and record["complete"] and record["evidence"] and record["exit_status"] == 1
+    assert record["narrowed_by"] is None and record["tiers"] == ["p2"] and record["dtype"] == "bfloat16"
+    assert record["summary"] == {"passed": 14, "failed": 3, "error": 0, "skipped": 4, "xfailed": 0, "xpassed": 0}
+    assert _check(record, "test_graph_mode_matches_eager")["outcome"] == "passed"
+    assert all(c["outcome"] == "passed" for c in record["checks"] if "floor" in c["id"])
+    failed = sorted(c["id"].split("::")[1] for c in record["checks"] if c["outcome"] == "failed")
+    assert failed == ["test_serving_perf_against_baseline[c1]", "test_serving_perf_at_shape[1k8k-c64]",
+                      "test_serving_perf_at_shape[8k1k-c1]"]
+    for check in _serving(record):
+        assert check["figures"]["failed"] == 0 and check["figures"]["jit_compiles_during_run"] == 0, check["id"]
+        if check["outcome"] == "failed":
+            assert "median of 1 run(s): " + P2_BF16 in check["message"], check["id"]
+    clocks = {s["sm_clock_mhz"] for s in record["telemetry"]["samples"] if s["sm_clock_mhz"] > 1000}
+    assert clocks == {1980}
+
+
+def test_p0_at_120b_dimensions_on_vllm_mxfp4_on_the_h200_failed_only_where_the_device_reference_ran_out():
+    """First contact of the 2-layer gpt-oss-120b-dimension MXFP4 checkpoint with vLLM on Hopper (`nox -s bench --
+    --realdim 2`): 26 of 27 passed, among them the exact float32 twin on the dequantized copy, the per-layer
+    blocks and the server. Greedy parity failed before comparing anything: the fp64 reference on the device asked for
+    lm_head in fp64 beside vLLM's 90% and the probe's cached GEMMs, and ran out of memory. The reference now
+    streams its tables and the probe hands its memory back (tests/test_reference_device.py,
+    tests/test_device_controls.py)."""
+    record = _record(REALDIM_2)
+    assert record["engine"] == "vllm" and record["complete"] and record["dtype"] == "bfloat16"
+    assert record["profile"].startswith("h200-gpt-oss-120b")
+    assert record["summary"] == {"passed": 26, "failed": 1, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    parity = _check(record, PARITY)
+    assert parity["outcome"] == "failed" and "CUDA out of memory" in parity["message"]
+    exact = _check(record, EXACT)
+    assert exact["outcome"] == "passed" and exact["figures"]["exact_weights_dequantized"] == 1
+    assert over_limits("float32", exact["figures"]) == []
+    assert _check(record, "test_layer_blocks_match_reference")["figures"]["layers_probed"] == 2
 
 
 def test_p0_in_bf16_passes_on_the_h200_s_cuda_triton_row():

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -266,6 +266,12 @@ class FigureLimit:
         return not (value >= bound if self.better == "higher" else value <= bound)  # NaN regresses
 
 
+def spread_cap(better: str, data: dict[str, Any] | None = None) -> float:
+    """The widest a pin's spread widens the tolerance of a figure where `better` is "higher" or "lower" (perf.toml
+    [regression_spread] cap)."""
+    return float((data or perf_data())["regression_spread"]["cap"][better])
+
+
 def regression_limits(target: str, data: dict[str, Any] | None = None) -> list[FigureLimit]:
     table = (data or perf_data())["regression"]
     rows = table.get(target, table["default"])
@@ -283,16 +289,19 @@ class Baseline:
     started_at: str
     figures: dict[str, float]
     pinned: str = ""  # the pin's description when this is a pinned baseline (env_checks.baselines)
+    spread: dict[str, float] = field(default_factory=dict)  # the pin's, per figure: its runs' range over median
 
     @classmethod
     def of_pin(cls, pin: baselines.Pin) -> Baseline:
-        return cls(",".join(r.run_id for r in pin.runs), pin.promoted_at, dict(pin.figures), pin.describe())
+        return cls(",".join(r.run_id for r in pin.runs), pin.promoted_at, dict(pin.figures), pin.describe(),
+                   dict(pin.spread))
 
 
 def regression_verdict(current: dict[str, float], baseline: Baseline, limits: list[FigureLimit]) -> VerdictReport:
     """Each judged figure against its baseline; a judged figure this run did not measure fails. Its
     figures are `<figure>_vs_baseline` (`<figure>_vs_pinned` against a pinned baseline), this run's value
-    over the baseline's."""
+    over the baseline's. A figure's tolerance is perf.toml's, or the spread of the pinned runs where that is wider:
+    a move the same stack showed between its own runs is noise of this machine and figure, not a regression."""
     verdict = VerdictReport(f"against the {baseline.pinned}" if baseline.pinned else
                             f"against baseline run {baseline.run_id} ({baseline.started_at})")
     suffix = "_vs_pinned" if baseline.pinned else "_vs_baseline"
@@ -306,9 +315,14 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
         value, base = current[lim.name], baseline.figures[lim.name]
         sign = ">=" if lim.better == "higher" else "<="
         kind = "pinned" if baseline.pinned else "baseline"
+        spread = min(baseline.spread.get(lim.name, 0.0), spread_cap(lim.better))
+        widened = spread > lim.tolerance
+        if widened:
+            lim = replace(lim, tolerance=spread)
         line = (f"{lim.name}: {value:.4g} vs {kind} {base:.4g} (must be {sign} {lim.limit(base):.4g}: "
-                f"{lim.better} is better, tolerance {lim.tolerance:.0%}" + (f" + {lim.slack:g}" if lim.slack else "")
-                + ")")
+                f"{lim.better} is better, tolerance {lim.tolerance:.0%}"
+                + (" (the spread of the pinned runs)" if widened else "")
+                + (f" + {lim.slack:g}" if lim.slack else "") + ")")
         verdict.details.append(line)
         if base:
             verdict.measured[f"{lim.name}{suffix}"] = value / base
