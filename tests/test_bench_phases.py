@@ -94,8 +94,9 @@ def test_background_build_error_reaches_the_waiter_once_done():
     phases.reset()
 
 
-def _item(nodeid: str, *fixtures: str) -> SimpleNamespace:
-    return SimpleNamespace(nodeid=nodeid, fixturenames=("run", *fixtures))
+def _item(nodeid: str, *fixtures: str, marks: tuple[str, ...] = ()) -> SimpleNamespace:
+    return SimpleNamespace(nodeid=nodeid, fixturenames=("run", *fixtures),
+                           get_closest_marker=lambda name: name if name in marks else None)
 
 
 def test_order_checks_moves_whole_modules_engine_free_first_server_last():
@@ -106,6 +107,27 @@ def test_order_checks_moves_whole_modules_engine_free_first_server_last():
     # the collectives fork their ranks from the forkserver: after the checks that run while it imports
     assert [i.nodeid for i in items] == ["t.py::tok", "c.py::all_reduce", "a.py::engine_1", "a.py::plain",
                                          "b.py::gen", "s.py::serve", "s.py::no_server"]
+
+
+def test_checks_on_engines_of_their_own_run_after_the_default_engine_s_and_before_the_server():
+    """P0 at 120b's dimensions on the H200 started the default engine twice: the layer probe and the float32 twin
+    (each 90% of the device) closed it, and the RoPE and sampling checks after them started it again. Checks marked
+    `own_engine` now run after every default-engine check of the engine modules, in their own order, and before the
+    server's; a marked check of a module that starts no engine stays where its module is."""
+    own = phases.OWN_ENGINE_MARKER
+    items = [_item("p.py::greedy", "engines"), _item("p.py::layers", "engines", marks=(own,)),
+             _item("p.py::exact", "engines", marks=(own,)), _item("m.py::rope", "engines"),
+             _item("m.py::window_chunked", "engines", marks=(own,)), _item("s.py::serve", "server"),
+             _item("z.py::sampling", "engines"), _item("t.py::tok", marks=(own,))]
+    phases.order_checks(items)
+    assert [i.nodeid for i in items] == ["t.py::tok", "p.py::greedy", "m.py::rope", "z.py::sampling", "p.py::layers",
+                                         "p.py::exact", "m.py::window_chunked", "s.py::serve"]
+    from conformance.checks import test_logit_parity
+
+    marked = {f.__name__ for f in vars(test_logit_parity).values()
+              if any(getattr(k, "name", "") == own for k in getattr(f, "pytestmark", []))}
+    assert marked == {"test_layer_blocks_match_reference", "test_every_layer_block_matches_reference",
+                      "test_exact_float32_logprobs_match_reference"}
 
 
 # -- bench: aggregation and the table -----------------------------------------------------------------

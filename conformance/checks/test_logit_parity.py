@@ -90,6 +90,7 @@ def _layer_blocks(engine, engines, reference, target, limits, prompts, model_und
     report.raise_if_failed()
 
 
+@pytest.mark.own_engine
 @pytest.mark.p0
 def test_layer_blocks_match_reference(engine, engines, reference, target, limits, prompts, model_under_test,
                                       call_timeout_s, record_figure):
@@ -112,6 +113,7 @@ def test_layer_blocks_match_reference(engine, engines, reference, target, limits
                   record_figure, settings.layers_probed_at_p0(model_under_test.config))
 
 
+@pytest.mark.own_engine
 @pytest.mark.p1
 def test_every_layer_block_matches_reference(engine, engines, reference, target, limits, prompts, model_under_test,
                                              call_timeout_s, record_figure):
@@ -130,6 +132,7 @@ def test_every_layer_block_matches_reference(engine, engines, reference, target,
                   record_figure, None)
 
 
+@pytest.mark.own_engine
 @pytest.mark.p0
 def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, reference, prompts, model_under_test,
                                                 call_timeout_s, record_figure):

@@ -197,10 +197,20 @@ ENGINE_FIXTURE = "engines"  # every engine fixture (engine, engine_greedy, the d
 FORKSERVER_FIXTURE = "collective_launch"  # the collectives' ranks fork from the forkserver, without an engine
 
 
+OWN_ENGINE_MARKER = "own_engine"
+OWN_ENGINE_LINE = (f"{OWN_ENGINE_MARKER}: the check starts an engine of a configuration of its own (the layer probe, "
+                   "the float32 twin) and shares no module fixture nor engines_ahead plan: it runs after the checks "
+                   "that use the default engine")
+
+
 def order_checks(items: list[pytest.Item]) -> None:
     """Stable reorder in place, whole modules at a time (module-scoped fixtures stay set up once): first the
     modules that need no forkserver (they run while it imports vLLM), then those whose ranks fork from it, then
-    those that start engines, last those that use the suite's server (it starts in the background meanwhile)."""
+    those that start engines, last those that use the suite's server (it starts in the background meanwhile).
+    Among the modules that start engines, the checks marked `own_engine` run after the others: where two engines
+    cannot share the device (a 120b profile gives each 90%), each of them closes the default engine, and a default-
+    engine check after them would start it again (seen on the H200 at 120b's dimensions: the default engine's
+    configuration started twice in one P0)."""
     rank: dict[str, int] = {}
     for item in items:
         names = getattr(item, "fixturenames", ())
@@ -208,7 +218,13 @@ def order_checks(items: list[pytest.Item]) -> None:
                 else 1 if FORKSERVER_FIXTURE in names else 0)
         key = _module_of(item)
         rank[key] = max(rank.get(key, 0), mine)
-    items.sort(key=lambda item: rank[_module_of(item)])
+
+    def order(item: pytest.Item) -> float:
+        module = rank[_module_of(item)]
+        own = module == 2 and item.get_closest_marker(OWN_ENGINE_MARKER) is not None
+        return module + 0.5 if own else module
+
+    items.sort(key=order)
 
 
 def need_engines(items: list[pytest.Item]) -> bool:

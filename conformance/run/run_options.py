@@ -13,7 +13,7 @@ import pytest
 
 from conformance.engines import heartbeat, openai_api
 from conformance.engines.vllm_server import SERVER_URL_ENV, ServerError
-from conformance.run import runheader, tiers
+from conformance.run import phases, runheader, tiers
 
 XDIST_SENTENCE = ("the conformance plugin runs its checks in one process (its engines, server and run record are "
                   "per session), so it cannot run under pytest-xdist: drop -n/--dist (for one run per GPU use "
@@ -52,6 +52,7 @@ def configure(config: pytest.Config) -> None:
     """At pytest_configure: tier markers, heartbeats to the terminal, and the user's server if any."""
     for line in tiers.marker_lines():
         config.addinivalue_line("markers", line)
+    config.addinivalue_line("markers", phases.OWN_ENGINE_LINE)
     selected_tiers(config)  # a bad --tier is a usage error before anything starts
     try:
         heartbeat.to_fd(1)  # fd 1 is the terminal now; pytest's capture redirects it during each check
