@@ -166,7 +166,10 @@ class WeightStore:
         of the device."""
         if self.keeps_tables or name in self.cache:
             return self[name][torch.tensor(ids, device=self.device)]
-        return self.where[name].get_tensor(name)[torch.tensor(ids)].to(self.device).to(torch.float64)
+        table, distinct = self.where[name].get_slice(name), sorted(set(ids))
+        rows = torch.cat([table[i:i + 1] for i in distinct]).to(self.device).to(torch.float64)  # read row by row
+        where = {token: n for n, token in enumerate(distinct)}
+        return rows[torch.tensor([where[i] for i in ids], device=self.device)]
 
     def times_transposed(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T for a 2-D tensor W [out, in] of the checkpoint, fp64. A GPU store widens W to fp64 a chunk of
