@@ -231,3 +231,19 @@ def test_stop_token_check_rejects_real_vllm_told_to_stop_on_end(tmp_path: Path):
     assert not probe.ok and len(probe.problems) == 2, probe.problems
     assert probe.problems[0].startswith("token 200012 must end") and "200007" in probe.problems[1]
     shutil.rmtree(model)
+
+
+def test_a_table_option_reaches_vllm_serve_as_json():
+    """A profile's table option (vLLM's compilation_config) became Python's repr on the server's command line, which
+    vLLM's parser refuses; it goes as JSON, and vLLM's own parser (`vllm serve`'s) reads it back."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from conformance.engines.vllm_server import cli_flags
+
+    flags = cli_flags({"compilation_config": {"max_cudagraph_capture_size": 64}, "enforce_eager": True,
+                       "max_model_len": 4096, "kv_cache_dtype": None, "enable_prefix_caching": False})
+    assert flags == ["--compilation-config", '{"max_cudagraph_capture_size": 64}', "--enforce-eager",
+                     "--max-model-len", "4096"]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
+    assert args.compilation_config.max_cudagraph_capture_size == 64 and args.max_model_len == 4096

@@ -127,12 +127,15 @@ def free_port() -> int:
 
 
 def cli_flags(options: dict[str, Any]) -> list[str]:
-    """Engine options (targets.toml keys, as for `LLM(...)`) as `vllm serve` flags."""
+    """Engine options (targets.toml keys, as for `LLM(...)`) as `vllm serve` flags; a table (compilation_config) as the
+    JSON vLLM's parser takes, not Python's repr of it."""
     flags: list[str] = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif isinstance(value, (dict, list)):
+            flags += [flag, json.dumps(value)]
         elif value is not False and value is not None:
             flags += [flag, str(value)]
     return flags
