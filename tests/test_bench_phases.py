@@ -61,6 +61,31 @@ def test_snapshot_names_startups_and_computes_floor():
     phases.reset()
 
 
+REALDIM_LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200" / \
+    "p0-realdim-2-layers-vllm-0.26.0"
+
+
+def test_each_vllm_start_adds_its_weights_compile_and_graphs_from_vllm_s_log(tmp_path):
+    """vLLM 0.26.0 on the H200 at 120b's dimensions (2 layers, MXFP4): the engine under test gave 0.75 s to its
+    weights, 8.53 s to torch.compile and 63 s to capturing graphs; the float32 twin (dequantized, unquantized
+    experts) 7.39, 7.96 and 30 s; the server 0.70, 8.96 and 64 s. The run's phases carry their sums; a start that
+    captured no graphs (eager) adds none, an unreadable log adds nothing."""
+    logs = [REALDIM_LOGS / name for name in ("engine-vllm-1.log", "engine-vllm-3.log", "vllm-server.log")]
+    assert phases.vllm_start_breakdown(logs[0].read_text()) == {
+        "vllm start: weights": 0.75, "vllm start: compile": 8.53, "vllm start: graphs": 63.0}
+    assert phases.vllm_start_breakdown(logs[2].read_text())["vllm start: graphs"] == 64.0
+    eager = tmp_path / "eager.log"
+    eager.write_text("INFO [default_loader.py:501] Loading weights took 0.35 seconds\n")
+    phases.reset()
+    for log in [*logs, eager, tmp_path / "never-written.log"]:
+        phases.add_vllm_start(log)
+    snap = phases.snapshot([], now=phases.T0 + 1.0)
+    assert snap["vllm start: weights"] == pytest.approx(0.75 + 7.39 + 0.70 + 0.35)
+    assert snap["vllm start: compile"] == pytest.approx(8.53 + 7.96 + 8.96)
+    assert snap["vllm start: graphs"] == pytest.approx(63 + 30 + 64)
+    phases.reset()
+
+
 def test_snapshot_without_a_vllm_engine_has_no_floor():
     phases.reset()
     phases.record("parity_decode", 2.0)

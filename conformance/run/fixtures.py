@@ -223,6 +223,8 @@ class EngineFactory:
         else:
             proc = self._start(kind, model_dir, options)
         self.run.startups.append((f"{kind} engine", (proc.ready_at or time.perf_counter()) - proc.started_at))
+        if kind == "vllm":
+            phases.add_vllm_start(proc.log_path)
         self.live[key] = proc
         self._share[key] = self.share_of(options)
         if not self.run.engine_info:

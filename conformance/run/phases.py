@@ -12,6 +12,9 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
   reference pack (the `reference` fixture, reference/cache.py); the computes run inside checks, so this overlaps
   their durations;
 - `engine: <kind> #<n>` and `server`: each engine start and the suite's server start (RunContext.startups);
+- `vllm start: weights`, `vllm start: compile`, `vllm start: graphs`: over every vLLM engine and server start of
+  the run, the seconds vLLM's own log gives to loading the weights, torch.compile and capturing CUDA/HIP graphs
+  (`vllm_start_breakdown`); on the H200 at 120b's dimensions the graphs were two thirds of each MXFP4 start;
 - `parity_decode`: the greedy decode with prompt logprobs that the parity checks share;
 - `report`: the end of the last check to the record (fingerprint, machine health, summary);
 - `wall`: interpreter start to the record; `floor`: the first vLLM engine start plus the parity decode,
@@ -28,6 +31,7 @@ Off the critical path (hooked in by the plugin, which registers this module):
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +77,33 @@ def reset() -> None:
         _marks.clear()
         _built.clear()
         _build_errors.clear()
+
+
+# What vLLM logs of its start, per phase name: the first match in an engine's or the server's log.
+VLLM_START_LINES = {
+    "vllm start: weights": re.compile(r"Loading weights took ([0-9.]+) seconds"),
+    "vllm start: compile": re.compile(r"torch\.compile took ([0-9.]+) s in total"),
+    "vllm start: graphs": re.compile(r"Graph capturing finished in ([0-9.]+) secs"),
+}
+
+
+def vllm_start_breakdown(log_text: str) -> dict[str, float]:
+    """The seconds one vLLM start gave to each VLLM_START_LINES phase it logged (a phase it skipped, as graphs
+    under enforce_eager or on the CPU, is absent)."""
+    found = {name: pattern.search(log_text) for name, pattern in VLLM_START_LINES.items()}
+    return {name: float(m.group(1)) for name, m in found.items() if m}
+
+
+def add_vllm_start(log_path: Path) -> None:
+    """Add a vLLM start's breakdown (its log, read once it is ready) to the run's phases; an unreadable log adds
+    nothing (a missing figure, never a failed run)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return
+    with _lock:
+        for name, seconds in vllm_start_breakdown(text).items():
+            _phases[name] = _phases.get(name, 0.0) + seconds
 
 
 def record(name: str, seconds: float) -> None:

@@ -239,6 +239,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
         run.startups.append(("vLLM server", proc.start_seconds))
     else:
         run.startups.append(("vLLM server (started in the background)", proc.start_seconds))
+    phases.add_vllm_start(proc.log_path)
     try:
         yield ServerUnderTest(proc.client(), model.name, proc.api_key, True, proc.start_seconds, SERVER_DATE,
                               proc.log_path)
