@@ -35,6 +35,18 @@ def test_sampler_records_a_series_and_read_errors():
     assert series["status"] == "sampling through fake" and series["devices"] == ["NVIDIA H200"]
     assert len(series["samples"]) >= 3 and series["errors"][0] == "RuntimeError: sensor busy"
     assert [s["t_s"] for s in series["samples"]] == sorted(s["t_s"] for s in series["samples"])
+    host = series["host"]  # the host beside the GPU: real psutil readings of this machine
+    assert host["status"] == "sampling through psutil" and len(host["samples"]) >= 2
+    assert all(0 <= h["busy_pct"] <= 100 and 0 <= h["steal_pct"] <= 100 and h["load_1m"] >= 0 for h in host["samples"])
+
+
+def test_a_host_without_psutil_is_a_stated_reason_and_the_gpu_series_goes_on(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil raises ImportError
+    series = telemetry.Sampler("cuda", interval_s=0.01, backends=(FakeBackend,)).start()
+    time.sleep(0.1)
+    series = series.stop()
+    assert series["host"]["status"].startswith("unavailable: ModuleNotFoundError") and series["host"]["samples"] == []
+    assert series["samples"], "the GPU series does not depend on the host's"
 
 
 def test_a_backend_that_cannot_start_is_a_stated_reason():

@@ -1,6 +1,9 @@
 """GPU telemetry sampled in a background thread during a run: temperature, power, clocks, throttle reasons and
 VRAM used, per GPU, as a time series (results.json `telemetry`), judged against per-SKU limits in
-conformance/data/health.toml.
+conformance/data/health.toml. Beside it, the host's share of CPU time busy and stolen by the hypervisor and its
+load (`host`, through psutil, which vLLM brings): a small model's serving figures at concurrency 1 are the host's
+Python and launch time, and a move there with the GPU's clocks steady is the host's (on the H200, 23-39% between
+two runs of one stack).
 
 Backends: NVML through `pynvml` (the `nvidia-ml-py` distribution) on CUDA; on ROCm the `amdsmi` Python
 bindings when importable, else `amd-smi metric --json` in a subprocess. A backend that cannot start is
@@ -172,12 +175,38 @@ class AmdSmiCliBackend:
 BACKENDS = {"cuda": (NvmlBackend,), "rocm": (AmdSmiBindingsBackend, AmdSmiCliBackend)}
 
 
+@dataclass
+class HostSample:
+    t_s: float
+    busy_pct: float  # CPU time not idle, of all cores, since the last sample
+    steal_pct: float  # CPU time the hypervisor gave another guest (0 on bare metal)
+    load_1m: float
+
+
+class HostReader:
+    """The host's CPU busy and steal shares since the previous read, and its 1-minute load (psutil)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        psutil.cpu_times_percent(interval=None)  # the first call sets the baseline the next one is measured from
+
+    def read(self, t_s: float) -> HostSample:
+        times = self._psutil.cpu_times_percent(interval=None)
+        return HostSample(t_s, round(100.0 - times.idle, 1), round(getattr(times, "steal", 0.0), 1),
+                          round(self._psutil.getloadavg()[0], 2))
+
+
 class Sampler:
-    """Samples a backend every `interval_s` seconds in a daemon thread until `stop()`."""
+    """Samples a backend (and the host) every `interval_s` seconds in a daemon thread until `stop()`."""
 
     def __init__(self, target: str, interval_s: float = 1.0, backends: tuple[type, ...] | None = None) -> None:
         self.interval_s, self.samples, self.errors = interval_s, [], []
         self.backend, self.status, self.names = None, "", []
+        self.host: HostReader | None = None
+        self.host_samples: list[HostSample] = []
+        self.host_status = ""
         self._stop, self._thread = threading.Event(), None
         self.started_at = time.time()
         reasons = []
@@ -191,6 +220,11 @@ class Sampler:
                 reasons.append(f"{getattr(cls, 'name', cls.__name__)}: {type(exc).__name__}: {exc}"[:300])
         if self.backend is None:
             self.status = "unavailable: " + ("; ".join(reasons) or f"no telemetry backend for target {target}")
+            return
+        try:
+            self.host, self.host_status = HostReader(), "sampling through psutil"
+        except Exception as exc:  # noqa: BLE001 - psutil missing or unreadable: a stated reason, the GPU series goes on
+            self.host_status = f"unavailable: {type(exc).__name__}: {exc}"[:300]
 
     def start(self) -> Sampler:
         if self.backend is not None:
@@ -201,8 +235,11 @@ class Sampler:
     def _loop(self) -> None:
         t0 = time.monotonic()
         while not self._stop.is_set():
+            t_s = round(time.monotonic() - t0, 2)
             try:
-                self.samples.extend(self.backend.read(round(time.monotonic() - t0, 2)))
+                self.samples.extend(self.backend.read(t_s))
+                if self.host is not None:
+                    self.host_samples.append(self.host.read(t_s))
             except Exception as exc:  # noqa: BLE001 - one failed read is recorded, the series goes on
                 if len(self.errors) < 20:
                     self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
@@ -212,6 +249,7 @@ class Sampler:
     def _trim(self) -> None:
         if len(self.samples) > MAX_SAMPLES * max(1, len(self.names)):
             self.samples = self.samples[::2]
+            self.host_samples = self.host_samples[::2]
 
     def stop(self) -> dict[str, Any]:
         self._stop.set()
@@ -221,7 +259,8 @@ class Sampler:
             self.backend.close()
         return {"status": self.status, "backend": getattr(self.backend, "name", None), "interval_s": self.interval_s,
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
-                "devices": self.names, "errors": self.errors, "samples": [asdict(s) for s in self.samples]}
+                "devices": self.names, "errors": self.errors, "samples": [asdict(s) for s in self.samples],
+                "host": {"status": self.host_status, "samples": [asdict(s) for s in self.host_samples]}}
 
 
 def judge(series: dict[str, Any], limits: list[dict[str, Any]]) -> list[dict[str, Any]]:
