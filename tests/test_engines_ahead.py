@@ -212,10 +212,10 @@ def test_the_server_starts_with_the_options_and_environment_of_the_engines(tiny,
 
 
 class _FakeProcess:
-    """A stand-in engine process: what the factory reads of one (ready, info, close)."""
+    """A stand-in engine process: what the factory reads of one (ready, info, its log, close)."""
 
-    def __init__(self, kind, model_dir, options, *args, **kwargs) -> None:
-        self.options, self.closed, self.info = options, False, {"engine": kind}
+    def __init__(self, kind, model_dir, options, log_path, *args, **kwargs) -> None:
+        self.options, self.closed, self.info, self.log_path = options, False, {"engine": kind}, log_path
         self.started_at = self.ready_at = 0.0
 
     def call(self, method, *args, **kwargs):
@@ -244,7 +244,7 @@ def _share_factory(tiny, tmp_path, share: float, monkeypatch) -> EngineFactory:
 
     def start(kind, model_dir, options, wait=True):
         started.append(options)
-        return _FakeProcess(kind, model_dir, options)
+        return _FakeProcess(kind, model_dir, options, tmp_path / f"engine-{len(started)}.log")  # never written
     monkeypatch.setattr(factory, "_start", start)
     monkeypatch.setattr(factory, "options", lambda kind=None, **o: {"gpu_memory_utilization": share} | o)
     factory.started = started
