@@ -231,6 +231,7 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
     result = perf.run_bench(plan, half_tokens_server, "stub", tokenizer, "key", tmp_path, env, fork_ctx)
     assert result.measured["completed"] == plan.num_prompts and result.measured["output_tok_s"] > 0
     assert not result.ok and "cut short" in result.problems[0], result.problems
+    assert 0 < result.measured["host_cpu_busy_pct"] <= 100 and 0 <= result.measured["host_cpu_steal_pct"] <= 100
 
 
 @pytest.mark.slow

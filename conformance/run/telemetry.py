@@ -13,6 +13,7 @@ recorded with its reason (`status`), never silently skipped.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -20,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from conformance.engines import host_cpu
 from env_checks.amd_smi import parse_smi_tree
 
 # NVML clocks-event (throttle) reason bits, nvmlClocksEventReason* in nvml.h (stable since NVML 3xx).
@@ -184,18 +186,18 @@ class HostSample:
 
 
 class HostReader:
-    """The host's CPU busy and steal shares since the previous read, and its 1-minute load (psutil)."""
+    """The host's CPU busy and steal shares since the previous read, and its 1-minute load."""
 
     def __init__(self) -> None:
-        import psutil
-
-        self._psutil = psutil
-        psutil.cpu_times_percent(interval=None)  # the first call sets the baseline the next one is measured from
+        self._last = host_cpu.read()
+        if self._last is None:
+            raise ImportError("psutil is not installed")
 
     def read(self, t_s: float) -> HostSample:
-        times = self._psutil.cpu_times_percent(interval=None)
-        return HostSample(t_s, round(100.0 - times.idle, 1), round(getattr(times, "steal", 0.0), 1),
-                          round(self._psutil.getloadavg()[0], 2))
+        now = host_cpu.read()
+        got, self._last = host_cpu.shares(self._last, now), now
+        return HostSample(t_s, got.get("host_cpu_busy_pct", 0.0), got.get("host_cpu_steal_pct", 0.0),
+                          round(os.getloadavg()[0], 2))
 
 
 class Sampler:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import datafiles
-from conformance.engines import heartbeat
+from conformance.engines import heartbeat, host_cpu
 from conformance.engines.base import Completion
 from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
 from conformance.verdicts import compare
@@ -235,7 +235,9 @@ def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_k
     result_file, log_path = out_dir / f"{name}.json", out_dir / f"{name}.log"
     cmd = bench_command(plan, base_url, model, tokenizer, out_dir, result_file.name)
     env = child_env(env | {"OPENAI_API_KEY": api_key or ""})
+    cpu_before = host_cpu.read()
     code = run_in_group("vllm bench serve", cmd, env, log_path, plan.timeout_s, fork_ctx)
+    host = host_cpu.shares(cpu_before, host_cpu.read())  # the host while it ran: recorded, not judged
     if code != 0 or not result_file.is_file():
         raise PerfError(f"vllm bench serve exited with code {code}" + ("" if result_file.is_file() else
                         " and saved no result") + f"; its log {log_path}, last lines:\n{_tail(log_path)}")
@@ -243,7 +245,9 @@ def run_bench(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, api_k
         data = json.loads(result_file.read_text())
     except ValueError as exc:
         raise PerfError(f"vllm bench serve's result {result_file} is not JSON ({exc})") from None
-    return parse_bench_result(data, plan)
+    result = parse_bench_result(data, plan)
+    result.measured |= host
+    return result
 
 
 # --- the regression verdict ---------------------------------------------------------------------
