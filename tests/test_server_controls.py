@@ -247,3 +247,8 @@ def test_a_table_option_reaches_vllm_serve_as_json():
                      "--max-model-len", "4096"]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
     assert args.compilation_config.max_cudagraph_capture_size == 64 and args.max_model_len == 4096
+    from conformance.verdicts import profiles
+
+    few = profiles.profile("h200-gpt-oss-120b-few-graphs", None, profiles.data(), "bfloat16")  # the data's own row
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(cli_flags(few.engine_options()))
+    assert args.compilation_config.max_cudagraph_capture_size == 64 and args.gpu_memory_utilization == 0.9
