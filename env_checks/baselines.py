@@ -34,6 +34,7 @@ ACCEPTED_OUTCOMES = ("passed", "skipped")
 # 1k/1k mix after its warm-up: one compile, TTFT p99 1669 ms against a p50 of 47 ms (run 20261204T124307-cuda-7af75f).
 JIT_FIGURE = "jit_compiles_during_run"
 FAILED_FIGURE = "failed"  # requests of the measured run that failed: such a measurement is never a baseline
+SHARED_FIGURE = "gpu_foreign_processes"  # other processes on the GPU while it was measured: never a baseline either
 # Figures the check derives from a baseline; never part of a baseline themselves.
 DERIVED_SUFFIXES = ("_vs_baseline", "_vs_pinned", "_vs_floor", "_drift_since_pin")
 DERIVED_NAMES = ("runs_since_pin",)
@@ -184,23 +185,45 @@ def runs_of(history: Any, lineage: str, model: str, check_id: str, outcomes: Ite
     return out
 
 
-def _pinnable(run: AcceptedRun, names: list[str]) -> bool:
-    """Whether a measurement may be a baseline: it has every figure in `names`, no kernel compiled while it was
-    measured (JIT_FIGURE) and none of its requests failed (FAILED_FIGURE)."""
-    return (all(n in run.figures for n in names) and not run.figures.get(JIT_FIGURE, 0) > 0
-            and not run.figures.get(FAILED_FIGURE, 0) > 0)
+def unpinnable_because(run: AcceptedRun, names: Iterable[str] = ()) -> str | None:
+    """Why a measurement may not be a baseline, in a few words, or None where it may: it must have every figure in
+    `names`, no kernel compiled while it was measured (JIT_FIGURE), none of its requests failed (FAILED_FIGURE) and
+    no other process held the GPU (SHARED_FIGURE)."""
+    f = run.figures
+    if missing := [n for n in names if n not in f]:
+        return f"it lacks {', '.join(missing)}"
+    if f.get(JIT_FIGURE, 0) > 0:
+        return (f"a kernel compiled while it was measured ({JIT_FIGURE} {f[JIT_FIGURE]:g}): its latency is the "
+                "compiler's")
+    if f.get(FAILED_FIGURE, 0) > 0:
+        return f"{f[FAILED_FIGURE]:g} of its requests failed"
+    if f.get(SHARED_FIGURE, 0) > 0:
+        return f"another process held the GPU while it was measured ({SHARED_FIGURE} {f[SHARED_FIGURE]:g})"
+    return None
+
+
+def _candidates(history: Any, lineage: str, model: str, check_id: str,
+                run_ids: Iterable[str] | None) -> list[AcceptedRun]:
+    """The measurements promotion considers, oldest first: the check passed or skipped, or, for runs named in
+    `run_ids` (which the operator vouches for: a run that failed only against the pin it is to join), any outcome."""
+    if run_ids is None:
+        return runs_of(history, lineage, model, check_id, ACCEPTED_OUTCOMES)
+    wanted = set(run_ids)
+    return [r for r in runs_of(history, lineage, model, check_id) if r.run_id in wanted]
 
 
 def accepted_runs(history: Any, lineage: str, model: str, check_id: str,
                   names: Iterable[str] = (), run_ids: Iterable[str] | None = None) -> list[AcceptedRun]:
-    """The runs whose figures may be promoted, oldest first: the check passed or skipped (any outcome for runs named
-    in `run_ids`, which the operator vouches for: a run that failed only against the pin it is to join), and the
-    measurement is pinnable (`_pinnable`)."""
+    """The runs whose figures may be promoted (`_candidates` that `unpinnable_because` has nothing against)."""
     names = list(names)
-    if run_ids is None:
-        return [r for r in runs_of(history, lineage, model, check_id, ACCEPTED_OUTCOMES) if _pinnable(r, names)]
-    wanted = set(run_ids)
-    return [r for r in runs_of(history, lineage, model, check_id) if r.run_id in wanted and _pinnable(r, names)]
+    return [r for r in _candidates(history, lineage, model, check_id, run_ids) if unpinnable_because(r, names) is None]
+
+
+def left_out(history: Any, lineage: str, model: str, check_id: str,
+             run_ids: Iterable[str] | None = None) -> list[tuple[AcceptedRun, str]]:
+    """The measurements promotion considers but may not pin, with why (runs that measured nothing are not listed)."""
+    return [(r, why) for r in _candidates(history, lineage, model, check_id, run_ids)
+            if r.figures and (why := unpinnable_because(r)) is not None]
 
 
 def median_pin(check_id: str, lineage: str, model: str, runs: list[AcceptedRun], note: str = "",

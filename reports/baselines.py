@@ -70,18 +70,21 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
     try:
         pins = baselines.load(pins_file)
         with History.open(db) as history:
-            chosen, compiled = {}, []
+            chosen, dropped = {}, {}
             for check_id in _check_ids(history, check):
                 accepted = baselines.accepted_runs(history, lineage, model, check_id, run_ids=run_ids or None)
                 accepted = [r for r in accepted if r.figures]
                 if accepted:
                     chosen[check_id] = accepted
-                elif any(r.figures.get(baselines.JIT_FIGURE, 0) > 0 for r in baselines.runs_of(
-                        history, lineage, model, check_id, baselines.ACCEPTED_OUTCOMES)):
-                    compiled.append(check_id)
+                if out := baselines.left_out(history, lineage, model, check_id, run_ids=run_ids or None):
+                    dropped[check_id] = out
     except (baselines.PinError, HistoryError) as exc:
         raise SystemExit(str(exc)) from None
+    left = {c: [f"left out {r.run_id} of {c}: {why}" for r, why in out] for c, out in sorted(dropped.items())}
     if not chosen:
+        if left:
+            raise SystemExit(f"nothing to promote for {lineage!r} {model!r}: "
+                             + "; ".join(line for lines in left.values() for line in lines) + ".")
         raise SystemExit(f"no complete run of lineage {lineage!r} and model {model!r} in {db} has "
                          f"{' or '.join(check)} passed or skipped with figures: nothing to promote (see "
                          f"`conformance baseline list`).")
@@ -89,11 +92,11 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
     wanted = f"the {runs} named with --run" if run_ids else f"--runs {runs}"
     if len(short) == len(chosen):
         c = min(short, key=short.get)
-        raise SystemExit(f"only {short[c]} accepted run(s) of {c} for {lineage!r} {model!r}, fewer than {wanted}: "
-                         "run again or promote with fewer runs.")
-    lines = [f"not pinned {c}: only {n} accepted run(s), fewer than {wanted}" for c, n in sorted(short.items())]
-    lines += [f"not pinned {c}: each of its runs met a kernel compile while measured ({baselines.JIT_FIGURE} > 0), "
-              "whose latency is the compiler's, not the stack's" for c in compiled]
+        raise SystemExit(f"only {short[c]} accepted run(s) of {c} for {lineage!r} {model!r}, fewer than {wanted}"
+                         + "".join(f"; {line}" for line in left.get(c, [])) + ": run again or promote with fewer runs.")
+    lines = [line for c in sorted(left) for line in left[c]]
+    lines += [f"not pinned {c}: each of its runs was left out" for c in sorted(left) if c not in chosen]
+    lines += [f"not pinned {c}: only {n} accepted run(s), fewer than {wanted}" for c, n in sorted(short.items())]
     for check_id, accepted in sorted(chosen.items()):
         if check_id in short:
             continue

@@ -14,7 +14,8 @@ from urllib.parse import urlparse
 OUTCOME_SHORT = {"passed": "pass", "failed": "fail", "error": "error", "skipped": "skip",
                  "xfailed": "xfail", "xpassed": "xpass"}
 CLASS_LABEL = {"new_failure": "new failure", "known_bug": "known bug", "capability_gap": "capability gap",
-               "timeout": "timeout", "crash": "crash", "could_not_run": "could not run"}
+               "timeout": "timeout", "crash": "crash", "could_not_run": "could not run",
+               "shared_gpu": "GPU shared"}
 _GITHUB = re.compile(r"^/([^/]+)/([^/]+)/(?:issues|pull)/(\d+)")
 
 

@@ -38,7 +38,7 @@ def _tiles(data: SiteData) -> str:
     failed = sum(1 for d in data.disagreements if d.kind == "failed")
     not_run = sum(1 for d in data.disagreements if d.kind == "not_run")
     new = sum(1 for checks in data.latest_checks.values() for c in checks
-              if data.failure_class(c) in ("new_failure", "crash", "timeout", "could_not_run"))
+              if data.failure_class(c) in ("new_failure", "crash", "timeout", "could_not_run", "shared_gpu"))
     red = sum(1 for t in data.transitions if t.transition.still_red)
     tiles = [
         ("Parity score", pct(overall.score if overall else None),
@@ -46,7 +46,7 @@ def _tiles(data: SiteData) -> str:
          "good" if overall and overall.score == 1 else "warn"),
         ("ROCm vs CUDA", str(failed), f"checks pass on CUDA, fail on ROCm · {not_run} not run on ROCm",
          "bad" if failed else "good"),
-        ("Open failures", str(new), "new, crashed, timed-out or unrunnable checks in latest runs",
+        ("Open failures", str(new), "new, crashed, timed-out, unrunnable or GPU-shared checks in latest runs",
          "bad" if new else "good"),
         ("Regressions", str(red), "lineages red since a green run", "bad" if red else "good"),
         ("History", str(len(data.runs)), f"runs of {len(data.columns)} platform lineages", "neutral"),

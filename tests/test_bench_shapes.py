@@ -60,7 +60,8 @@ def test_shape_check_fails_when_requests_fail_at_a_long_shape(monkeypatch, tmp_p
                                      problems=["3 of 8 requests failed under load"])
 
     monkeypatch.setattr(perf, "run_bench", bench)
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="tiny", api_key=None)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="tiny", api_key=None,
+                             managed=False)
     run = run_ctx(run_dir=tmp_path)
     with pytest.raises(FAILED, match="3 of 8 requests failed under load"):
         perf_checks.test_serving_perf_at_shape("8k1k", 8, run.target, run.run_dir, server, tmp_path,

@@ -91,6 +91,49 @@ def test_hbm_bandwidth_check_fails_below_the_floor():
         device_checks.test_hbm_bandwidth_floor(probe, 1.0, Figures())
 
 
+def _floor_on_a_shared_gpu(monkeypatch, floor):
+    """The floor's own body with the GPU's listing showing the probe (this process) and a real process that is not
+    the suite's: a missed floor fails as `shared_gpu` naming it; a floor met on the shared GPU stands (sharing only
+    slows), and the measurement records the other process either way."""
+    import os
+    import subprocess
+
+    from conformance.engines import gpu_sharers
+    from conformance.engines.gpu_sharers import GpuProcess
+    from conformance.run import runrecord
+    from conformance.verdicts.shared_gpu import GpuShared
+
+    stranger = int(subprocess.run(["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                                  text=True, check=True).stdout)
+    monkeypatch.setattr(gpu_sharers, "listed", lambda: [GpuProcess(0, os.getpid()), GpuProcess(0, stranger, 8192.0)])
+
+    def check(value, figures):
+        if floor == "gemm":
+            device_checks.test_gemm_throughput_floor("bfloat16", probe_of(MI300X, gemm_tflops=value), 1.0, figures)
+        else:
+            device_checks.test_hbm_bandwidth_floor(probe_of(MI300X, copy_gbps=value), 1.0, figures)
+    try:
+        figures = Figures()
+        with pytest.raises(GpuShared, match=f"below the floor .* another process held the GPU while this was "
+                                            f"measured: pid {stranger} \\(sleep\\) on GPU 0 holding 8.0 GiB") as info:
+            check(100.0, figures)
+        assert figures.values["gpu_foreign_processes"] == 1.0
+        assert runrecord.classify("failed", str(info.value), runrecord.exception_chain(info.value)) == "shared_gpu"
+        figures = Figures()
+        check(10_000.0, figures)
+        assert figures.values["gpu_foreign_processes"] == 1.0
+    finally:
+        os.kill(stranger, 9)
+
+
+def test_a_gemm_floor_missed_on_a_shared_gpu_fails_as_shared(monkeypatch):
+    _floor_on_a_shared_gpu(monkeypatch, "gemm")
+
+
+def test_an_hbm_floor_missed_on_a_shared_gpu_fails_as_shared(monkeypatch):
+    _floor_on_a_shared_gpu(monkeypatch, "hbm")
+
+
 def test_device_floors_fail_when_the_probe_errors():
     class Broken:
         info = MI300X

@@ -227,12 +227,99 @@ def test_serving_perf_check_fails_when_requests_fail_under_load(monkeypatch, tmp
     failed = compare.VerdictReport("vllm bench serve c8", measured={"completed": 29.0},
                                    problems=["3 of 32 requests failed under load"])
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: failed)
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
+                             managed=False)
     run = run_ctx(run_dir=tmp_path)
     fails(perf_checks.test_serving_perf_against_baseline, 8, run.target, run.run_dir, server, tmp_path,
           SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", Figures(), SimpleNamespace(node=SimpleNamespace(
               nodeid="conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]")),
           match="3 of 32 requests failed under load")
+
+
+@pytest.fixture
+def stranger() -> Iterator[int]:
+    """A real process that is not this one's descendant (started detached, its parent gone): another job."""
+    import os
+    import signal
+    import subprocess
+
+    out = subprocess.run(["setsid", "sh", "-c", "sleep 120 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                         text=True, check=True)
+    pid = int(out.stdout.strip())
+    yield pid
+    os.kill(pid, signal.SIGKILL)
+
+
+def _perf_level(monkeypatch, tmp_path, listing, requests_failed=0):
+    """test_serving_perf_against_baseline's own body at c8 on a managed server whose benchmark had
+    `requests_failed` of 32 requests fail, with the GPU's process listing given (NVML's or amdsmi's answer)."""
+    from types import SimpleNamespace
+
+    from conformance.checks import test_serving_perf as perf_checks
+    from conformance.engines import gpu_sharers
+    from conformance.verdicts import compare, perf
+    from tests.check_fakes import run_ctx
+
+    done = compare.VerdictReport("vllm bench serve c8", measured={"completed": 32.0 - requests_failed,
+                                                                  "failed": float(requests_failed)},
+                                 problems=[f"{requests_failed} of 32 requests failed under load"] if requests_failed
+                                 else [])
+    monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: done)
+    monkeypatch.setattr(gpu_sharers, "listed", lambda: listing)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
+                             managed=True)
+    run, figures = run_ctx(run_dir=tmp_path), Figures()
+    request = SimpleNamespace(node=SimpleNamespace(
+        nodeid="conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]"))
+    call = (perf_checks.test_serving_perf_against_baseline, 8, run.target, run.run_dir, server, tmp_path,
+            SimpleNamespace(name="tiny-gpt-oss"), "cpu/avx2", figures, request)
+    return call, figures
+
+
+def _outcome(check, *args) -> str:
+    """Run a check's body: "passed" or "skipped" (a failure raises)."""
+    try:
+        check(*args)
+    except pytest.skip.Exception:
+        return "skipped"
+    return "passed"
+
+
+def test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack(monkeypatch, tmp_path, stranger):
+    """A level that misses its floor while another job held the GPU fails as `shared_gpu`, naming the job; one that
+    meets it on the shared GPU stands. Either way the level records the other process (and is never pinned)."""
+    import os
+
+    from conformance.engines.gpu_sharers import GpuProcess
+    from conformance.run import runrecord
+    from conformance.verdicts.shared_gpu import GpuShared
+
+    listing = [GpuProcess(0, os.getpid(), 30_000.0), GpuProcess(0, stranger, 43_008.0)]
+    (check, *args), figures = _perf_level(monkeypatch, tmp_path, listing, requests_failed=3)
+    with pytest.raises(GpuShared, match=f"3 of 32 requests failed under load — but another process held the GPU "
+                                        f"while this was measured: pid {stranger} \\(sleep\\) on GPU 0 holding "
+                                        "42.0 GiB") as info:
+        check(*args)
+    assert figures.values["gpu_foreign_processes"] == 1.0
+    assert runrecord.classify("failed", str(info.value), runrecord.exception_chain(info.value)) == "shared_gpu"
+    (check, *args), figures = _perf_level(monkeypatch, tmp_path, listing, requests_failed=0)
+    assert _outcome(check, *args) == "skipped"  # no pin for the tiny model: judged as without sharing
+    assert figures.values["gpu_foreign_processes"] == 1.0
+
+
+@pytest.mark.parametrize("seen", ["own", "other namespace", "nothing"])
+def test_serving_perf_check_judges_as_before_when_the_gpu_is_not_seen_shared(monkeypatch, tmp_path, seen):
+    """Only the suite's processes on the GPU: 0 others recorded, the level judged as before. A listing of
+    another pid namespace (a container: none of the suite's pids in it) or none at all: nothing recorded."""
+    import os
+
+    from conformance.engines.gpu_sharers import GpuProcess
+
+    listing = {"own": [GpuProcess(0, os.getpid(), 30_000.0)], "other namespace": [GpuProcess(0, 2**22 + 7)],
+               "nothing": None}[seen]
+    (check, *args), figures = _perf_level(monkeypatch, tmp_path, listing)
+    assert _outcome(check, *args) == "skipped"
+    assert figures.values.get("gpu_foreign_processes") == (0.0 if seen == "own" else None)
 
 
 def _graph_check(tmp_path, eager_out, graph_out, reference_out, dtype):

@@ -310,7 +310,8 @@ def _bench_check(monkeypatch, tmp_path, concurrency, plans, warmup_problems=()):
         return compare.VerdictReport("bench", figures, list(warmup_problems) if name else [])
     monkeypatch.setattr(perf, "run_bench", bench)
     run = run_ctx("cuda", run_dir=tmp_path)
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="m", api_key=None)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="m", api_key=None,
+                             managed=False)
     nodeid = f"conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c{concurrency}]"
     figures = Figures()
     with pytest.raises((pytest.skip.Exception, compare.CheckFailed)) as raised:

@@ -85,7 +85,8 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: measured)
     run = run_ctx(target, run_dir=tmp_path)
     run.combo = COMBO
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None)
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
+                             managed=False)
     request = SimpleNamespace(node=SimpleNamespace(nodeid=CHECK))
     recorded = Figures()
     try:
@@ -219,13 +220,31 @@ def test_a_run_measured_during_a_kernel_compile_is_never_pinned(store, capsys):
             _record("compiled", _stamp(-2), "skipped", compiled, "cuda"))
     assert _promote(store, "cuda", "--runs", "1") == 0
     out = capsys.readouterr().out
-    assert f"not pinned {CHECK}: each of its runs met a kernel compile while measured" in out
+    assert f"left out compiled of {CHECK}: a kernel compiled while it was measured (jit_compiles_during_run 1)" in out
+    assert f"not pinned {CHECK}: each of its runs was left out" in out
     pins = baselines.load(baselines.pins_path(store))
     assert pins.get(CHECK, lineage, MODEL) is None and pins.get(SHAPE, lineage, MODEL) is not None
     _ingest(store, _record("clean-later", _stamp(-1), "skipped", HEALTHY | {baselines.JIT_FIGURE: 0.0}, "cuda"))
     assert _promote(store, "cuda", "--runs", "1", "--check", CHECK) == 0
     pin = baselines.load(baselines.pins_path(store)).get(CHECK, lineage, MODEL)
     assert [r.run_id for r in pin.runs] == ["clean-later"] and pin.figures["ttft_p99_ms"] == 150.0
+
+
+def test_a_run_measured_on_a_shared_gpu_is_never_pinned_even_when_named(store, capsys):
+    """Two P2 runs placed on one H200 at once: each measured the other's load (c64 13.6k tok/s against 19.0k). Their
+    levels record the other processes on the GPU (`gpu_foreign_processes`); promotion leaves such a measurement out,
+    by either route, and says so."""
+    shared = HEALTHY | {baselines.SHARED_FIGURE: 1.0}
+    _ingest(store, _record("shared", _stamp(-2), "failed", shared, "cuda"),
+            _record("alone", _stamp(-1), "passed", HEALTHY | {baselines.SHARED_FIGURE: 0.0}, "cuda"))
+    with pytest.raises(SystemExit, match=r"nothing to promote for .*: left out shared of .*: another process held "
+                                         r"the GPU while it was measured \(gpu_foreign_processes 1\)\.$"):
+        _promote(store, "cuda", "--run", "shared")
+    with pytest.raises(SystemExit, match=r"fewer than the 2 named with --run; left out shared of "):
+        _promote(store, "cuda", "--run", "shared", "--run", "alone")
+    assert _promote(store, "cuda", "--runs", "1") == 0
+    pin = baselines.load(baselines.pins_path(store)).get(CHECK, _lineage("cuda"), MODEL)
+    assert [r.run_id for r in pin.runs] == ["alone"]
 
 
 def test_a_pin_from_named_runs_keeps_their_spread_and_the_check_allows_no_more(store, tmp_path, monkeypatch):
@@ -240,7 +259,8 @@ def test_a_pin_from_named_runs_keeps_their_spread_and_the_check_allows_no_more(s
             _record("broken", _stamp(-1), "passed", _scaled(0.5) | {"failed": 3.0}, "cuda"))
     assert _promote(store, "cuda", "--run", "first") == 0
     assert _run_check(monkeypatch, tmp_path, "cuda", _scaled(0.77))[0] == "failed"  # one run: 10% holds
-    with pytest.raises(SystemExit, match=r"only 2 accepted run\(s\) .* fewer than the 3 named with --run"):
+    with pytest.raises(SystemExit, match=r"only 2 accepted run\(s\) .* fewer than the 3 named with --run; left out "
+                       r"broken of .*: 3 of its requests failed: run again"):
         _promote(store, "cuda", "--run", "first", "--run", "second", "--run", "broken")
     assert _promote(store, "cuda", "--run", "first", "--run", "second") == 0
     pin = baselines.load(baselines.pins_path(store)).get(CHECK, lineage, MODEL)

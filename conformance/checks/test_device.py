@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.engines.worker import EngineError
-from conformance.verdicts import device
+from conformance.verdicts import device, shared_gpu
 from conformance.verdicts.verdict import Problems, at_least, fail, record_figures
 
 AREA = "device"
@@ -94,48 +94,57 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
     is at or above the SKU's floor; the ratio to the vendor peak is recorded.
 
     Catches: a stack that is correct but slow — hipBLASLt tuning lost in an upgrade, power capping,
-    clocks stuck low, a GEMM falling back to a generic kernel.
+    clocks stuck low, a GEMM falling back to a generic kernel. A floor missed while another process held the GPU
+    fails as `shared_gpu`, naming it, not as the stack's failure.
     Reference: https://rocm.docs.amd.com/projects/ROCmValidationSuite/en/latest/ (GST level-4 targets: MI300X
       bf16 552, fp16 523, fp8 981 TFLOP/s)
-    Controls: tests/test_check_bodies_platform.py::test_gemm_throughput_check_fails_below_the_floor
+    Controls: tests/test_check_bodies_platform.py::test_gemm_throughput_check_fails_below_the_floor,
+      tests/test_check_bodies_platform.py::test_a_gemm_floor_missed_on_a_shared_gpu_fails_as_shared
     """
     info = probe.info
     sku = device.sku_for(info.get("name"))
     if not sku or dtype not in sku.get("floor_tflops", {}):
         pytest.skip(f"no {dtype} throughput floor for {info.get('name')} in devices.toml")
     cfg = device.devices()["gemm_throughput"]
+    watch = shared_gpu.Watch()
     try:
         tflops = probe.call("gemm_tflops", *cfg["gpu_shape"], dtype, cfg["warmup"], cfg["repeats"],
                             timeout_s=call_timeout_s)
     except EngineError as exc:
         fail(str(exc))
-    record_figure(f"tflops_{dtype}", tflops)
-    record_figure("ratio_to_peak", tflops / sku["peak_tflops"][dtype])
+    watch.stop()
+    record_figures(record_figure, {f"tflops_{dtype}": tflops, "ratio_to_peak": tflops / sku["peak_tflops"][dtype]}
+                   | watch.figures())
     floor = sku["floor_tflops"][dtype]
-    at_least(tflops, floor,
-             f"{dtype} GEMM {tflops:.0f} TFLOP/s is below the floor {floor:.0f} for {sku['name']}").raise_if_failed()
+    with watch.explains():
+        at_least(tflops, floor, f"{dtype} GEMM {tflops:.0f} TFLOP/s is below the floor {floor:.0f} for "
+                 f"{sku['name']}").raise_if_failed()
 
 
 @pytest.mark.p2
 def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
     """A device-to-device copy moves at least the SKU's floor in GB/s (bytes read + written).
 
-    Catches: HBM running degraded (memory clock, ECC storms, a bad partition mode), wrong NUMA/NPS setup.
+    Catches: HBM running degraded (memory clock, ECC storms, a bad partition mode), wrong NUMA/NPS setup. A floor
+    missed while another process held the GPU fails as `shared_gpu`, naming it.
     Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html (peak HBM bandwidth)
     Controls: tests/test_check_bodies_platform.py::test_hbm_bandwidth_check_fails_below_the_floor,
-      tests/test_check_bodies_platform.py::test_device_floors_fail_when_the_probe_errors
+      tests/test_check_bodies_platform.py::test_device_floors_fail_when_the_probe_errors,
+      tests/test_check_bodies_platform.py::test_an_hbm_floor_missed_on_a_shared_gpu_fails_as_shared
     """
     info = probe.info
     sku = device.sku_for(info.get("name"))
     if not sku:
         pytest.skip(f"no bandwidth floor for {info.get('name')} in devices.toml")
     cfg = device.devices()["bandwidth"]
+    watch = shared_gpu.Watch()
     try:
         gbps = probe.call("copy_gbps", cfg["bytes"], cfg["repeats"], timeout_s=call_timeout_s)
     except EngineError as exc:
         fail(str(exc))
-    record_figure("hbm_gbps", gbps)
-    record_figure("ratio_to_peak", gbps / sku["peak_hbm_gbps"])
+    watch.stop()
+    record_figures(record_figure, {"hbm_gbps": gbps, "ratio_to_peak": gbps / sku["peak_hbm_gbps"]} | watch.figures())
     floor = sku["floor_hbm_gbps"]
-    at_least(gbps, floor,
-             f"copy bandwidth {gbps:.0f} GB/s is below the floor {floor:.0f} for {sku['name']}").raise_if_failed()
+    with watch.explains():
+        at_least(gbps, floor,
+                 f"copy bandwidth {gbps:.0f} GB/s is below the floor {floor:.0f} for {sku['name']}").raise_if_failed()

@@ -11,7 +11,7 @@ import pytest
 from conformance.engines import server_fork
 from conformance.engines.worker import EngineError
 from conformance.run import runrecord
-from conformance.verdicts import bench_shapes, compare, perf, perf_floors
+from conformance.verdicts import bench_shapes, compare, perf, perf_floors, shared_gpu
 from conformance.verdicts.verdict import fail, raise_all, record_figures
 from env_checks import baselines
 
@@ -43,17 +43,22 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     baseline by itself), with the drift over the runs since the pin. Without a pin the real model is
     judged against its absolute floor (data/perf_floors.toml); only a combination without one skips. The first
     level on a GPU server first warms it once, unmeasured, with distinct prompts at the top concurrency (perf.toml
-    [bench.server_warmup]); a server that fails those requests fails here.
+    [bench.server_warmup]); a server that fails those requests fails here. Where another process held the GPU while
+    the level ran (NVML or amdsmi, on a server the suite started), a level that still meets its pin passes (sharing
+    only slows), one that misses fails as `shared_gpu`, naming the process, not as the stack's failure; the
+    measurement is never a baseline.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
-    requests failing or truncated under load.
+    requests failing or truncated under load; and it tells a slow stack from a shared GPU (a CI runner that
+    placed two jobs on one device).
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve);
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
     Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load,
       tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
       tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
-      tests/test_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check
+      tests/test_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check,
+      tests/test_check_bodies_server.py::test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
@@ -66,14 +71,18 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             record_figures(record_figure, warmed)
             warmed.raise_if_failed()
         log_start = perf.log_size(server_log)
+        watch = shared_gpu.Watch(judge=server.managed)  # a server of the suite's: its processes are known
         result = perf.run_bench(plan, *bench_args)
+        watch.stop()
     except perf.PerfError as exc:
         fail(str(exc))
     result.measured["num_warmups"] = float(plan.num_warmups)
     if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
         result.measured["jit_compiles_during_run"] = float(jit)
+    result.measured |= watch.figures()
     record_figures(record_figure, result)
-    result.raise_if_failed()
+    with watch.explains():
+        result.raise_if_failed()
 
     limits = perf.regression_limits(target.name)
     check_id, model = runrecord.check_id(request.node.nodeid), model_under_test.name
@@ -83,9 +92,10 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     except baselines.PinError as exc:
         fail(str(exc))
     if baseline is None:
-        perf_floors.no_baseline(target, plan, result.measured, f"no pinned baseline for lineage {run_lineage!r} and "
-                                f"model {model!r} in {pins} (promote one from accepted runs with `conformance "
-                                f"baseline promote`, docs/results.md)", record_figure)
+        with watch.explains():
+            perf_floors.no_baseline(target, plan, result.measured, f"no pinned baseline for lineage {run_lineage!r} "
+                                    f"and model {model!r} in {pins} (promote one from accepted runs with `conformance "
+                                    f"baseline promote`, docs/results.md)", record_figure)
         return
     verdict = perf.regression_verdict(result.measured, baseline, limits)
     since: list[baselines.AcceptedRun] = []
@@ -99,7 +109,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             fail(str(exc))
     perf.drift_since_pin(verdict, result.measured, baseline, since, limits)
     record_figures(record_figure, verdict)
-    verdict.raise_if_failed()
+    with watch.explains():
+        verdict.raise_if_failed()
 
 
 SHAPES = bench_shapes.shape_sweep()
