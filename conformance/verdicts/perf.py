@@ -45,7 +45,6 @@ class PerfError(RuntimeError):
     """The benchmark could not run or its result is unusable; the message says which."""
 
 
-
 @cache
 def perf_data() -> dict[str, Any]:
     return datafiles.load_toml(PERF_DATA)
