@@ -119,3 +119,34 @@ def test_limits_judge_temperature_and_throttle_reasons():
     unknown_sku = {"devices": ["NVIDIA L4"], "samples": [{"gpu": 0, "t_s": 0.0, "temp_c": 120, "throttle": []}]}
     (unjudged,) = telemetry.judge(unknown_sku, limits())
     assert (unjudged["id"], unjudged["severity"]) == ("telemetry-no-limits", "warning")
+
+
+def test_a_process_not_the_suite_s_on_the_gpu_during_the_run_is_a_warning(monkeypatch):
+    """The sampler lists the GPUs' processes (every OTHERS_EVERY_S, the first at once) and keeps those that are not
+    the suite's, with when they were seen; the machine-health findings warn of each (correctness verdicts stand; a
+    serving level or floor missed meanwhile fails as shared_gpu on its own)."""
+    import os
+    import subprocess
+
+    from conformance.engines import gpu_sharers
+    from conformance.engines.gpu_sharers import GpuProcess
+
+    stranger = int(subprocess.run(["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                                  text=True, check=True).stdout)
+    try:
+        monkeypatch.setattr(gpu_sharers, "listed", lambda: [GpuProcess(0, os.getpid()), GpuProcess(0, stranger, 4096.)])
+        sampler = telemetry.Sampler("cuda", interval_s=0.01, backends=(FakeBackend,)).start()
+        time.sleep(0.1)
+        series = sampler.stop()
+    finally:
+        os.kill(stranger, 9)
+    (seen,) = series["others"]  # listed once: the next listing is OTHERS_EVERY_S later
+    assert seen["first_s"] == seen["last_s"] < 1.0
+    assert seen | {"first_s": 0, "last_s": 0} == {"gpu": 0, "pid": stranger, "first_s": 0, "last_s": 0,
+                                                  "what": f"pid {stranger} (sleep) on GPU 0 holding 4.0 GiB"}
+    (warning,) = [f for f in telemetry.judge(series, []) if f["id"] == "gpu-shared"]
+    assert warning["severity"] == "warning" and f"pid {stranger} (sleep)" in warning["title"]
+    monkeypatch.setattr(gpu_sharers, "listed", lambda: [GpuProcess(0, os.getpid())])
+    alone = telemetry.Sampler("cuda", interval_s=0.01, backends=(FakeBackend,)).start()
+    time.sleep(0.05)
+    assert alone.stop()["others"] == []

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from conformance.engines import host_cpu
+from conformance.engines import gpu_sharers, host_cpu
 from env_checks.amd_smi import parse_smi_tree
 
 # NVML clocks-event (throttle) reason bits, nvmlClocksEventReason* in nvml.h (stable since NVML 3xx).
@@ -200,8 +200,13 @@ class HostReader:
                           round(os.getloadavg()[0], 2))
 
 
+OTHERS_EVERY_S = 5.0  # how often the sampler lists the GPUs' processes for ones that are not the suite's
+
+
 class Sampler:
-    """Samples a backend (and the host) every `interval_s` seconds in a daemon thread until `stop()`."""
+    """Samples a backend (and the host) every `interval_s` seconds in a daemon thread until `stop()`; every
+    OTHERS_EVERY_S it also lists the processes holding the GPUs and keeps those that are not the suite's
+    (conformance/engines/gpu_sharers.py), with when they were seen."""
 
     def __init__(self, target: str, interval_s: float = 1.0, backends: tuple[type, ...] | None = None) -> None:
         self.interval_s, self.samples, self.errors = interval_s, [], []
@@ -209,6 +214,7 @@ class Sampler:
         self.host: HostReader | None = None
         self.host_samples: list[HostSample] = []
         self.host_status = ""
+        self.others: dict[tuple[int, int], dict[str, Any]] = {}
         self._stop, self._thread = threading.Event(), None
         self.started_at = time.time()
         reasons = []
@@ -235,18 +241,27 @@ class Sampler:
         return self
 
     def _loop(self) -> None:
-        t0 = time.monotonic()
+        t0, listed_at = time.monotonic(), None
         while not self._stop.is_set():
             t_s = round(time.monotonic() - t0, 2)
             try:
                 self.samples.extend(self.backend.read(t_s))
                 if self.host is not None:
                     self.host_samples.append(self.host.read(t_s))
+                if listed_at is None or t_s - listed_at >= OTHERS_EVERY_S:
+                    listed_at = t_s
+                    self._note_others(gpu_sharers.now() or [], t_s)
             except Exception as exc:  # noqa: BLE001 - one failed read is recorded, the series goes on
                 if len(self.errors) < 20:
                     self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             self._trim()
             self._stop.wait(self.interval_s)
+
+    def _note_others(self, others: list[gpu_sharers.GpuProcess], t_s: float) -> None:
+        for p in others:
+            seen = self.others.setdefault((p.gpu, p.pid), {"gpu": p.gpu, "pid": p.pid, "what": p.describe(),
+                                                           "first_s": t_s, "last_s": t_s})
+            seen["last_s"] = t_s
 
     def _trim(self) -> None:
         if len(self.samples) > MAX_SAMPLES * max(1, len(self.names)):
@@ -262,12 +277,18 @@ class Sampler:
         return {"status": self.status, "backend": getattr(self.backend, "name", None), "interval_s": self.interval_s,
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
                 "devices": self.names, "errors": self.errors, "samples": [asdict(s) for s in self.samples],
-                "host": {"status": self.host_status, "samples": [asdict(s) for s in self.host_samples]}}
+                "host": {"status": self.host_status, "samples": [asdict(s) for s in self.host_samples]},
+                "others": list(self.others.values())}
 
 
 def judge(series: dict[str, Any], limits: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Findings (dicts of env_checks.health.Finding's fields) for samples beyond the first matching limit."""
-    out = []
+    """Findings (dicts of env_checks.health.Finding's fields) for samples beyond the first matching limit, and a
+    warning for each process not the suite's that held a GPU during the run."""
+    out = [{"id": "gpu-shared", "severity": "warning", "source": "telemetry",
+            "title": f"another process held a GPU during the run: {o['what']}",
+            "detail": f"seen from {o['first_s']:.0f} s to {o['last_s']:.0f} s into the run; a serving level or device "
+                      "floor that missed its mark meanwhile failed as shared_gpu"}
+           for o in series.get("others") or []]
     for gpu, name in enumerate(series.get("devices") or []):
         limit = next((lim for lim in limits if lim["match"] in name), None)
         rows = [s for s in series.get("samples") or [] if s["gpu"] == gpu]
