@@ -114,3 +114,19 @@ def test_thousand_runs_ingest_and_render_every_combination(tmp_path: Path) -> No
     assert not again.ingest.ingested and not again.errors
     html = result.index.read_text(encoding="utf-8")
     assert html.count('class="colhead"') >= 12 * 2  # every combination is a column (platforms + matrix)
+
+
+def test_a_check_failed_on_a_shared_gpu_shows_its_class_and_counts_as_open(tmp_path: Path) -> None:
+    """A serving level that missed its pin while another job held the GPU (class shared_gpu, from the check's own
+    exception): the run page labels it "GPU shared", and the Open failures tile counts it."""
+    rec = make_record(run_id="20250101T000000Z-cuda-5a4ed0", target="cuda", checks=[
+        {"id": "checks/test_serving_perf.py::test_serving_perf_against_baseline[c64]", "tier": "p2",
+         "outcome": "failed", "failure_class": "shared_gpu",
+         "message": "output_tok_s regressed — but another process held the GPU while this was measured: pid 4242"}])
+    runs = tmp_path / "runs"
+    write_run(runs / rec["run_id"], rec, None, {})
+    build(runs, tmp_path / "h.sqlite", tmp_path / "site")
+    pages = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "site").rglob("*.html"))
+    assert '<span class="badge c-shared_gpu">GPU shared</span>' in pages
+    assert re.search(r"Open failures.{0,200}?>1<", (tmp_path / "site" / "index.html").read_text(encoding="utf-8"),
+                     re.S)

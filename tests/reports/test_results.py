@@ -143,3 +143,16 @@ def test_write_run_is_atomic_when_the_final_rename_fails(tmp_path: Path,
     # The old results are intact and no temporary file is left behind.
     assert (run_dir / "results.json").read_bytes() == before
     assert sorted(p.name for p in run_dir.iterdir()) == ["fingerprint.json", "results.json"]
+
+
+def test_every_failure_class_a_check_can_raise_is_one_the_record_accepts() -> None:
+    """The classes the run declares from a check's exception (runrecord.classify) must validate, or a run that meets
+    one could not be written."""
+    from conformance.distributed import DistributedTimeout
+    from conformance.engines.worker import EngineDied, EngineHung
+    from conformance.verdicts.shared_gpu import GpuShared
+
+    for exc in (EngineHung, EngineDied, DistributedTimeout, GpuShared):
+        record = make_record(checks=[{"id": "checks/test_a.py::test_x", "outcome": "failed",
+                                      "failure_class": exc.failure_class}])
+        validate(record)
