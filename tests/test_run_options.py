@@ -208,6 +208,34 @@ def test_header_names_the_stack_under_q_and_is_printed_once(mini: Path):
     assert verbose.stdout.count("conformance: engine vllm") == 1
 
 
+def test_header_names_another_job_already_on_the_gpu():
+    """A GPU target whose GPU another process already holds as the run starts: the header's fourth line names it
+    (a real detached process, in the listing as NVML gives it); the suite's own processes, or no listing (the CPU
+    default), add no line."""
+    import os
+    import subprocess
+    from types import SimpleNamespace
+
+    from conformance.engines.gpu_sharers import GpuProcess
+    from conformance.run import runheader
+
+    target = SimpleNamespace(devices=["NVIDIA H200"], gcn_arch=[], resolved="cuda", requested="cuda",
+                             torch_version="2.11.0+cu130", torch_flavour="cuda")
+    ctx = SimpleNamespace(resolved=lambda: target, engine="vllm", dtype_name="bfloat16", profile="h200-tiny",
+                          model_arg=None, run_id="r", run_dir="reports/runs/r")
+    packages = {"vllm": "0.26.0", "transformers": "5.17.0"}
+    stranger = int(subprocess.run(["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                                  text=True, check=True).stdout)
+    try:
+        header = runheader.lines(ctx, ("p2",), packages, [GpuProcess(0, os.getpid()), GpuProcess(0, stranger, 40960.)])
+    finally:
+        os.kill(stranger, 9)
+    assert len(header) == 4 and header[3].startswith(
+        f"conformance: the GPU is already in use: pid {stranger} (sleep) on GPU 0 holding 40.0 GiB. ")
+    assert len(runheader.lines(ctx, ("p2",), packages, [GpuProcess(0, os.getpid())])) == 3
+    assert len(runheader.lines(ctx, ("p2",), packages, [])) == 3
+
+
 def test_heartbeat_announces_beats_with_the_logs_last_line_and_ends(tmp_path: Path):
     lines: list[str] = []
     log = tmp_path / "engine.log"

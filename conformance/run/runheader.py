@@ -1,5 +1,6 @@
 """The run header: the first lines of every run name what is being tested (target, the stack's versions,
-the GPUs, engine, dtype, profile, tiers) and where the run is written (run id and folder).
+the GPUs, engine, dtype, profile, tiers) and where the run is written (run id and folder); where another process
+already holds a GPU as the run starts, a line names it.
 
 pytest prints `pytest_report_header` lines only with its own header, which `-q` (what `conformance run`
 uses) and `--no-header` hide; the plugin then prints these lines itself as the session starts."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from conformance.engines import gpu_sharers
 from env_checks.fingerprint import package_versions
 
 PREFIX = "conformance:"
@@ -18,8 +20,21 @@ def _version(packages: Mapping[str, str | None], key: str) -> str:
     return packages.get(key) or "not installed"
 
 
-def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None] | None = None) -> list[str]:
-    """The header of the run `ctx` (a RunContext); `packages` as env_checks.fingerprint.package_versions()."""
+def busy(listing: list[gpu_sharers.GpuProcess] | None) -> str | None:
+    """The header's line for processes other than the suite's that hold a GPU as the run starts (`listing` as
+    gpu_sharers.listed()), or None. The suite holds no GPU yet, so every other process listed is another job."""
+    own = gpu_sharers.own_pids()
+    others = [p for p in listing or [] if p.pid not in own]
+    if not others:
+        return None
+    return (f"{PREFIX} the GPU is already in use: {'; '.join(p.describe() for p in others)}. Correctness checks "
+            "are not affected; a serving level or device floor that misses its mark while it runs fails as shared_gpu")
+
+
+def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None] | None = None,
+          gpu_processes: list[gpu_sharers.GpuProcess] | None = None) -> list[str]:
+    """The header of the run `ctx` (a RunContext); `packages` as env_checks.fingerprint.package_versions(),
+    `gpu_processes` as gpu_sharers.listed() (read here on a GPU target when not given)."""
     packages = package_versions() if packages is None else packages
     t = ctx.resolved()
     gpu = f"{len(t.devices)} x {t.devices[0]}" if t.devices else "no GPU"
@@ -34,7 +49,8 @@ def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None
         f"{PREFIX} engine {ctx.engine}, dtype {ctx.dtype_name}, profile {profile}, "
         f"model {ctx.model_arg or 'tiny-gpt-oss'}" + (f"; tiers {', '.join(tiers)}" if tiers else ""),
         f"{PREFIX} run {ctx.run_id} -> {ctx.run_dir}",
-    ]
+    ] + [line for line in [busy(gpu_processes if gpu_processes is not None or not t.devices
+                                else gpu_sharers.listed())] if line]
 
 
 def pytest_shows_header(config: Any) -> bool:
