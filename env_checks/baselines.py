@@ -212,18 +212,25 @@ def _candidates(history: Any, lineage: str, model: str, check_id: str,
     return [r for r in runs_of(history, lineage, model, check_id) if r.run_id in wanted]
 
 
+def screened(history: Any, lineage: str, model: str, check_id: str, names: Iterable[str] = (),
+             run_ids: Iterable[str] | None = None) -> tuple[list[AcceptedRun], list[tuple[AcceptedRun, str]]]:
+    """Promotion's `_candidates` in one read: those whose figures may be promoted (`unpinnable_because` has nothing
+    against them), and those it may not pin, with why (runs that measured nothing are not listed)."""
+    names = list(names)
+    accepted, left_out = [], []
+    for run in _candidates(history, lineage, model, check_id, run_ids):
+        why = unpinnable_because(run, names)
+        if why is None:
+            accepted.append(run)
+        elif run.figures:
+            left_out.append((run, why))
+    return accepted, left_out
+
+
 def accepted_runs(history: Any, lineage: str, model: str, check_id: str,
                   names: Iterable[str] = (), run_ids: Iterable[str] | None = None) -> list[AcceptedRun]:
-    """The runs whose figures may be promoted (`_candidates` that `unpinnable_because` has nothing against)."""
-    names = list(names)
-    return [r for r in _candidates(history, lineage, model, check_id, run_ids) if unpinnable_because(r, names) is None]
-
-
-def left_out(history: Any, lineage: str, model: str, check_id: str,
-             run_ids: Iterable[str] | None = None) -> list[tuple[AcceptedRun, str]]:
-    """The measurements promotion considers but may not pin, with why (runs that measured nothing are not listed)."""
-    return [(r, why) for r in _candidates(history, lineage, model, check_id, run_ids)
-            if r.figures and (why := unpinnable_because(r)) is not None]
+    """The runs whose figures may be promoted (`screened`'s first list)."""
+    return screened(history, lineage, model, check_id, names, run_ids)[0]
 
 
 def median_pin(check_id: str, lineage: str, model: str, runs: list[AcceptedRun], note: str = "",

@@ -72,11 +72,10 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
         with History.open(db) as history:
             chosen, dropped = {}, {}
             for check_id in _check_ids(history, check):
-                accepted = baselines.accepted_runs(history, lineage, model, check_id, run_ids=run_ids or None)
-                accepted = [r for r in accepted if r.figures]
-                if accepted:
+                accepted, out = baselines.screened(history, lineage, model, check_id, run_ids=run_ids or None)
+                if accepted := [r for r in accepted if r.figures]:
                     chosen[check_id] = accepted
-                if out := baselines.left_out(history, lineage, model, check_id, run_ids=run_ids or None):
+                if out:
                     dropped[check_id] = out
     except (baselines.PinError, HistoryError) as exc:
         raise SystemExit(str(exc)) from None

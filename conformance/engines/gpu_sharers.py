@@ -92,9 +92,9 @@ def own_pids() -> set[int]:
 
 
 def others(processes: list[GpuProcess] | None, own: set[int] | None = None) -> list[GpuProcess] | None:
-    """The listed processes that are not the suite's, or None where that cannot be told: no listing, or a listing
-    in which none of the suite's own processes appears (another pid namespace). Processes that have exited since the
-    listing are left out. Called while the suite's server holds the GPU, so an empty listing cannot tell either."""
+    """The listed processes that are not the suite's, or None where that cannot be told: no listing, an empty one,
+    or one in which none of the suite's own processes appears (another pid namespace, or a moment when the suite
+    holds no GPU: then nothing is judged). Processes that have exited since the listing are left out."""
     if not processes:
         return None
     own = own_pids() if own is None else own

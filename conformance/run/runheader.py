@@ -37,6 +37,8 @@ def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None
     `gpu_processes` as gpu_sharers.listed() (read here on a GPU target when not given)."""
     packages = package_versions() if packages is None else packages
     t = ctx.resolved()
+    if gpu_processes is None and t.devices:
+        gpu_processes = gpu_sharers.listed()
     gpu = f"{len(t.devices)} x {t.devices[0]}" if t.devices else "no GPU"
     arch = f" ({', '.join(sorted(set(t.gcn_arch)))})" if t.gcn_arch else ""
     vllm = _version(packages, "vllm")
@@ -49,8 +51,7 @@ def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None
         f"{PREFIX} engine {ctx.engine}, dtype {ctx.dtype_name}, profile {profile}, "
         f"model {ctx.model_arg or 'tiny-gpt-oss'}" + (f"; tiers {', '.join(tiers)}" if tiers else ""),
         f"{PREFIX} run {ctx.run_id} -> {ctx.run_dir}",
-    ] + [line for line in [busy(gpu_processes if gpu_processes is not None or not t.devices
-                                else gpu_sharers.listed())] if line]
+    ] + ([line] if (line := busy(gpu_processes)) else [])
 
 
 def pytest_shows_header(config: Any) -> bool:
