@@ -8,6 +8,7 @@ benchmark itself is covered by tests/test_perf_controls.py)."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -303,3 +304,53 @@ def test_a_damaged_pin_file_fails_the_check_in_one_sentence(store, tmp_path, mon
     if body is not None:
         with pytest.raises(SystemExit, match="is unusable"):  # promotion refuses to write over it
             _promote(store, "cpu")
+
+
+@pytest.mark.parametrize(("pinned_host", "expect"), [
+    (1000.0, "slower_host"),  # the pins' host ran the probe far faster than any real core: this host is slower
+    (0.001, "new_failure"),   # the pins' host was the slower one: the miss is the stack's
+    (None, "new_failure"),    # pins of runs that measured no host speed: the miss is the stack's, and it says so
+], ids=["pinned-on-a-faster-host", "pinned-on-a-slower-host", "pin-without-host-speed"])
+def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(store, tmp_path, monkeypatch,
+                                                                            pinned_host, expect):
+    """The check's own body probes this host's single-thread speed as the level starts and records it. Against
+    pins of runs whose host ran the probe more than perf.toml's [host_speed] tolerance faster, a level at half the
+    pinned throughput fails as `slower_host`, naming the ratio (not like for like); against pins from a slower host,
+    or pins with no host speed, it fails as the stack's regression. A level that meets its pin passes either way."""
+    from conformance.run import runrecord
+    from conformance.verdicts import host_speed
+    from conformance.verdicts.verdict import CheckFailed
+
+    host = {} if pinned_host is None else {host_speed.FIGURE: pinned_host}
+    _ingest(store, *(_record(f"pinned-{i}", _stamp(-10 + i), "passed", _scaled(f) | host, "cuda")
+                     for i, f in enumerate((0.98, 1.0, 1.02))))
+    assert _promote(store, "cuda") == 0
+
+    def level(figures: dict[str, float]) -> tuple[CheckFailed | None, Figures]:
+        monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: compare.VerdictReport(
+            "vllm bench serve at concurrency 8", measured=dict(figures)))
+        run = run_ctx("cuda", run_dir=tmp_path)
+        run.combo = COMBO
+        server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
+                                 managed=False)
+        recorded = Figures()
+        try:
+            perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
+                                                           SimpleNamespace(name=MODEL), _lineage("cuda"), recorded,
+                                                           SimpleNamespace(node=SimpleNamespace(nodeid=CHECK)))
+        except CheckFailed as exc:
+            return exc, recorded
+        return None, recorded
+
+    failure, recorded = level(_scaled(0.5))
+    assert failure is not None and "output_tok_s regressed to 500 from 1000" in str(failure)
+    assert recorded.values[host_speed.FIGURE] > 0.01  # this host, measured: any real core
+    assert runrecord.classify("failed", str(failure), runrecord.exception_chain(failure)) == expect
+    if expect == "slower_host":
+        assert re.search(r"this host ran the suite's single-thread probe at 0\.0\d+ of the speed of the pinned runs' "
+                         r"host \([0-9.]+ against 1e\+03 million steps a second\)", str(failure)), str(failure)
+    else:
+        assert "single-thread probe" not in str(failure)
+        assert ("the pinned runs measured no host speed" in str(failure)) == (pinned_host is None)
+    failure, recorded = level(_scaled(1.0))
+    assert failure is None and recorded.values["output_tok_s_vs_pinned"] == pytest.approx(1.0)

@@ -11,7 +11,7 @@ import pytest
 from conformance.engines import server_fork
 from conformance.engines.worker import EngineError
 from conformance.run import runrecord
-from conformance.verdicts import bench_shapes, compare, perf, perf_floors, shared_gpu
+from conformance.verdicts import bench_shapes, compare, host_speed, perf, perf_floors, shared_gpu
 from conformance.verdicts.verdict import fail, raise_all, record_figures
 from env_checks import baselines
 
@@ -46,19 +46,22 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     [bench.server_warmup]); a server that fails those requests fails here. Where another process held the GPU while
     the level ran (NVML or amdsmi, on a server the suite started), a level that still meets its pin passes (sharing
     only slows), one that misses fails as `shared_gpu`, naming the process, not as the stack's failure; the
-    measurement is never a baseline.
+    measurement is never a baseline. Each level records the host's single-thread speed as it starts
+    (conformance/verdicts/host_speed.py); one that misses a pin measured on a faster host (perf.toml [host_speed])
+    fails as `slower_host`, saying by how much: not a like-for-like comparison.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
     requests failing or truncated under load; and it tells a slow stack from a shared GPU (a CI runner that
-    placed two jobs on one device).
+    placed two jobs on one device) and from a slower host than the pin's.
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve);
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
     Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load,
       tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
       tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
       tests/test_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check,
-      tests/test_check_bodies_server.py::test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack
+      tests/test_check_bodies_server.py::test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack,
+      tests/test_perf_pins.py::test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
@@ -72,6 +75,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             warmed.raise_if_failed()
         log_start = perf.log_size(server_log)
         watch = shared_gpu.Watch(judge=server.managed)  # a server of the suite's: its processes are known
+        host = host_speed.probe()  # the host as the level starts: pins are figures of their host too
         result = perf.run_bench(plan, *bench_args)
         watch.stop()
     except perf.PerfError as exc:
@@ -79,7 +83,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     result.measured["num_warmups"] = float(plan.num_warmups)
     if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
         result.measured["jit_compiles_during_run"] = float(jit)
-    result.measured |= watch.figures()
+    result.measured |= watch.figures() | {host_speed.FIGURE: host}
     record_figures(record_figure, result)
     with watch.explains():
         result.raise_if_failed()
@@ -109,7 +113,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             fail(str(exc))
     perf.drift_since_pin(verdict, result.measured, baseline, since, limits)
     record_figures(record_figure, verdict)
-    with watch.explains():
+    with watch.explains(), host_speed.explains(result.measured, baseline, perf.host_speed_tolerance()):
         verdict.raise_if_failed()
 
 

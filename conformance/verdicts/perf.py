@@ -276,6 +276,12 @@ def spread_cap(better: str, data: dict[str, Any] | None = None) -> float:
     return float((data or perf_data())["regression_spread"]["cap"][better])
 
 
+def host_speed_tolerance(data: dict[str, Any] | None = None) -> float:
+    """How much slower than the pinned runs' host this host's single-thread probe may run before a missed pin is
+    put down to the host (perf.toml [host_speed]; conformance/verdicts/host_speed.py)."""
+    return float((data or perf_data())["host_speed"]["tolerance"])
+
+
 def regression_limits(target: str, data: dict[str, Any] | None = None) -> list[FigureLimit]:
     table = (data or perf_data())["regression"]
     rows = table.get(target, table["default"])

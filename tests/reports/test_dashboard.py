@@ -116,17 +116,23 @@ def test_thousand_runs_ingest_and_render_every_combination(tmp_path: Path) -> No
     assert html.count('class="colhead"') >= 12 * 2  # every combination is a column (platforms + matrix)
 
 
-def test_a_check_failed_on_a_shared_gpu_shows_its_class_and_counts_as_open(tmp_path: Path) -> None:
-    """A serving level that missed its pin while another job held the GPU (class shared_gpu, from the check's own
-    exception): the run page labels it "GPU shared", and the Open failures tile counts it."""
+@pytest.mark.parametrize(("failure_class", "label", "why"), [
+    ("shared_gpu", "GPU shared", "but another process held the GPU while this was measured: pid 4242"),
+    ("slower_host", "slower host", "but this host ran the suite's single-thread probe at 0.71 of the speed of the "
+                                   "pinned runs' host"),
+])
+def test_a_check_failed_on_a_shared_gpu_or_slower_host_shows_its_class_and_counts_as_open(
+        tmp_path: Path, failure_class: str, label: str, why: str) -> None:
+    """A serving level that missed its pin while another job held the GPU (class shared_gpu), or on a host slower
+    than the pinned runs' (slower_host), each from the check's own exception: the run page labels it, and the Open
+    failures tile counts it (not the stack's verdict, and not a pass either)."""
     rec = make_record(run_id="20250101T000000Z-cuda-5a4ed0", target="cuda", checks=[
         {"id": "checks/test_serving_perf.py::test_serving_perf_against_baseline[c64]", "tier": "p2",
-         "outcome": "failed", "failure_class": "shared_gpu",
-         "message": "output_tok_s regressed — but another process held the GPU while this was measured: pid 4242"}])
+         "outcome": "failed", "failure_class": failure_class, "message": f"output_tok_s regressed — {why}"}])
     runs = tmp_path / "runs"
     write_run(runs / rec["run_id"], rec, None, {})
     build(runs, tmp_path / "h.sqlite", tmp_path / "site")
     pages = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "site").rglob("*.html"))
-    assert '<span class="badge c-shared_gpu">GPU shared</span>' in pages
+    assert f'<span class="badge c-{failure_class}">{label}</span>' in pages
     assert re.search(r"Open failures.{0,200}?>1<", (tmp_path / "site" / "index.html").read_text(encoding="utf-8"),
                      re.S)

@@ -150,9 +150,10 @@ def test_every_failure_class_a_check_can_raise_is_one_the_record_accepts() -> No
     one could not be written."""
     from conformance.distributed import DistributedTimeout
     from conformance.engines.worker import EngineDied, EngineHung
+    from conformance.verdicts.host_speed import SlowerHost
     from conformance.verdicts.shared_gpu import GpuShared
 
-    for exc in (EngineHung, EngineDied, DistributedTimeout, GpuShared):
+    for exc in (EngineHung, EngineDied, DistributedTimeout, GpuShared, SlowerHost):
         record = make_record(checks=[{"id": "checks/test_a.py::test_x", "outcome": "failed",
                                       "failure_class": exc.failure_class}])
         validate(record)

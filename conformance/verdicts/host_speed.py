@@ -1,0 +1,83 @@
+"""The host's own speed beside each serving measurement. A server's scheduler, tokenizer and sampler run on one host
+core per step, so where the model is small for its GPU (the tiny model on an H200: 1.4-2.3 ms a token) the serving
+figures measure the host as much as the GPU. Three whole P2 runs of one stack on H200 nodes that fingerprint alike
+(the same CPU model string, core count, flags, kernel, driver) lay 0.66-0.88 apart in output throughput at
+concurrency 8 and up, with GEMM within 5%, clocks at 1980 MHz and no other process on the GPU; every start-up was
+slower on the slow node too. A pin is therefore a figure of its host as well as of its stack.
+
+Each level records `host_single_thread_mops`, the best of a few timings of a fixed pure-Python loop (dict and
+integer work, the kind of code the scheduler runs), and pins take its median like any figure. A level that misses
+its pin on a host measurably slower than the pinned runs' (perf.toml [host_speed]) fails as `slower_host`, saying
+by how much, not as the stack's failure: it is not a like-for-like comparison. A level that meets its pin stands."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from conformance.verdicts.verdict import CheckFailed
+
+FIGURE = "host_single_thread_mops"
+LOOP = 100_000  # about 10 ms a timing on a 2026 server core
+REPEATS = 7
+
+
+class SlowerHost(CheckFailed):
+    """A figure missed against a pin measured on a faster host. A run record classes the check `slower_host`
+    (runrecord.classify)."""
+
+    failure_class = "slower_host"
+
+
+def _loop(n: int) -> int:
+    table: dict[int, int] = {}
+    acc = 0
+    for i in range(n):
+        table[i & 1023] = i
+        acc += table.get((i * 7) & 1023, 0) & 3
+    return acc
+
+
+def probe(n: int = LOOP, repeats: int = REPEATS) -> float:
+    """Million loop steps a second on one core, the best of `repeats` timings (the least disturbed)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _loop(n)
+        best = min(best, time.perf_counter() - start)
+    return n / best / 1e6
+
+
+def slower_by(measured: dict[str, float], baseline: Any, tolerance: float) -> float | None:
+    """This run's host speed over the pinned runs' where it is below 1 - tolerance (or below their own spread,
+    where that is wider); None where it is not, or where either side did not measure it."""
+    here, there = measured.get(FIGURE), baseline.figures.get(FIGURE)
+    if not here or not there:
+        return None
+    ratio = here / there
+    return ratio if ratio < 1.0 - max(tolerance, baseline.spread.get(FIGURE, 0.0)) else None
+
+
+@contextmanager
+def explains(measured: dict[str, float], baseline: Any, tolerance: float) -> Iterator[None]:
+    """A verdict against `baseline` (perf.Baseline) that fails inside the block fails as `slower_host` where this
+    host measured slower than the pinned runs' host; where the pin measured no host speed, the failure says so."""
+    try:
+        yield
+    except CheckFailed as exc:
+        if isinstance(exc, SlowerHost):
+            raise
+        ratio = slower_by(measured, baseline, tolerance)
+        if ratio is not None:
+            raise SlowerHost(
+                f"{exc} — but this host ran the suite's single-thread probe at {ratio:.2f} of the speed of the "
+                f"pinned runs' host ({measured[FIGURE]:.3g} against {baseline.figures[FIGURE]:.3g} million steps a "
+                "second): the serving figures of a model this small for its GPU follow the host, so this is not a "
+                "like-for-like comparison. Pin this machine's own runs (`conformance baseline promote`), or measure "
+                "on the pinned host.") from exc
+        if FIGURE not in baseline.figures and type(exc) is CheckFailed:
+            raise CheckFailed(f"{exc} (the pinned runs measured no host speed ({FIGURE}), so a slower host cannot be "
+                              "told apart from a slower stack)") from exc
+        raise
