@@ -18,6 +18,9 @@ QUERY_FIELDS = (
     "name", "driver_version", "vbios_version", "memory.total", "ecc.mode.current", "mig.mode.current",
     "compute_cap", "pci.bus_id",
 )
+# Asked for too, not required of a recorded answer: which physical GPU this is (two nodes that fingerprint alike
+# can serve at 0.7 of each other; the UUID says whether a comparison is of one GPU with itself).
+OPTIONAL_FIELDS = ("uuid",)
 
 
 @dataclass
@@ -33,6 +36,7 @@ class NvidiaGpu:
     mig_mode: str | None
     compute_cap: str | None
     pci_bus_id: str | None
+    uuid: str | None = None
 
 
 @dataclass
@@ -79,6 +83,7 @@ def parse_query_csv(text: str) -> NvidiaSmi:
             mig_mode=_clean(cell["mig.mode.current"]),
             compute_cap=_clean(cell["compute_cap"]),
             pci_bus_id=_clean(cell["pci.bus_id"]),
+            uuid=_clean(cell.get("uuid")),
         ))
     drivers = {g.driver_version for g in gpus}
     driver = drivers.pop() if len(drivers) == 1 else None
@@ -109,21 +114,25 @@ def parse_query_xml(text: str) -> NvidiaSmi:
             mig_mode=_clean(gpu.findtext("mig_mode/current_mig")),
             compute_cap=_clean(gpu.findtext("compute_cap")),
             pci_bus_id=gpu.get("id"),
+            uuid=_clean(gpu.findtext("uuid")),
         ))
     return NvidiaSmi(driver_version=driver, cuda_version=_clean(root.findtext("cuda_version")), gpus=gpus)
 
 
 def merge(query: NvidiaSmi | ProbeFailure, report: NvidiaSmi | ProbeFailure) -> NvidiaSmi | ProbeFailure:
-    """The CSV query's GPUs (with compute_cap, which recent -q -x reports omit) and the XML's CUDA version."""
+    """The CSV query's GPUs (with compute_cap, which recent -q -x reports omit) and the XML's CUDA version, and its
+    GPU UUIDs where the query gave none."""
     if isinstance(query, ProbeFailure):
         return report if not isinstance(report, ProbeFailure) else query
     if not isinstance(report, ProbeFailure):
         query.cuda_version = report.cuda_version
+        for gpu, other in zip(query.gpus, report.gpus, strict=False):
+            gpu.uuid = gpu.uuid or other.uuid
     return query
 
 
 def probe_nvidia_smi() -> NvidiaSmi | ProbeFailure:
-    argv = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv"]
+    argv = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS + OPTIONAL_FIELDS)}", "--format=csv"]
     query = parse_with("nvidia-smi", parse_query_csv, run_tool(argv))
     if isinstance(query, ProbeFailure) and query.kind == NOT_INSTALLED:
         return query

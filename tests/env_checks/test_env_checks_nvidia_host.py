@@ -16,6 +16,10 @@ def test_query_csv_h200(recorded):
     assert (gpu.memory_total_mib, gpu.ecc_mode, gpu.mig_mode) == (143771, "Enabled", "Disabled")
     assert (gpu.compute_cap, gpu.pci_bus_id) == ("9.0", "00000000:00:06.0")
     assert smi.driver_version == "580.159.04"
+    assert gpu.uuid is None  # recorded before the query asked for it
+    with_uuid = recorded("nvidia-smi_query-gpu_h200.csv").replace(
+        "pci.bus_id", "pci.bus_id, uuid", 1).replace("00000000:00:06.0", "00000000:00:06.0, GPU-0000", 1)
+    assert nvidia.parse_query_csv(with_uuid).gpus[0].uuid == "GPU-0000"
 
 
 def test_query_xml_h200(recorded):
@@ -26,12 +30,14 @@ def test_query_xml_h200(recorded):
     assert (gpu.ecc_mode, gpu.mig_mode) == ("Enabled", "Disabled")
     assert gpu.vbios_version == "96.00.A5.00.1A"
     assert gpu.compute_cap is None  # driver 580's -q -x report has no compute capability
+    assert gpu.uuid == "GPU-REDACTED"  # which physical GPU (redacted in the recording): runs on two nodes differ
 
 
 def test_merge_takes_compute_cap_from_csv_and_cuda_from_xml(recorded):
     merged = nvidia.merge(nvidia.parse_query_csv(recorded("nvidia-smi_query-gpu_h200.csv")),
                           nvidia.parse_query_xml(recorded("nvidia-smi_q_x_h200.xml")))
     assert (merged.cuda_version, merged.gpus[0].compute_cap) == ("13.0", "9.0")
+    assert merged.gpus[0].uuid == "GPU-REDACTED"  # from the report: the recorded query did not ask for it
 
 
 @pytest.mark.parametrize("name, parser", [
