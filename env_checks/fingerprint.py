@@ -114,6 +114,7 @@ def run_probes() -> dict[str, Any]:
     # rocm-smi is deprecated; ask it only when amd-smi could not describe the GPUs.
     if isinstance(results["amd_smi_static"], ProbeFailure):
         results["rocm_smi"] = _guarded("rocm_smi", amd_smi.probe_rocm_smi)
+    results["host_speed"] = _guarded("host_speed", host.single_thread_mops)  # alone: the threads above would slow it
     return results
 
 
@@ -185,6 +186,7 @@ def derive_platform(p: dict[str, Any]) -> dict[str, Any]:
     f.first("compute_caps", (nv, lambda r: [g.compute_cap for g in r.gpus if g.compute_cap]))
     f.first("ecc_modes", (nv, lambda r: [g.ecc_mode for g in r.gpus if g.ecc_mode]))
     f.first("mig_modes", (nv, lambda r: [g.mig_mode for g in r.gpus if g.mig_mode]))
+    f.first("gpu_uuids", (nv, lambda r: [g.uuid for g in r.gpus if g.uuid]))
     f.first("iommu", (p["cmdline"], lambda r: r.iommu))
     f.first("iommu_pt", (p["cmdline"], lambda r: r.iommu == "pt" or r.amd_iommu == "pt"))
     f.first("amdgpu_options", (p["cmdline"], lambda r: r.amdgpu_options))
@@ -196,6 +198,7 @@ def derive_platform(p: dict[str, Any]) -> dict[str, Any]:
     f.first("cpu_model", (p["cpuinfo"], lambda r: r.model))
     f.first("cpu_flags", (p["cpuinfo"], lambda r: r.flags))
     f.first("logical_cpus", (p["cpuinfo"], lambda r: r.logical_cpus))
+    f.first("host_single_thread_mops", (p.get("host_speed"), lambda r: round(r, 2)))
     f.first("mem_total_gib", (p["mem_total_kib"], lambda r: round(r / 2**20, 1)))
     f.first("os_id", (p["os_release"], lambda r: r.get("id")))
     f.first("os_version", (p["os_release"], lambda r: r.get("version_id")))

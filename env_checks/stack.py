@@ -148,8 +148,9 @@ class FingerprintChange:
     after: str | None
 
 
-# Keys that differ between any two runs and say nothing about the stack.
-_VOLATILE = re.compile(r"(^|\.)(timestamp|collected_at|duration_s|hostname|uptime|boot_id|pid|run_id)$")
+# Keys that differ between any two runs and say nothing about the stack (the host's speed is measured: noisy).
+_VOLATILE = re.compile(r"(^|\.)(timestamp|collected_at|duration_s|hostname|uptime|boot_id|pid|run_id|"
+                       r"host_single_thread_mops|host_speed)$")
 
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")

@@ -14,6 +14,7 @@ from conformance.run import runrecord
 from conformance.verdicts import bench_shapes, compare, host_speed, perf, perf_floors, shared_gpu
 from conformance.verdicts.verdict import fail, raise_all, record_figures
 from env_checks import baselines
+from env_checks.host import single_thread_mops
 
 AREA = "performance"
 CONCURRENCY = perf.sweep()
@@ -75,7 +76,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             warmed.raise_if_failed()
         log_start = perf.log_size(server_log)
         watch = shared_gpu.Watch(judge=server.managed)  # a server of the suite's: its processes are known
-        host = host_speed.probe()  # the host as the level starts: pins are figures of their host too
+        host = single_thread_mops()  # the host as the level starts: pins are figures of their host too
         result = perf.run_bench(plan, *bench_args)
         watch.stop()
     except perf.PerfError as exc:

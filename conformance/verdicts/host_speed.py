@@ -5,14 +5,14 @@ figures measure the host as much as the GPU. Three whole P2 runs of one stack on
 concurrency 8 and up, with GEMM within 5%, clocks at 1980 MHz and no other process on the GPU; every start-up was
 slower on the slow node too. A pin is therefore a figure of its host as well as of its stack.
 
-Each level records `host_single_thread_mops`, the best of a few timings of a fixed pure-Python loop (dict and
-integer work, the kind of code the scheduler runs), and pins take its median like any figure. A level that misses
-its pin on a host measurably slower than the pinned runs' (perf.toml [host_speed]) fails as `slower_host`, saying
-by how much, not as the stack's failure: it is not a like-for-like comparison. A level that meets its pin stands."""
+Each level records `host_single_thread_mops` (env_checks.host.single_thread_mops: the best of a few timings of a
+fixed pure-Python loop), and pins take its median like any figure; the run's fingerprint records it once too. A
+level that misses its pin on a host measurably slower than the pinned runs' (perf.toml [host_speed]) fails as
+`slower_host`, saying by how much, not as the stack's failure: it is not a like-for-like comparison. A level that
+meets its pin stands."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,8 +20,6 @@ from typing import Any
 from conformance.verdicts.verdict import CheckFailed
 
 FIGURE = "host_single_thread_mops"
-LOOP = 100_000  # about 10 ms a timing on a 2026 server core
-REPEATS = 7
 
 
 class SlowerHost(CheckFailed):
@@ -29,25 +27,6 @@ class SlowerHost(CheckFailed):
     (runrecord.classify)."""
 
     failure_class = "slower_host"
-
-
-def _loop(n: int) -> int:
-    table: dict[int, int] = {}
-    acc = 0
-    for i in range(n):
-        table[i & 1023] = i
-        acc += table.get((i * 7) & 1023, 0) & 3
-    return acc
-
-
-def probe(n: int = LOOP, repeats: int = REPEATS) -> float:
-    """Million loop steps a second on one core, the best of `repeats` timings (the least disturbed)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _loop(n)
-        best = min(best, time.perf_counter() - start)
-    return n / best / 1e6
 
 
 def slower_by(measured: dict[str, float], baseline: Any, tolerance: float) -> float | None:

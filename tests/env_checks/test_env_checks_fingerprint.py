@@ -104,6 +104,19 @@ def test_platform_of_h200(recorded, probes):
         "580.159.04", "13.0", ["9.0"])
     assert manifest_for({"platform": platform}) == PINS_DIR / "h200.toml"
     assert manifest_for({"platform": derive_platform(probes())}) == PINS_DIR / "cpu.toml"
+    assert platform["gpu_uuids"] == ["GPU-REDACTED"]  # which physical GPU: nodes that fingerprint alike differ
+
+
+def test_the_fingerprint_measures_the_host_s_single_thread_speed(no_tools_on_path, probes):
+    """Measured once per run, alone (not beside the threaded probes), rounded; a probe that failed says why."""
+    platform = collect()["platform"]
+    assert platform["host_single_thread_mops"] > 0.1  # any real core: about 9 on a 2026 server core
+    assert derive_platform(probes(host_speed=8.876))["host_single_thread_mops"] == 8.88
+    from env_checks.facts import FAILED, ProbeFailure
+
+    missing = derive_platform(probes(host_speed=ProbeFailure("host_speed", FAILED, "probe raised MemoryError")))
+    assert missing["host_single_thread_mops"] is None
+    assert missing["why_missing"]["host_single_thread_mops"] == "host_speed: probe raised MemoryError"
 
 
 def test_a_probe_that_raises_costs_one_fact(no_tools_on_path, monkeypatch):

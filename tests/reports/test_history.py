@@ -223,9 +223,12 @@ def test_fingerprint_diff_ignores_volatile_keys_and_groups_lists() -> None:
     later["platform"]["rocm_version"] = "7.1.0"
     later["platform"]["gfx_targets"] = ["gfx950"] * 8
     later["platform"]["cpu_flags"] = ["avx2", "avx512f", "amx_tile"]
+    later["platform"]["host_single_thread_mops"] = 6.5  # measured, noisy: not a change of the stack
+    later["platform"]["gpu_uuids"] = ["GPU-1111"]  # another physical GPU: a change
     assert [(c.path, c.before, c.after) for c in diff_fingerprints(ENV_CHECKS_ROCM, later)] == [
         ("platform.cpu_flags.2", None, "amx_tile"),
         ("platform.gfx_targets.*", "gfx942", "gfx950"),
+        ("platform.gpu_uuids.0", None, "GPU-1111"),
         ("platform.rocm_version", "7.0.2", "7.1.0")]
 
 
