@@ -105,7 +105,9 @@ def promote(db: Path, pins_file: Path, lineage: str, model: str, check: tuple[st
         lines.append(f"pinned {check_id} for {lineage!r} {model!r}: median of {', '.join(r.run_id for r in pin.runs)}"
                      f" ({len(pin.figures)} figures" + (f"; output_tok_s {pin.figures['output_tok_s']:.4g}" if
                                                           "output_tok_s" in pin.figures else "")
-                     + (f", replacing the pin of {old.promoted_at})" if old else ")"))
+                     + (f", replacing the pin of {old.promoted_at})" if old else ")")
+                     + (f"; its runs' hosts lay {pin.spread[baselines.HOST_FIGURE]:.0%} apart in single-thread speed"
+                        if baselines.HOST_FIGURE in pin.spread else ""))
     pins.save()
     lines.append(f"wrote {pins_file}")
     return lines

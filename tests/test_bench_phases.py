@@ -163,6 +163,12 @@ def test_phases_of_adds_checks_venv_and_load():
     assert row["venv"] == pytest.approx(7.5) and row["load_1m"] == 3.25
     assert row["check: test_server_starts_and_serves_chat"] == next(
         c["duration_s"] for c in record["checks"] if c["id"].endswith("::test_server_starts_and_serves_chat"))
+    assert "host_mops" not in row  # recorded before the fingerprint measured the host
+    record["fingerprint"]["platform"]["host_single_thread_mops"] = 8.88
+    row = bench.phases_of(record)
+    assert row["host_mops"] == 8.88
+    table = bench.format_table("p0", bench.aggregate([row]), 1)
+    assert table.splitlines()[2].split() == ["host_mops", "8.88", "8.88", "8.88", "1"]  # first, and no unit
 
 
 def test_phases_of_a_record_without_phases_names_the_run():

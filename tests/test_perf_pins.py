@@ -311,7 +311,7 @@ def test_a_damaged_pin_file_fails_the_check_in_one_sentence(store, tmp_path, mon
     (0.001, "new_failure"),   # the pins' host was the slower one: the miss is the stack's
     (None, "new_failure"),    # pins of runs that measured no host speed: the miss is the stack's, and it says so
 ], ids=["pinned-on-a-faster-host", "pinned-on-a-slower-host", "pin-without-host-speed"])
-def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(store, tmp_path, monkeypatch,
+def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(store, tmp_path, monkeypatch, capsys,
                                                                             pinned_host, expect):
     """The check's own body probes this host's single-thread speed as the level starts and records it. Against
     pins of runs whose host ran the probe more than perf.toml's [host_speed] tolerance faster, a level at half the
@@ -321,10 +321,12 @@ def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(st
     from conformance.verdicts import host_speed
     from conformance.verdicts.verdict import CheckFailed
 
-    host = {} if pinned_host is None else {host_speed.FIGURE: pinned_host}
-    _ingest(store, *(_record(f"pinned-{i}", _stamp(-10 + i), "passed", _scaled(f) | host, "cuda")
+    hosts = [{} if pinned_host is None else {host_speed.FIGURE: pinned_host * f} for f in (0.95, 1.0, 1.05)]
+    _ingest(store, *(_record(f"pinned-{i}", _stamp(-10 + i), "passed", _scaled(f) | hosts[i], "cuda")
                      for i, f in enumerate((0.98, 1.0, 1.02))))
     assert _promote(store, "cuda") == 0
+    said = "its runs' hosts lay 10% apart in single-thread speed"  # what promotion says of the pin it wrote
+    assert (said in capsys.readouterr().out) == (pinned_host is not None)
 
     def level(figures: dict[str, float]) -> tuple[CheckFailed | None, Figures]:
         monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: compare.VerdictReport(

@@ -8,7 +8,9 @@ Each run is `nox -s <tier> -- ...` when a nox command is given (what a user type
 itself is the `venv` phase), else `python -m conformance run --tier <tier> ...`. The phases come from each
 run's results.json (`phases`, conformance/run/phases.py) and its checks' durations; `floor_ratio` is the run's
 wall over its floor (its first vLLM engine start plus the parity decode, both measured in the same run).
-The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers.
+The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers;
+`host_mops`, the host's single-thread speed the run's fingerprint measured (env_checks.host.single_thread_mops),
+explains the spread between nodes that fingerprint alike (engine starts follow the host).
 With --realdim, each tier runs at gpt-oss-120b's real dimensions with each of these layer counts (the checkpoint
 written once per count, its writing the `generate` row), a table per layer count, then the fit of wall against
 layers and its extrapolation to the real depth (conformance/tooling/bench_realdim.py). --from-runs tabulates recorded
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 # Row order of the table: the run's own phases first, then each check, then the totals.
-HEAD = ("load_1m", "generate", "venv", "startup", "imports", "checkpoints", "load")
+HEAD = ("load_1m", "host_mops", "generate", "venv", "startup", "imports", "checkpoints", "load")
 TAIL = ("reference", "parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio")
 
 
@@ -65,6 +67,9 @@ def phases_of(record: dict[str, Any], outer_wall_s: float | None = None, load_1m
             out[outside] = max(0.0, outer_wall_s - out["wall"])
     if load_1m is not None:
         out["load_1m"] = load_1m
+    host = ((record.get("fingerprint") or {}).get("platform") or {}).get("host_single_thread_mops")
+    if isinstance(host, (int, float)):
+        out["host_mops"] = float(host)
     return out
 
 
@@ -91,7 +96,7 @@ def _order(name: str) -> tuple[int, str]:
 
 
 def format_table(tier: str, stats: dict[str, Stat], runs: int, check_order: list[str] | None = None) -> str:
-    """The table of one tier: phase, median, min, max (seconds; floor_ratio and load are plain numbers)."""
+    """The table of one tier: phase, median, min, max (seconds; floor_ratio, load and host speed are plain numbers)."""
     from conformance.tooling.bench_realdim import heading
 
     order = {name: i for i, name in enumerate(check_order or [])}
@@ -101,7 +106,7 @@ def format_table(tier: str, stats: dict[str, Stat], runs: int, check_order: list
              f"{'phase':{width}s} {'median':>9s} {'min':>9s} {'max':>9s}  runs"]
     for name in names:
         st = stats[name]
-        unit = "" if name in ("floor_ratio", "load_1m") else "s"
+        unit = "" if name in ("floor_ratio", "load_1m", "host_mops") else "s"
         cells = " ".join(f"{v:8.2f}{unit or ' '}" for v in (st.median, st.low, st.high))
         lines.append(f"{name:{width}s} {cells}  {st.n}" + ("" if st.n == runs else f" of {runs}"))
     return "\n".join(lines)

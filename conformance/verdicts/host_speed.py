@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from conformance.verdicts.verdict import CheckFailed
+from env_checks.baselines import HOST_FIGURE
 
-FIGURE = "host_single_thread_mops"
+FIGURE = HOST_FIGURE
 
 
 class SlowerHost(CheckFailed):
