@@ -54,9 +54,9 @@ def explains(measured: dict[str, float], baseline: Any, tolerance: float) -> Ite
             raise SlowerHost(
                 f"{exc} — but this host ran the suite's single-thread probe at {ratio:.2f} of the speed of the "
                 f"pinned runs' host ({measured[FIGURE]:.3g} against {baseline.figures[FIGURE]:.3g} million steps a "
-                "second): the serving figures of a model this small for its GPU follow the host, so this is not a "
-                "like-for-like comparison. Pin this machine's own runs (`conformance baseline promote`), or measure "
-                "on the pinned host.") from exc
+                "second): a slower host alone slows serving, most where the model is small for its GPU, so this is "
+                "not a like-for-like comparison. Pin this machine's own runs (`conformance baseline promote`), or "
+                "measure on the pinned host.") from exc
         if FIGURE not in baseline.figures and type(exc) is CheckFailed:
             raise CheckFailed(f"{exc} (the pinned runs measured no host speed ({FIGURE}), so a slower host cannot be "
                               "told apart from a slower stack)") from exc
