@@ -419,6 +419,17 @@ def matrix(session: nox.Session, combo_id: str) -> None:
                 session.run("python", "-m", "reports.job_summary", str(run_dir), success_codes=[0, 1, 2])
 
 
+@nox.session(python=False, requires=["stack"], default=False)
+def drill(session: nox.Session) -> None:
+    """Plant each fault of conformance/data/faults.toml in the engine under test, one `conformance run` each with
+    only the checks that must catch it, and print whether each was caught (conformance/run/drill.py):
+    `nox -s drill -- --cuda --dtype float16`; `--faults NAME,...` for some of them."""
+    if not _STACK:
+        session.error("the shared stack venv was not prepared: run drill without --no-dependencies.")
+    python = str(Path(_STACK["bin"]) / "python")
+    _run_interruptible(session, python, "-m", "conformance", "drill", *session.posargs, external=True)
+
+
 # ------------------------------------------------------------------------ bench: where the time goes (issue 22)
 
 @nox.session(python=False, requires=["stack"], default=False)

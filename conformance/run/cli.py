@@ -4,6 +4,7 @@
   conformance dashboard [--runs DIR] [--db FILE] [--out DIR]
   conformance baseline list|promote ...   (pinned serving baselines; docs/results.md "Pinned serving baselines")
   conformance diagnose FILE|- [FILE ...] [--json]   (what pasted tool outputs/logs say, cross-checked; see --help)
+  conformance drill [--faults NAME,...] [RUN OPTIONS]   (does P0 see each planted fault on this stack? see --help)
 
 Exit codes of `run`: 0 every selected check passed (skips and known-bug xfails allowed),
 1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error."""
@@ -65,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("diagnose", help="read a pasted tool output or log (FILE or -): facts and known faults",
                    add_help=False)
+    sub.add_parser("drill", help="plant each fault of data/faults.toml in the engine under test, one run each, and "
+                                 "say whether P0's checks caught it", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["drill"]:
+        from conformance.run import drill
+
+        return drill.main(argv[1:], run_parser)
     if argv[:1] == ["diagnose"]:
         from env_checks.diagnose import main as diagnose_main
 

