@@ -70,6 +70,9 @@ def test_the_drill_refuses_what_it_chooses_itself_and_unknown_faults(capsys):
     with pytest.raises(SystemExit):
         cli_main(["drill", "--cpu", "--engine", "vllm", "--faults", "expert_bias_dropped"])
     assert "no fault expert_bias_dropped for the vllm engine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["drill", "--cpu", "--profile", "cpu:all"])
+    assert "give one backend row (--profile NAME:ROW), not :all" in capsys.readouterr().err
 
 
 def test_a_drill_on_vllm_cpu_catches_a_fault_and_says_when_its_checks_are_blind(tmp_path, capsys):

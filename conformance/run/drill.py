@@ -143,6 +143,8 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     run_ns = holder.parse_args(["run", *rest])
     if run_ns.keyword or run_ns.planted_fault:
         parser.error("the drill chooses -k and --planted-fault itself, one run per fault: give neither")
+    if str(run_ns.profile or "").endswith(":all"):
+        parser.error("the drill plants each fault in one run: give one backend row (--profile NAME:ROW), not :all")
     try:
         table_faults = faults(ns.faults_file)
         engine = _engine(run_ns)
