@@ -118,3 +118,18 @@ def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):
     (record,) = [json.loads(p.read_text()) for p in runs.glob("*/results.json")]
     assert record["planted_fault"] == "temperature_ignored" and record["complete"] is False
     assert "seed_dropped" not in out.split("drill summary")[1]
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("[faults.x\nengines = 1", "is not valid TOML"),
+    ('[faults.seed_dropped]\nengines = ["vllm"]\n', "[faults.seed_dropped] needs `engines` and `caught_by`"),
+    (None, "does not exist: check the path you gave"),
+], ids=["not-toml", "no-checks", "missing"])
+def test_a_bad_faults_file_is_one_sentence(tmp_path, capsys, text, said):
+    path = tmp_path / "faults.toml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["drill", "--faults-file", str(path), "--cpu"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and said in err and str(path) in err
