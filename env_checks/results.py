@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import jsonschema
 
+# A check's message when it failed with a verdict (the suite's CheckFailed, or an assertion), not an engine or
+# harness error: how a planted fault's run shows that the fault was caught (conformance drill, the dashboard).
+VERDICT_FAILURE = re.compile(r"^(?:[\w.]*\.)?(?:CheckFailed|AssertionError)\b")
+
 try:  # fcntl is POSIX-only; without it two writers of one run dir are not serialised (rare, not fatal)
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX

@@ -144,7 +144,8 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
         data.p0_wall_trend.setdefault(lineage, []).append((started_at, seconds))
     data.health = history.health(run.run_id for run in latest.values())
     data.universe = verdict.universe_of(matrix)
-    data.verdicts = verdict.verdicts(every, latest_checks, data.universe)
+    controls = history.checks(r.run_id for r in every if r.planted_fault)  # what each planted fault's run saw
+    data.verdicts = verdict.verdicts(every, latest_checks, data.universe, controls)
     return data
 
 

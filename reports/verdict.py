@@ -12,6 +12,11 @@ that ran it (`analysis.checks_of_latest_tiers`).
   run: it never ran, ran only in runs that do not count, or every one of its checks was skipped;
 * **production-safe**: P0 and P1 judged and nothing failed in any tier. A known bug (xfail with its link) does not
   block; it is listed, as are the skips with their reasons and the tiers (P2, P3) that never ran.
+
+The lineage's planted-fault runs (`conformance drill`, or `conformance run --planted-fault`) say whether the suite
+sees a broken engine on it: a fault whose newest run failed a check with a verdict is caught; one whose newest run
+completed with every check passed went unseen. A lineage on which a planted fault went unseen is never
+production-safe: its passes would not have caught that fault either.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from env_checks.results import VERDICT_FAILURE
 from reports import analysis
 from reports.analysis import ALL
 from reports.htmlbits import first_line, short_check
@@ -87,6 +93,8 @@ class Verdict:
     coverage: dict[str, Coverage] = field(default_factory=dict)
     counterpart: Verdict | None = None
     counterpart_differs: list[str] = field(default_factory=list)
+    caught: dict[str, str] = field(default_factory=dict)  # planted fault -> the newest run that caught it
+    unseen: dict[str, str] = field(default_factory=dict)  # planted fault -> the newest run in which all passed
 
     @property
     def any_run(self) -> RunInfo:
@@ -98,10 +106,31 @@ def _names(checks: list[CheckRow], limit: int = 6) -> str:
     return shown + (f" and {len(checks) - limit} more" if len(checks) > limit else "")
 
 
+def detection(not_counted: list[RunInfo], controls: dict[str, list[CheckRow]]) -> tuple[dict[str, str],
+                                                                                      dict[str, str]]:
+    """(caught, unseen): each planted fault, by the newest of its runs among `not_counted` (oldest first) that
+    judged it, to that run's id; `controls`: run id -> its checks. A run that neither failed a check with a verdict
+    nor completed with every check passed (an engine error, an interrupt) judges nothing."""
+    caught: dict[str, str] = {}
+    unseen: dict[str, str] = {}
+    for run in not_counted:
+        if not run.planted_fault:
+            continue
+        checks = controls.get(run.run_id, [])
+        if any(c.outcome == "failed" and VERDICT_FAILURE.match(c.message) for c in checks):
+            caught[run.planted_fault] = run.run_id
+            unseen.pop(run.planted_fault, None)
+        elif run.complete and checks and all(c.outcome in ("passed", "skipped") for c in checks) and any(
+                c.outcome == "passed" for c in checks):
+            unseen[run.planted_fault] = run.run_id
+            caught.pop(run.planted_fault, None)
+    return caught, unseen
+
+
 def decide(key: str, checks: list[CheckRow], evidence: list[RunInfo], not_counted: list[RunInfo],
-           universe: dict[str, set[str]]) -> Verdict:
+           universe: dict[str, set[str]], controls: dict[str, list[CheckRow]] | None = None) -> Verdict:
     """The verdict of lineage `key` from its newest checks per tier (`checks`), its evidence runs and the runs of it
-    that do not count (each oldest first)."""
+    that do not count (each oldest first), with the checks of its planted-fault runs (`controls`, by run id)."""
     newest = evidence[-1] if evidence else None
     some = newest or not_counted[-1]
     verdict = Verdict(key, some.target, some.combo, NOT_ENOUGH, newest, not_counted=list(not_counted),
@@ -134,13 +163,20 @@ def decide(key: str, checks: list[CheckRow], evidence: list[RunInfo], not_counte
         listed = "; ".join(f"{n} × {text}" for text, n in why.most_common(4))
         more = f"; {len(why) - 4} other reasons" if len(why) > 4 else ""
         reasons.append(f"{len(verdict.skipped)} skipped: {listed}{more}")
+    verdict.caught, verdict.unseen = detection(not_counted, controls or {})
+    if verdict.unseen:
+        reasons.append(f"planted fault{'s' * (len(verdict.unseen) != 1)} the suite did not see on this lineage: "
+                       + ", ".join(f"{f} (run {r}: every check passed)" for f, r in sorted(verdict.unseen.items())))
+    if verdict.caught:
+        reasons.append(f"{len(verdict.caught)} planted fault{'s' * (len(verdict.caught) != 1)} caught: "
+                       + ", ".join(sorted(verdict.caught)))
     if not_counted:
         runs = ", ".join(f"{r.run_id} ({r.not_evidence})" for r in not_counted[-3:])
         more = f" and {len(not_counted) - 3} more" if len(not_counted) > 3 else ""
         reasons.append(f"{len(not_counted)} run{'s' * (len(not_counted) != 1)} not counted: {runs}{more}")
     if verdict.failures:
         verdict.state = NOT_SAFE
-    elif newest is not None and not any(t in verdict.missing_tiers for t in REQUIRED_TIERS):
+    elif newest is not None and not any(t in verdict.missing_tiers for t in REQUIRED_TIERS) and not verdict.unseen:
         verdict.state = SAFE
     return verdict
 
@@ -156,7 +192,7 @@ def _closest(verdict: Verdict, references: list[Verdict]) -> tuple[Verdict | Non
 
 
 def verdicts(every: list[RunInfo], latest_checks: dict[str, list[CheckRow]],
-             universe: dict[str, set[str]]) -> list[Verdict]:
+             universe: dict[str, set[str]], controls: dict[str, list[CheckRow]] | None = None) -> list[Verdict]:
     """One verdict per lineage that has any run (`every`: all runs, oldest first; `latest_checks`: each lineage's
     newest evidence checks per tier), ROCm first, each non-CUDA one with its CUDA counterpart."""
     evidence: dict[str, list[RunInfo]] = defaultdict(list)
@@ -164,7 +200,8 @@ def verdicts(every: list[RunInfo], latest_checks: dict[str, list[CheckRow]],
     for run in every:
         (evidence if run.not_evidence is None else partial)[run.series].append(run)
     keys = set(evidence) | set(partial)
-    out = [decide(k, latest_checks.get(k, []), evidence.get(k, []), partial.get(k, []), universe) for k in keys]
+    out = [decide(k, latest_checks.get(k, []), evidence.get(k, []), partial.get(k, []), universe, controls)
+           for k in keys]
     out.sort(key=lambda v: (DECISION_ORDER.get(v.target, 9), v.combo is None, v.combo or "", v.key))
     cuda = [v for v in out if v.target == "cuda"]
     for verdict in out:

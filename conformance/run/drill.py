@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import signal
 import subprocess
@@ -31,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance import datafiles
+from env_checks.results import VERDICT_FAILURE
 
 FAULTS_FILE = datafiles.DATA / "faults.toml"
-# A check failed on the fault itself: a verdict's exception heads its message (not an engine or harness error).
-VERDICT = re.compile(r"^(?:[\w.]*\.)?(?:CheckFailed|AssertionError)\b")
 CAUGHT, BLIND, NOT_RUN = "caught", "blind", "could not run"
 RECORD_GRACE_S = 60.0  # an interrupted run stops its engines and writes its record incomplete in this time
 
@@ -83,7 +81,7 @@ def judge(fault: Fault, record: dict[str, Any] | None) -> Outcome:
         return out
     checks = [c for c in record.get("checks", []) if _name(str(c.get("id", ""))) in fault.caught_by]
     out.failed = [c["id"].split("::")[-1] for c in checks
-                  if c.get("outcome") == "failed" and VERDICT.match(str(c.get("message", "")))]
+                  if c.get("outcome") == "failed" and VERDICT_FAILURE.match(str(c.get("message", "")))]
     if out.failed:
         out.verdict = CAUGHT
         return out

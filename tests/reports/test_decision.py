@@ -207,3 +207,41 @@ def test_the_cuda_vllm_lineage_stands_beside_the_cpu_one_and_only_complete_runs_
     fp16 = rows["cuda H200 · vllm · installed · tiny-gpt-oss · float16 · profile h200-tiny:cuda-triton"]
     assert "4 runs not counted: 20261204T183718-cuda-fb9310 (a negative control: fault temperature_ignored planted" \
         in fp16 and "P0 the gate" not in fp16  # the three fp16 fault runs and the narrowed fp8 KV run
+    assert "3 planted faults caught: seed_dropped, temperature_ignored, top_k_off_by_one" in fp16
+    assert ("8 planted faults caught: max_tokens_off_by_one, nucleus_not_applied, rope_bf16_inv_freq, "
+            "rope_bf16_positions, seed_dropped, sinks_dropped, temperature_ignored, top_k_off_by_one") in rows[gpu]
+
+
+def test_a_planted_fault_the_suite_did_not_see_keeps_a_lineage_from_production_safe(tmp_path: Path) -> None:
+    """The safe CUDA lineage of the samples, plus a run of it with a planted fault in which every check passed: the
+    suite did not see that fault there, so the lineage is no longer production-safe, and the reasons name the fault
+    and the run. A newer run of the same fault that a check failed on with a verdict catches it: safe again."""
+    key = "cuda H200 · vllm · installed · gpt-oss-120b · bfloat16"
+    before = _verdicts([FIXTURE_RUNS], tmp_path / "a")[key]
+    assert before.state == SAFE and before.caught == {} and before.unseen == {}
+    green = load_fixture(before.run.source)
+    runs = tmp_path / "faults"
+
+    def fault_run(run_id: str, started: str, failing: str | None) -> None:
+        rec = copy.deepcopy(green)
+        rec.update(run_id=run_id, started_at=started, finished_at=started, planted_fault="sinks_dropped",
+                   evidence=False, exit_status=1 if failing else 0)
+        for check in rec["checks"]:
+            check.update(outcome="passed", message="", failure_class=None, bug_link=None)
+        if failing:
+            [check] = [c for c in rec["checks"] if c["id"].endswith(failing)]
+            check.update(outcome="failed", failure_class="new_failure",
+                         message="conformance.verdicts.verdict.CheckFailed: engine vs reference: max 6.19 over 2.0")
+        rec["summary"] = {o: sum(c["outcome"] == o for c in rec["checks"])
+                          for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
+        write_run(runs / run_id, rec, None, {})
+
+    fault_run("20300101T000000Z-cuda-blind1", "2030-01-01T00:00:00Z", None)
+    unseen = _verdicts([FIXTURE_RUNS, runs], tmp_path / "b")[key]
+    assert unseen.state == NOT_ENOUGH and unseen.unseen == {"sinks_dropped": "20300101T000000Z-cuda-blind1"}
+    assert ("planted fault the suite did not see on this lineage: sinks_dropped (run 20300101T000000Z-cuda-blind1: "
+            "every check passed)") in unseen.reasons
+    fault_run("20300102T000000Z-cuda-caught", "2030-01-02T00:00:00Z", "::test_greedy_logprobs_match_reference")
+    caught = _verdicts([FIXTURE_RUNS, runs], tmp_path / "c")[key]
+    assert caught.state == SAFE and caught.caught == {"sinks_dropped": "20300102T000000Z-cuda-caught"}
+    assert caught.unseen == {} and "1 planted fault caught: sinks_dropped" in caught.reasons
