@@ -165,7 +165,7 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # nox passes SIGTERM on: stop as on Ctrl-C, the run recording itself
     for n, fault in enumerate(chosen, start=1):
         cmd = [sys.executable, "-m", "conformance", "run", *rest, "--planted-fault", fault.name, "-k", fault.keyword()]
-        print(f"drill: fault {n} of {len(chosen)}: {fault.name}: {shlex.join(cmd[1:])}", flush=True)
+        print(f"drill: fault {n} of {len(chosen)}: {fault.name}: {shlex.join(cmd[2:])}", flush=True)
         before = {p.name for p in reports.iterdir() if p.is_dir()}
         interrupted = _run(cmd)
         outcomes.append(judge(fault, _record(reports, before, fault.name)))
