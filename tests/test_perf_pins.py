@@ -232,9 +232,8 @@ def test_a_run_measured_during_a_kernel_compile_is_never_pinned(store, capsys):
 
 
 def test_a_run_measured_on_a_shared_gpu_is_never_pinned_even_when_named(store, capsys):
-    """Two P2 runs placed on one H200 at once: each measured the other's load (c64 13.6k tok/s against 19.0k). Their
-    levels record the other processes on the GPU (`gpu_foreign_processes`); promotion leaves such a measurement out,
-    by either route, and says so."""
+    """A P2 run whose GPU another job held: its levels record the other processes on the GPU
+    (`gpu_foreign_processes`); promotion leaves such a measurement out, by either route, and says so."""
     shared = HEALTHY | {baselines.SHARED_FIGURE: 1.0}
     _ingest(store, _record("shared", _stamp(-2), "failed", shared, "cuda"),
             _record("alone", _stamp(-1), "passed", HEALTHY | {baselines.SHARED_FIGURE: 0.0}, "cuda"))

@@ -1,6 +1,6 @@
 """Other jobs on the GPUs while the suite measures. A serving figure taken while another process shares the device
-is that job's as much as the stack's (two P2 runs of one stack on one H200 at once: c64 output 13.6k tok/s against a
-pin of 19.0k, every figure "regressed"). NVML (nvidia-ml-py) on CUDA and amdsmi on ROCm list the processes that hold
+is that job's as much as the stack's (a CI runner that places two jobs on one GPU: every figure of each "regresses").
+NVML (nvidia-ml-py) on CUDA and amdsmi on ROCm list the processes that hold
 each GPU; a listed process is another's when it is neither this process nor one of its descendants (the server, its
 engine core, the benchmark client).
 
