@@ -83,7 +83,9 @@ def test_a_drill_on_vllm_cpu_catches_a_fault_and_says_when_its_checks_are_blind(
                      'caught_by = ["test_sampled_tokens_follow_the_requested_distribution"]\n'
                      '[faults.seed_dropped]\nengines = ["vllm"]\n'
                      'caught_by = ["test_sampled_tokens_follow_the_requested_distribution"]\n')
-    code = cli_main(["drill", "--faults-file", str(table), "--cpu", "--reports-dir", str(tmp_path / "runs")])
+    junit = tmp_path / "drill.xml"
+    code = cli_main(["drill", "--faults-file", str(table), "--junit-xml", str(junit), "--cpu", "--reports-dir",
+                     str(tmp_path / "runs")])
     out = capsys.readouterr().out
     summary = out[out.index("drill summary"):]
     assert code == 1, summary
@@ -94,6 +96,13 @@ def test_a_drill_on_vllm_cpu_catches_a_fault_and_says_when_its_checks_are_blind(
     records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/results.json")]
     assert sorted(r["planted_fault"] for r in records) == ["seed_dropped", "temperature_ignored"]
     assert not any(r["evidence"] for r in records)  # negative controls, never evidence
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "1", "0")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["temperature_ignored"].find("failure") is None
+    assert "planted fault seed_dropped went unseen" in cases["seed_dropped"].find("failure").get("message")
 
 
 def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):

@@ -1,6 +1,6 @@
 """`conformance drill`: prove, on the stack installed here and in the run's dtype, that P0 sees each planted fault.
 
-  conformance drill [--faults NAME,...] [--faults-file TOML] [RUN OPTIONS...]
+  conformance drill [--faults NAME,...] [--faults-file TOML] [--junit-xml FILE] [RUN OPTIONS...]
   nox -s drill -- --cuda --dtype float16
 
 For each fault of conformance/data/faults.toml that the engine under test can carry, one `conformance run
@@ -135,6 +135,8 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     parser.add_argument("--faults", help="comma-separated fault names (default: every fault of the engine under test)")
     parser.add_argument("--faults-file", type=Path, default=FAULTS_FILE,
                         help="which checks must catch each fault (default: the suite's data/faults.toml)")
+    parser.add_argument("--junit-xml", type=Path, help="also write the drill as JUnit XML: a test case per fault "
+                                                        "(caught passes, blind fails, could not run errors)")
     ns, rest = parser.parse_known_args(argv)
     holder = argparse.ArgumentParser(prog="conformance drill", add_help=False)
     run_parser(holder.add_subparsers(dest="command"))
@@ -173,12 +175,34 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
         if interrupted:
             break
     print(f"\ndrill summary: {engine} engine, run options {shlex.join(rest)}\n{table(outcomes)}")
+    if ns.junit_xml:
+        write_junit(ns.junit_xml, outcomes, engine)
     caught = sum(o.verdict == CAUGHT for o in outcomes)
     print(f"drill: {caught} of {len(outcomes)} faults caught"
           + (f"; interrupted, {len(chosen) - len(outcomes)} not run" if interrupted else ""))
     if any(o.verdict == BLIND for o in outcomes):
         return 1
     return 2 if interrupted or caught < len(outcomes) else 0
+
+
+def write_junit(path: Path, outcomes: list[Outcome], engine: str) -> None:
+    """One <testcase> per fault: caught passes, blind is a <failure>, could not run an <error>."""
+    import xml.etree.ElementTree as ET
+
+    suite = ET.Element("testsuite", name=f"conformance drill ({engine})", tests=str(len(outcomes)),
+                       failures=str(sum(o.verdict == BLIND for o in outcomes)),
+                       errors=str(sum(o.verdict == NOT_RUN for o in outcomes)))
+    for o in outcomes:
+        case = ET.SubElement(suite, "testcase", classname="conformance.drill", name=o.fault)
+        ET.SubElement(case, "properties").append(ET.Element("property", name="run_id", value=o.run_id))
+        if o.verdict == BLIND:
+            ET.SubElement(case, "failure", message=f"planted fault {o.fault} went unseen: {o.why}")
+        elif o.verdict == NOT_RUN:
+            ET.SubElement(case, "error", message=f"planted fault {o.fault} could not be judged: {o.why}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
