@@ -8,6 +8,9 @@ that ran it (`analysis.checks_of_latest_tiers`).
 
 * **not safe**: a check failed or errored (could not run, timed out, crashed: fail closed) in the newest evidence of
   its tier; the P0 gate's failures are named first;
+* a measurement the check itself said was not like for like (`shared_gpu`: another job held the GPU; `slower_host`:
+  a slower host than its pin's) is no verdict on the stack either way: it is named, and the lineage is at best
+  **not enough evidence** until that tier is measured like for like;
 * **not enough evidence**: nothing failed, but P0 (the gate) or P1 (production) has no judged check in an evidence
   run: it never ran, ran only in runs that do not count, or every one of its checks was skipped;
 * **production-safe**: P0 and P1 judged and nothing failed in any tier. A known bug (xfail with its link) does not
@@ -34,6 +37,8 @@ SAFE, NOT_SAFE, NOT_ENOUGH = "production-safe", "not safe", "not enough evidence
 REQUIRED_TIERS = ("p0", "p1")
 TIERS = ("p0", "p1", "p2", "p3")  # as results.schema.json enumerates them
 FAILING = frozenset({"failed", "error"})
+# Failure classes of a measurement that could not be compared like for like: not the stack's verdict, nor a pass.
+NOT_LIKE_FOR_LIKE = frozenset({"shared_gpu", "slower_host"})
 DECISION_ORDER = {"rocm": 0, "cuda": 1, "cpu": 2}  # ROCm combos first, each with its CUDA counterpart beside it
 
 
@@ -88,6 +93,7 @@ class Verdict:
     failures: list[CheckRow] = field(default_factory=list)
     skipped: list[CheckRow] = field(default_factory=list)
     known: list[CheckRow] = field(default_factory=list)
+    unjudged: list[CheckRow] = field(default_factory=list)  # failed as not like for like (NOT_LIKE_FOR_LIKE)
     missing_tiers: list[str] = field(default_factory=list)
     not_counted: list[RunInfo] = field(default_factory=list)
     coverage: dict[str, Coverage] = field(default_factory=dict)
@@ -137,7 +143,9 @@ def decide(key: str, checks: list[CheckRow], evidence: list[RunInfo], not_counte
                       coverage=coverage(checks, universe))
     judged = {c.tier for c in checks if c.outcome != "skipped"}
     ran = {c.tier for c in checks}
-    verdict.failures = sorted((c for c in checks if c.outcome in FAILING), key=lambda c: (c.tier, c.id))
+    failing = sorted((c for c in checks if c.outcome in FAILING), key=lambda c: (c.tier, c.id))
+    verdict.failures = [c for c in failing if c.failure_class not in NOT_LIKE_FOR_LIKE]
+    verdict.unjudged = [c for c in failing if c.failure_class in NOT_LIKE_FOR_LIKE]
     verdict.skipped = [c for c in checks if c.outcome == "skipped"]
     verdict.known = [c for c in checks if c.outcome == "xfailed"]
     every_tier = sorted(set(universe) | set(TIERS))
@@ -152,6 +160,11 @@ def decide(key: str, checks: list[CheckRow], evidence: list[RunInfo], not_counte
         what = "the gate" if tier == "p0" else "production" if tier == "p1" else "not passing"
         reasons.append(f"{tier.upper()} ({what}): {len(failed)} check{'s' * (len(failed) != 1)} failed or errored: "
                        f"{_names(failed)}")
+    if verdict.unjudged:
+        classes = ", ".join(sorted({str(c.failure_class) for c in verdict.unjudged}))
+        reasons.append(f"{len(verdict.unjudged)} measurement{'s' * (len(verdict.unjudged) != 1)} not like for like "
+                       f"({classes}: not a verdict on the stack; measure again like for like): "
+                       f"{_names(verdict.unjudged)}")
     for tier in verdict.missing_tiers:
         how = "ran but every check was skipped" if tier in ran else "never ran in a counted run"
         reasons.append(f"{tier.upper()} {how}" + (" (needed for a decision)" if tier in REQUIRED_TIERS else ""))
@@ -176,7 +189,8 @@ def decide(key: str, checks: list[CheckRow], evidence: list[RunInfo], not_counte
         reasons.append(f"{len(not_counted)} run{'s' * (len(not_counted) != 1)} not counted: {runs}{more}")
     if verdict.failures:
         verdict.state = NOT_SAFE
-    elif newest is not None and not any(t in verdict.missing_tiers for t in REQUIRED_TIERS) and not verdict.unseen:
+    elif newest is not None and not any(t in verdict.missing_tiers for t in REQUIRED_TIERS) and not verdict.unseen \
+            and not verdict.unjudged:
         verdict.state = SAFE
     return verdict
 
