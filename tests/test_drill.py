@@ -90,9 +90,10 @@ def test_a_drill_on_vllm_cpu_catches_a_fault_and_says_when_its_checks_are_blind(
     summary = out[out.index("drill summary"):]
     assert code == 1, summary
     lines = {line.split()[0]: line.split() for line in summary.splitlines()[2:] if line.strip()}
-    assert lines["temperature_ignored"][1] == "caught"
+    assert lines["temperature_ignored"][1] == "caught" and lines["temperature_ignored"][4] == "s"  # its wall
     assert lines["seed_dropped"][1] == "blind" and "every check that should catch it passed" in summary
     assert "drill: 1 of 2 faults caught" in summary
+    assert "drill: 2 faults for the vllm engine, one run each: temperature_ignored, seed_dropped" in out
     records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/results.json")]
     assert sorted(r["planted_fault"] for r in records) == ["seed_dropped", "temperature_ignored"]
     assert not any(r["evidence"] for r in records)  # negative controls, never evidence

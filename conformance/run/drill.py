@@ -24,6 +24,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,7 @@ class Outcome:
     run_id: str = "-"
     failed: list[str] = field(default_factory=list)
     why: str = ""
+    wall_s: float | None = None  # the fault's run, start to exit
 
 
 def _name(check_id: str) -> str:
@@ -121,10 +123,12 @@ def _record(reports: Path, before: set[str], fault: str) -> dict[str, Any] | Non
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = [("fault", "verdict", "run", "failed checks / why")] + [
-        (o.fault, o.verdict, o.run_id, ", ".join(o.failed) or o.why) for o in outcomes]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:{widths[0]}s}  {r[1]:{widths[1]}s}  {r[2]:{widths[2]}s}  {r[3]}" for r in rows)
+    rows = [("fault", "verdict", "run", "wall", "failed checks / why")] + [
+        (o.fault, o.verdict, o.run_id, "-" if o.wall_s is None else f"{o.wall_s:.0f} s", ", ".join(o.failed) or o.why)
+        for o in outcomes]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(f"{cell:{w}s}" for cell, w in zip(r[:4], widths, strict=True)) + f"  {r[4]}"
+                     for r in rows)
 
 
 def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
@@ -165,12 +169,16 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     reports.mkdir(parents=True, exist_ok=True)
     outcomes, interrupted = [], False
     signal.signal(signal.SIGTERM, _interrupt)  # nox passes SIGTERM on: stop as on Ctrl-C, the run recording itself
+    print(f"drill: {len(chosen)} fault{'s' * (len(chosen) != 1)} for the {engine} engine, one run each: "
+          f"{', '.join(f.name for f in chosen)}", flush=True)
     for n, fault in enumerate(chosen, start=1):
         cmd = [sys.executable, "-m", "conformance", "run", *rest, "--planted-fault", fault.name, "-k", fault.keyword()]
         print(f"drill: fault {n} of {len(chosen)}: {fault.name}: {shlex.join(cmd[2:])}", flush=True)
         before = {p.name for p in reports.iterdir() if p.is_dir()}
+        started = time.monotonic()
         interrupted = _run(cmd)
         outcomes.append(judge(fault, _record(reports, before, fault.name)))
+        outcomes[-1].wall_s = time.monotonic() - started
         print(f"drill: {fault.name}: {outcomes[-1].verdict}", flush=True)
         if interrupted:
             break
