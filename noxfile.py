@@ -371,7 +371,8 @@ def matrix(session: nox.Session, combo_id: str) -> None:
     rocm/vllm containers) install the suite without dependencies over the image's stack, then its light
     dependencies under a freeze of the image. `-- verify` builds the combo and judges the runner in it
     (`python -m env_checks --pins auto` > env-checks.json, as ci/runner/verify-runner.sh) instead of running
-    tiers: the CUDA jobs, whose stack lives in this venv, verify their runner that way."""
+    tiers: the CUDA jobs, whose stack lives in this venv, verify their runner that way. `-- drill [OPTIONS]` runs
+    the planted-fault drill on the combo instead (conformance/run/drill.py)."""
     import json
     import os
 
@@ -401,7 +402,7 @@ def matrix(session: nox.Session, combo_id: str) -> None:
         with open(os.environ.get("VERIFY_OUT", "env-checks.json"), "w") as out:
             session.run("python", "-m", "env_checks", "--pins", "auto", stdout=out, stderr=None)
         return
-    args = mx.run_args(combo, request.tiers, request.rest)
+    args = mx.run_args(combo, request.tiers, request.rest, request.drill)
     runs_dir = Path(args[args.index("--reports-dir") + 1] if "--reports-dir" in args else "reports/runs")
     before = set(runs_dir.glob("*"))
     try:

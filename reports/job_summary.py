@@ -43,8 +43,15 @@ def job_summary(record: dict) -> str:
     summary = record["summary"]
     red = not record["complete"] or summary["failed"] + summary["error"] > 0
     verdict = "FAIL" if red else "PASS"
+    heading = f"## {'❌' if red else '✅'} Conformance {verdict}: {md(ident.label)}"
+    if record.get("planted_fault"):  # a negative control: its checks are meant to fail on the fault
+        fault = code(record["planted_fault"])
+        heading = (f"## 🧪 Negative control, fault {fault} planted: "
+                   + ("a check failed on it (see `conformance drill` for the verdict)" if summary["failed"] else
+                      "**no check failed on it**" if record["complete"] else "**incomplete**")
+                   + f" · {md(ident.label)}")
     lines = [
-        f"## {'❌' if red else '✅'} Conformance {verdict}: {md(ident.label)}",
+        heading,
         "",
         f"Run {code(record['run_id'])} · tiers {', '.join(t.upper() for t in record['tiers'])} · engine "
         f"{md(record['engine'])} · model {md(record['model']['name'])} · "

@@ -168,6 +168,10 @@ def test_posargs_give_tiers_a_gpu_count_and_the_rest():
     for bad in (["--gpus"], ["p2", "--gpus", "0"], ["--gpus", "eight"]):
         with pytest.raises(mx.MatrixError, match="--gpus needs"):
             mx.parse_posargs(bad)
+    assert mx.parse_posargs(["drill", "--dtype", "float16"]) == mx.RunRequest((), 0, ("--dtype", "float16"), True)
+    for bad in (["drill", "p1"], ["drill", "--gpus", "8"]):
+        with pytest.raises(mx.MatrixError, match="`drill` runs one fault at a time on one GPU"):
+            mx.parse_posargs(bad)
 
 
 @pytest.mark.parametrize("combo", MATRIX.combos, ids=lambda c: c.id)
@@ -179,6 +183,19 @@ def test_run_args_are_accepted_by_the_conformance_cli(combo):
     ns = parser.parse_args(args[1:])
     assert (ns.tier, ns.target, ns.engine, ns.combo, ns.keyword) == (["p0", "p1"], combo.target, combo.engine,
                                                                       combo.id, "gemm")
+
+
+@pytest.mark.parametrize("combo", MATRIX.combos, ids=lambda c: c.id)
+def test_drill_args_are_accepted_by_the_drill(combo, capsys):
+    """`nox -s "matrix(<id>)" -- drill`: the drill on the combo's target and engine, its id recorded in each run; the
+    drill reads them with the run's own options (here it stops at its usage check, before any run)."""
+    from conformance.run import drill
+
+    args = mx.run_args(combo, [], ["--dtype", "float16"], drill=True)
+    assert args[:2] == ["conformance", "drill"]
+    with pytest.raises(SystemExit):
+        drill.main([*args[2:], "-k", "x"], cli.run_parser)
+    assert "the drill chooses -k and --planted-fault itself" in capsys.readouterr().err
 
 
 def test_device_env_pins_one_gpu_per_target():

@@ -95,11 +95,13 @@ class Matrix:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What `nox -s matrix -- ...` asked for: tiers, a per-GPU fan-out width, and arguments for `conformance run`."""
+    """What `nox -s matrix -- ...` asked for: tiers, a per-GPU fan-out width, and arguments for `conformance run`;
+    or `drill`: the planted-fault drill (conformance/run/drill.py) on the combo instead of tiers."""
 
     tiers: tuple[str, ...] = ("p0",)
     gpus: int = 0
     rest: tuple[str, ...] = ()
+    drill: bool = False
 
 
 def requirement_name(requirement: str) -> str:
@@ -236,8 +238,13 @@ def install_commands(combo: Combo, suite: Sequence[str],
 
 
 def parse_posargs(posargs: Sequence[str]) -> RunRequest:
-    """`p1 p2 --gpus 8 -k gemm` -> tiers (p1, p2), fan-out over 8 GPUs, the rest for `conformance run`."""
+    """`p1 p2 --gpus 8 -k gemm` -> tiers (p1, p2), fan-out over 8 GPUs, the rest for `conformance run`; `drill
+    --dtype float16` -> the drill, the rest for `conformance drill`."""
     args = list(posargs)
+    if args[:1] == ["drill"]:
+        if "--gpus" in args or any(a in TIERS for a in args[1:]):
+            raise MatrixError("`drill` runs one fault at a time on one GPU: give it neither tiers nor --gpus.")
+        return RunRequest((), 0, tuple(args[1:]), drill=True)
     tiers = []
     while args and args[0] in TIERS:
         tiers.append(args.pop(0))
@@ -251,11 +258,12 @@ def parse_posargs(posargs: Sequence[str]) -> RunRequest:
     return RunRequest(tuple(tiers or ["p0"]), gpus, tuple(args))
 
 
-def run_args(combo: Combo, tiers: Sequence[str], rest: Sequence[str] = ()) -> list[str]:
-    """`conformance run` for this combo: its target asserted, its engine, and its id recorded."""
+def run_args(combo: Combo, tiers: Sequence[str], rest: Sequence[str] = (), drill: bool = False) -> list[str]:
+    """`conformance run` for this combo (`conformance drill` where `drill`): its target asserted, its engine, and its
+    id recorded."""
     tier_args = [arg for tier in tiers for arg in ("--tier", tier)]
-    return ["conformance", "run", *tier_args, f"--{combo.target}", "--engine", combo.engine, "--combo", combo.id,
-            *rest]
+    return ["conformance", "drill" if drill else "run", *tier_args, f"--{combo.target}", "--engine", combo.engine,
+            "--combo", combo.id, *rest]
 
 
 def device_env(target: str, index: int, environ: Mapping[str, str]) -> dict[str, str]:

@@ -28,6 +28,24 @@ def test_green_run_has_no_failure_table() -> None:
     assert text.startswith("## ✅ Conformance PASS") and "### Failures" not in text
 
 
+@pytest.mark.parametrize(("failed", "complete", "said"), [
+    (True, True, "a check failed on it (see `conformance drill` for the verdict)"),
+    (False, True, "**no check failed on it**"),
+    (False, False, "**incomplete**"),
+])
+def test_a_negative_control_run_is_headed_as_one_not_as_a_failing_stack(failed, complete, said) -> None:
+    """A planted-fault run (the drill's) is meant to fail: its CI summary says which fault was planted and whether
+    a check failed on it, never "Conformance FAIL" as if the stack were broken."""
+    checks = [{"id": "conformance/checks/test_sampling.py::test_seeded_requests_reproduce_alone_and_in_a_batch",
+               "outcome": "failed" if failed else "passed",
+               "message": "conformance.verdicts.verdict.CheckFailed: seed 7 sent twice" if failed else ""}]
+    record = make_record(checks=checks)
+    record.update(planted_fault="seed_dropped", complete=complete)
+    heading = job_summary(record).splitlines()[0]
+    assert heading.startswith("## 🧪 Negative control, fault `seed_dropped` planted: ") and said in heading
+    assert "Conformance FAIL" not in heading
+
+
 def test_run_text_is_escaped_for_markdown() -> None:
     rec = make_record(checks=[{"id": "c::t[a|b`]", "outcome": "failed",
                                "message": "<script>x</script> a|b\nnext"}])
