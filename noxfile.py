@@ -201,9 +201,13 @@ def _conformance(session: nox.Session, tier: str) -> None:
     python = str(Path(_STACK["bin"]) / "python")
     if tier == "p3":
         _install_eval(session, python)
-    env = {"PATH": _STACK["bin"] + os.pathsep + os.environ.get("PATH", ""), "VIRTUAL_ENV": _STACK["location"]}
     _run_interruptible(session, str(Path(_STACK["bin"]) / "conformance"), "run", "--tier", tier, *session.posargs,
-                       env=env, external=True)
+                       env=_stack_env(), external=True)
+
+
+def _stack_env() -> dict[str, str]:
+    """The stack venv first on PATH: what a run's own children (the server, `vllm bench serve`) find."""
+    return {"PATH": _STACK["bin"] + os.pathsep + os.environ.get("PATH", ""), "VIRTUAL_ENV": _STACK["location"]}
 
 
 def _run_interruptible(session: nox.Session, *args: str, **kwargs: Any) -> None:
@@ -427,8 +431,8 @@ def drill(session: nox.Session) -> None:
     `nox -s drill -- --cuda --dtype float16`; `--faults NAME,...` for some of them."""
     if not _STACK:
         session.error("the shared stack venv was not prepared: run drill without --no-dependencies.")
-    python = str(Path(_STACK["bin"]) / "python")
-    _run_interruptible(session, python, "-m", "conformance", "drill", *session.posargs, external=True)
+    _run_interruptible(session, str(Path(_STACK["bin"]) / "conformance"), "drill", *session.posargs,
+                       env=_stack_env(), external=True)
 
 
 # ------------------------------------------------------------------------ bench: where the time goes (issue 22)

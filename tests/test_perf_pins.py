@@ -317,10 +317,9 @@ def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(st
     pinned throughput fails as `slower_host`, naming the ratio (not like for like); against pins from a slower host,
     or pins with no host speed, it fails as the stack's regression. A level that meets its pin passes either way."""
     from conformance.run import runrecord
-    from conformance.verdicts import host_speed
     from conformance.verdicts.verdict import CheckFailed
 
-    hosts = [{} if pinned_host is None else {host_speed.FIGURE: pinned_host * f} for f in (0.95, 1.0, 1.05)]
+    hosts = [{} if pinned_host is None else {baselines.HOST_FIGURE: pinned_host * f} for f in (0.95, 1.0, 1.05)]
     _ingest(store, *(_record(f"pinned-{i}", _stamp(-10 + i), "passed", _scaled(f) | hosts[i], "cuda")
                      for i, f in enumerate((0.98, 1.0, 1.02))))
     assert _promote(store, "cuda") == 0
@@ -345,7 +344,7 @@ def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(st
 
     failure, recorded = level(_scaled(0.5))
     assert failure is not None and "output_tok_s regressed to 500 from 1000" in str(failure)
-    assert recorded.values[host_speed.FIGURE] > 0.01  # this host, measured: any real core
+    assert recorded.values[baselines.HOST_FIGURE] > 0.01  # this host, measured: any real core
     assert runrecord.classify("failed", str(failure), runrecord.exception_chain(failure)) == expect
     if expect == "slower_host":
         assert re.search(r"this host ran the suite's single-thread probe at 0\.0\d+ of the speed of the pinned runs' "

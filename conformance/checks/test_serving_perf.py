@@ -84,7 +84,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     result.measured["num_warmups"] = float(plan.num_warmups)
     if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
         result.measured["jit_compiles_during_run"] = float(jit)
-    result.measured |= watch.figures() | {host_speed.FIGURE: host}
+    result.measured |= watch.figures() | {baselines.HOST_FIGURE: host}
     record_figures(record_figure, result)
     with watch.explains():
         result.raise_if_failed()

@@ -20,8 +20,6 @@ from typing import Any
 from conformance.verdicts.verdict import CheckFailed
 from env_checks.baselines import HOST_FIGURE
 
-FIGURE = HOST_FIGURE
-
 
 class SlowerHost(CheckFailed):
     """A figure missed against a pin measured on a faster host. A run record classes the check `slower_host`
@@ -33,11 +31,11 @@ class SlowerHost(CheckFailed):
 def slower_by(measured: dict[str, float], baseline: Any, tolerance: float) -> float | None:
     """This run's host speed over the pinned runs' where it is below 1 - tolerance (or below their own spread,
     where that is wider); None where it is not, or where either side did not measure it."""
-    here, there = measured.get(FIGURE), baseline.figures.get(FIGURE)
+    here, there = measured.get(HOST_FIGURE), baseline.figures.get(HOST_FIGURE)
     if not here or not there:
         return None
     ratio = here / there
-    return ratio if ratio < 1.0 - max(tolerance, baseline.spread.get(FIGURE, 0.0)) else None
+    return ratio if ratio < 1.0 - max(tolerance, baseline.spread.get(HOST_FIGURE, 0.0)) else None
 
 
 @contextmanager
@@ -53,11 +51,11 @@ def explains(measured: dict[str, float], baseline: Any, tolerance: float) -> Ite
         if ratio is not None:
             raise SlowerHost(
                 f"{exc} — but this host ran the suite's single-thread probe at {ratio:.2f} of the speed of the "
-                f"pinned runs' host ({measured[FIGURE]:.3g} against {baseline.figures[FIGURE]:.3g} million steps a "
-                "second): a slower host alone slows serving, most where the model is small for its GPU, so this is "
-                "not a like-for-like comparison. Pin this machine's own runs (`conformance baseline promote`), or "
-                "measure on the pinned host.") from exc
-        if FIGURE not in baseline.figures and type(exc) is CheckFailed:
-            raise CheckFailed(f"{exc} (the pinned runs measured no host speed ({FIGURE}), so a slower host cannot be "
-                              "told apart from a slower stack)") from exc
+                f"pinned runs' host ({measured[HOST_FIGURE]:.3g} against {baseline.figures[HOST_FIGURE]:.3g} million "
+                "steps a second): a slower host alone slows serving, most where the model is small for its GPU, so "
+                "this is not a like-for-like comparison. Pin this machine's own runs (`conformance baseline "
+                "promote`), or measure on the pinned host.") from exc
+        if HOST_FIGURE not in baseline.figures and type(exc) is CheckFailed:
+            raise CheckFailed(f"{exc} (the pinned runs measured no host speed ({HOST_FIGURE}), so a slower host "
+                              "cannot be told apart from a slower stack)") from exc
         raise
