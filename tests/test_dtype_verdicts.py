@@ -225,12 +225,14 @@ class AskedFor(Engines):
         return self.shared.get(overrides["model"], dtype=overrides["dtype"], **extra)
 
 
-def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(tiny, reference, prompts,
+@pytest.mark.parametrize("why", ["device", "real_size"])
+def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(why, tiny, reference, prompts,
                                                                                shared_engines, monkeypatch, tmp_path):
-    """#38: where the model's float32 weights exceed 80% of the device, the exact verdict runs on the slice of its
-    first layers that fits (here 2 of the tiny model's 4, on a "device" sized for that), judged against the fp64
-    reference of that slice: a clean vLLM-CPU engine on the slice passes, one that drops the sinks fails, and the
-    record says how many layers ran."""
+    """#38: where the model's float32 weights exceed 80% of the device (`device`: a "device" sized for 2 of the tiny
+    model's 4 layers), or the model is a real one deeper than tolerances.toml [exact_twin] real_size_layers
+    (`real_size`: the tiny model read as one, with that setting at 2, on a device that holds it all), the exact
+    verdict runs on the slice of its first 2 layers, judged against the fp64 reference of that slice: a clean
+    vLLM-CPU engine on the slice passes, one that drops the sinks fails, and the record says how many layers ran."""
     from conformance.checkpoints import slices
     from conformance.datafiles import content_hash
     from conformance.reference import device
@@ -244,8 +246,14 @@ def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(t
     per_layer = 10_000
     model = SimpleNamespace(path=tiny.path, content_hash=content_hash(tiny.path), name="tiny-gpt-oss", config=cfg,
                             num_params=outside + total * per_layer)
-    monkeypatch.setattr(parity, "_device_memory_bytes", lambda: int((outside + 2.5 * per_layer) * 4 / 0.8))
-    assert slices.layers_that_fit(cfg, model.num_params, (outside + 2.5 * per_layer) * 4) == 2
+    fits = 2.5 if why == "device" else total + 1  # layers the device holds in float32
+    monkeypatch.setattr(parity, "_device_memory_bytes", lambda: int((outside + fits * per_layer) * 4 / 0.8))
+    want_fit = 2 if why == "device" else total
+    assert slices.layers_that_fit(cfg, model.num_params, (outside + fits * per_layer) * 4) == want_fit
+    if why == "real_size":
+        assert parity.settings.exact_twin_layers_at_most(cfg) is None  # the tiny model: every layer that fits
+        assert parity.settings.exact_twin_layers_at_most({"hidden_size": 2880, "num_local_experts": 128}) == 2
+        monkeypatch.setattr(parity.settings, "exact_twin_layers_at_most", lambda config: 2)
 
     target = target_of(target="rocm", dtype="bfloat16")
     figures, engines = Figures(), AskedFor(shared_engines)

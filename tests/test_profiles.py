@@ -147,3 +147,43 @@ def test_a_row_run_s_exact_twin_takes_a_row_that_serves_float32():
     assert flash.process_options("vllm")["attention_backend"] == "FLASH_ATTN"
     assert flash.process_options("vllm", "float32")["attention_backend"] == "TRITON_ATTN"  # its first fp32 row
     assert flash.process_env("vllm", "float32")["TRITON_F32_DEFAULT"] == "ieee"
+
+
+def _real_size_config(tmp_path):
+    """A model dir whose config.json has gpt-oss-120b's dimensions (what profiles.model_key reads)."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 2880, "num_local_experts": 128}))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("gate_only", [True, False])
+def test_a_gate_only_run_at_real_size_captures_graphs_for_the_batches_p0_sends(gate_only, tmp_path):
+    """#38: graph capture took 223 s of the 2-layer real-dimension P0's 822 s on the H200 and grows with depth. A run
+    of P0 alone on a real model caps capture at profiles.toml [gate] (64 sequences) in every vLLM process it starts
+    (the engine under test, the float32 twin on its row, the server), and says so in its record; P1 and up run the
+    production options untouched."""
+    from conformance.run import serving_fixtures
+    from conformance.run.targets import TargetReport
+
+    report = TargetReport("cuda", "cuda", devices=["NVIDIA H200"])
+    target = run_target.build("cuda", "vllm", "bfloat16", report, model=_real_size_config(tmp_path),
+                              gate_only=gate_only)
+    assert target.profile.name == "h200-gpt-oss-120b"
+    want = {"max_cudagraph_capture_size": 64} if gate_only else None
+    for options in (target.process_options("vllm"), target.process_options("vllm", "float32"),
+                    serving_fixtures.new_server(target, SimpleNamespace(path=tmp_path, name="m"), tmp_path,
+                                                tmp_path / "server.log").options):
+        assert options.get("compilation_config") == want
+        assert options["gpu_memory_utilization"] == 0.9 and options["enforce_eager"] is False
+    assert target.profile.record()["gate"] == ({"compilation_config": want} if gate_only else {})
+
+
+def test_the_gate_merges_into_a_profile_s_own_tables_and_leaves_the_tiny_model_alone():
+    table = profiles.data() | {"gate": {"models": ["gpt-oss-120b"], "vllm": {
+        "compilation_config": {"cudagraph_mode": "FULL"}, "max_num_seqs": 64}}}
+    few = profiles.profile("h200-gpt-oss-120b-few-graphs").for_gate(table)
+    assert few.engine_options()["compilation_config"] == {"max_cudagraph_capture_size": 64, "cudagraph_mode": "FULL"}
+    assert few.engine_options()["max_num_seqs"] == 64
+    tiny = profiles.profile("h200-tiny")
+    assert tiny.for_gate(table) is tiny and tiny.record()["gate"] == {}

@@ -139,7 +139,8 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
     """On a target whose production dtype is not float32, the same engine also runs the prompt set in float32
     (tf32 off) and must match the fp64 reference within the exact fp32 limits — the run shows both verdicts.
     A model whose float32 weights exceed the float32 engine's share of the device (its gpu_memory_utilization,
-    at most 80%) runs it on a slice of its first layers that fits
+    at most 80%), or a real model deeper than tolerances.toml [exact_twin] real_size_layers, runs it on a slice of
+    its first layers that fits
     (conformance/checkpoints/slices.py: the real dimensions, kernels and weights of those layers), judged against
     the fp64 reference of the same slice; the record says how many layers (exact_layers of exact_layers_of). A
     quantized model the engine does not run in float32 (vLLM serves MXFP4 in bf16 only: data/quant.toml `serves`)
@@ -167,6 +168,8 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         if layers < 1:
             pytest.skip(f"not even one layer of {model_under_test.name} fits the float32 engine's "
                         f"{budget / 2**30:.0f} GiB of the device beside its embeddings and lm_head")
+    at_most = settings.exact_twin_layers_at_most(model_under_test.config)  # a real model: one layer of each type
+    layers = min(layers, at_most or layers)
     fmt = _format_not_served(model_under_test.config, target.engine, exact)
     if fmt:  # its dequantized slice is written to disk in bf16: as many layers as the disk holds (9/10 of it free)
         cache_root().mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,8 @@ def pytest_configure(config: pytest.Config) -> None:
     opt = config.option
     report = run_target.resolve(opt.target)
     try:  # --engine, --dtype (every limit the checks read) and --profile against the data: one sentence each
-        target = run_target.build(report.resolved, opt.engine, opt.dtype, report, opt.target, opt.model, opt.profile)
+        target = run_target.build(report.resolved, opt.engine, opt.dtype, report, opt.target, opt.model, opt.profile,
+                                  gate_only=run_options.selected_tiers(config) == ("p0",))
     except (run_target.RunRefused, datafiles.DataError) as exc:
         raise pytest.UsageError(str(exc)) from None
     run_id = opt.run_id or _new_run_id(target.name)

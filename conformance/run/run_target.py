@@ -200,10 +200,12 @@ class RunRefused(ValueError):
 
 
 def build(name: str, engine: str | None = None, dtype: str | None = None, report: TargetReport | None = None,
-          requested: str | None = None, model: str | None = None, profile: str | None = None) -> RunTarget:
+          requested: str | None = None, model: str | None = None, profile: str | None = None,
+          gate_only: bool = False) -> RunTarget:
     """The RunTarget of target `name` with the run's --engine / --dtype / --model / --profile (None: the target's
-    defaults, the tiny model and the production profile of the SKU). An engine, dtype or profile the data does
-    not allow is RunRefused; a target table short of a key is DataError."""
+    defaults, the tiny model and the production profile of the SKU); `gate_only`: the run selects P0 alone, and
+    its profile takes profiles.toml [gate]. An engine, dtype or profile the data does not allow is RunRefused; a
+    target table short of a key is DataError."""
     table = data()
     if name not in names():
         raise DataError(f"targets.toml has no [{name}] target (it has {', '.join(names())}): add its table first.")
@@ -241,4 +243,4 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
                                  backend_dtype)
     except profiles.ProfileError as exc:
         raise RunRefused(str(exc)) from None
-    return replace(target, profile=chosen)
+    return replace(target, profile=chosen.for_gate() if gate_only else chosen)

@@ -44,6 +44,7 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
     long_context: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)  # profiles.toml [gate] vllm, where a gate-only run took it
 
     @property
     def label(self) -> str:
@@ -53,6 +54,18 @@ class Profile:
     def engine_options(self) -> dict[str, Any]:
         """What the profile and its backend row set on the vLLM engine (merged over targets.toml)."""
         return dict(self.vllm) | dict(self.backend.vllm)
+
+    def for_gate(self, table: dict[str, Any] | None = None) -> Profile:
+        """This profile as a run of the gate alone (`--tier p0`) takes it: profiles.toml [gate] vllm merged over its
+        options (a table such as compilation_config key by key) where [gate] names its model; itself elsewhere."""
+        gate = (table or data()).get("gate", {})
+        if self.model not in gate.get("models", ()):
+            return self
+        extra = dict(gate.get("vllm", {}))
+        merged = dict(self.vllm)
+        for key, value in extra.items():
+            merged[key] = dict(merged.get(key, {})) | value if isinstance(value, dict) else value
+        return replace(self, vllm=merged, gate=extra)
 
     def engine_env(self) -> dict[str, str]:
         return {k: str(v) for k, v in (dict(self.env) | dict(self.backend.env)).items()}
@@ -70,7 +83,7 @@ class Profile:
         """The `profile_settings` of results.json."""
         return {"name": self.name, "sku": self.sku, "model": self.model, "production": self.production,
                 "backend": self.backend.name, "backend_label": self.backend.label, "matrix": list(self.matrix),
-                "vllm": self.engine_options(), "env": self.engine_env()}
+                "vllm": self.engine_options(), "env": self.engine_env(), "gate": dict(self.gate)}
 
 
 @cache

@@ -43,6 +43,16 @@ def layers_probed_at_p0(config: dict) -> list[int] | None:
     return sorted(chosen)
 
 
+def exact_twin_layers_at_most(config: dict) -> int | None:
+    """How many layers the exact float32 twin takes at most on this model (tolerances.toml [exact_twin]): the real
+    models' `real_size_layers`, None (every layer that fits) for the tiny model."""
+    from conformance.verdicts.profiles import model_key
+
+    if model_key(config) == "tiny":
+        return None
+    return int(load_toml(DATA / "tolerances.toml")["exact_twin"]["real_size_layers"])
+
+
 def tiny_prompts(vocab_size: int, path: Path | None = None) -> tuple[list[list[int]], int]:
     """The deterministic token-id prompt set and its max_tokens."""
     spec = load_toml(path or DATA / "prompts" / "tiny.toml")
