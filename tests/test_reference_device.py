@@ -144,3 +144,54 @@ def test_the_device_store_streams_the_tables_beside_an_engine(tiny, tiny_prompts
     assert ("lm_head.weight#stored" in store.cache) == (room > 0), "kept as stored only where there is room"
     assert ref._score(prompt, [5, 9], 5) == cpu._score(prompt, [5, 9], 5)
     assert store.cache == {} and store.held == 0
+
+
+def _block_inputs(reference):
+    """A prompt's normalised hidden states at layer 1's attention, and the rope tables: what the per-layer checks
+    feed one block."""
+    n = len(IDS)
+    cos, sin = reference.rope_tables(list(range(n)))
+    x = reference.layer(0, reference.embed(IDS).to(torch.float64), cos, sin)
+    return x, cos, sin
+
+
+def test_single_blocks_on_the_device_are_the_cpu_reference(tiny, reference):
+    """#38: the per-layer checks' blocks (attention, MoE of one layer on the engine's own input) run on the device
+    too; on device "cpu" they are the CPU reference's to the bit, and the spot rows agreed."""
+    on_device = DeviceReference(tiny.path, device="cpu")
+    x, cos, sin = _block_inputs(reference)
+    assert torch.equal(on_device.attention(1, x, cos, sin), reference.attention(1, x, cos, sin))
+    assert torch.equal(on_device.moe(1, x), reference.moe(1, x))
+    assert 0 <= on_device.worst_rel < device.SPOT_RTOL / 1000
+
+
+class ShiftedBlocks(Reference):
+    """A "device" whose attention or MoE block of layer 1 comes out 1e-8 (of the row's largest entry) off at the last
+    position: what a device rounding through fp32 or a wrong kernel would give."""
+
+    def __init__(self, model_dir, block: str) -> None:
+        super().__init__(model_dir, streaming=True)
+        self.block = block
+
+    def _shift(self, out):
+        out[-1, 3] += 1e-8 * out[-1].abs().max()
+        return out
+
+    def attention(self, i, x, cos, sin):
+        out = super().attention(i, x, cos, sin)
+        return self._shift(out) if self.block == "attention" else out
+
+    def moe(self, i, x):
+        out = super().moe(i, x)
+        return self._shift(out) if self.block == "moe" else out
+
+
+@pytest.mark.parametrize("block", ["attention", "moe"])
+def test_a_block_off_on_the_device_is_caught(tiny, reference, block):
+    ref = DeviceReference(tiny.path, device="cpu")
+    ref.on_device = ShiftedBlocks(tiny.path, block)
+    x, cos, sin = _block_inputs(reference)
+    call = (lambda: ref.attention(1, x, cos, sin)) if block == "attention" else (lambda: ref.moe(1, x))
+    with pytest.raises(DeviceMismatch, match=rf"^layer 1 {block}: .* at position {len(IDS) - 1}, hidden 3, .*not "
+                                             r"trusted\.$"):
+        call()

@@ -60,8 +60,8 @@ def check_agreement(where: str, got: torch.Tensor, want: torch.Tensor, rows: tor
 
 
 class DeviceReference(Reference):
-    """`Reference` whose `logprobs` (so `score` and `generate_greedy`) run on `device`, spot-checked on the CPU.
-    `attention`, `moe` and `router_logits` (the per-layer checks: single blocks) stay on the CPU."""
+    """`Reference` whose `logprobs` (so `score` and `generate_greedy`) and single blocks (`attention`, `moe`: the
+    per-layer checks) run on `device`, spot-checked on the CPU. `router_logits` (one small matmul) stays on the CPU."""
 
     def __init__(self, model_dir: Path | str, math_: Math | str | None = None, streaming: bool = False,
                  device: str = "cpu") -> None:
@@ -86,6 +86,39 @@ class DeviceReference(Reference):
             return super().generate_greedy(prompts, max_tokens, top_k)
         finally:
             self.on_device.w.release()
+
+    # The per-layer checks feed one block at a time the engine's own input: at gpt-oss-120b's dimensions the CPU took
+    # 530 s for 8 layers' blocks (fixtures/device_runs/20261204T202034-bench-p0-L8-0). Each block runs on the device
+    # and its spot rows again on the CPU; the device then holds nothing (an engine may start next).
+    @torch.no_grad()
+    def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        dev, x = self.on_device, x.to(torch.float64)
+        try:
+            got = dev.attention(i, x.to(dev.w.device), cos.to(dev.w.device), sin.to(dev.w.device)).cpu()
+        finally:
+            dev.w.release()
+        rows = spot_rows(x.shape[0], i)
+        try:
+            want = self.checker._attention_rows(i, x, cos, sin, rows)
+        finally:
+            self.checker.w.done_with(f"model.layers.{i}.")
+        self._checked(f"layer {i} attention", got[rows], want, rows, "hidden")
+        return got
+
+    @torch.no_grad()
+    def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        dev, x = self.on_device, x.to(torch.float64)
+        try:
+            got = dev.moe(i, x.to(dev.w.device)).cpu()
+        finally:
+            dev.w.release()
+        rows = spot_rows(x.shape[0], i)
+        try:
+            want = self.checker.moe(i, x[rows])
+        finally:
+            self.checker.w.done_with(f"model.layers.{i}.")
+        self._checked(f"layer {i} moe", got[rows], want, rows, "hidden")
+        return got
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:

@@ -89,7 +89,8 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
     parity = _logprob_tolerance(logprobs)
     return Limits(dtype, (parity, int(logprobs["top_k"])), (_logprob_tolerance(depth), int(depth["top_k"])),
                   _diagnosis(_row(tol, "diagnosis", dtype, "tolerances.toml"), parity, dtype),
-                  _layers(tol, dtype), MappingProxyType(_rope(dtype)), float(moe[dtype]),
+                  _layers(tol, dtype, float(moe["router_tie_ulps"][dtype])), MappingProxyType(_rope(dtype)),
+                  float(moe[dtype]),
                   float(moe["router_tie_ulps"][dtype]), int(divergences[dtype]), kv_fp8, MappingProxyType(missing))
 
 
@@ -136,10 +137,14 @@ def _diagnosis(row: dict[str, Any], parity: LogprobTolerance, dtype: str) -> Dia
     return Diagnosis(row["distance"], float(kinds[row["distance"]]), float(row["ratio"]))
 
 
-def _layers(tol: dict[str, Any], dtype: str) -> LayerTolerance:
+EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}  # torch.finfo(dtype).eps
+
+
+def _layers(tol: dict[str, Any], dtype: str, tie_ulps: float) -> LayerTolerance:
     table, row = tol["layers"], _row(tol, "layers", dtype, "tolerances.toml")
     return LayerTolerance({b: BlockLimits(**row[b]) for b in ("attn", "moe")}, tuple(table["bands"]),
-                          row.get("source", ""), float(table.get("position_scale", "inf")))
+                          row.get("source", ""), float(table.get("position_scale", "inf")),
+                          tie_ulps * EPS.get(dtype, 0.0))
 
 
 def _rope(dtype: str) -> dict[str, float]:
