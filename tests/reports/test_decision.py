@@ -205,9 +205,10 @@ def test_the_cuda_vllm_lineage_stands_beside_the_cpu_one_and_only_complete_runs_
     assert '<b>P1</b> <span class="rate">92%</span><small class="cov" data-coverage="82/0/9/0">82 passed' in rows[gpu]
     assert "20261204T040111-cuda-4dc048 (narrowed by -k" in rows[gpu]
     fp16 = rows["cuda H200 · vllm · installed · tiny-gpt-oss · float16 · profile h200-tiny:cuda-triton"]
-    assert "4 runs not counted: 20261204T183718-cuda-fb9310 (a negative control: fault temperature_ignored planted" \
-        in fp16 and "P0 the gate" not in fp16  # the three fp16 fault runs and the narrowed fp8 KV run
-    assert "3 planted faults caught: seed_dropped, temperature_ignored, top_k_off_by_one" in fp16
+    assert "9 runs not counted: 20261204T204238-cuda-6c271c (a negative control: fault rope_bf16_inv_freq planted" \
+        in fp16 and "P0 the gate" not in fp16  # the eight fp16 fault runs and the narrowed fp8 KV run
+    assert ("8 planted faults caught: max_tokens_off_by_one, nucleus_not_applied, rope_bf16_inv_freq, "
+            "rope_bf16_positions, seed_dropped, sinks_dropped, temperature_ignored, top_k_off_by_one") in fp16
     assert ("8 planted faults caught: max_tokens_off_by_one, nucleus_not_applied, rope_bf16_inv_freq, "
             "rope_bf16_positions, seed_dropped, sinks_dropped, temperature_ignored, top_k_off_by_one") in rows[gpu]
 
