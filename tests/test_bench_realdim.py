@@ -121,10 +121,10 @@ def test_format_fit_compares_the_extrapolation_with_the_goal():
 def test_from_runs_tables_the_h200_realdim_runs_per_layer_count(capsys):
     assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in REALDIM_2_LAYERS)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("P0 bfloat16 at 2 layers: 1 run(s)")  # one table per dtype: their walls differ
-    assert "\nP0 float16 at 2 layers: 2 run(s)" in out
+    assert out.startswith("P0 bfloat16 · transformers at 2 layers: 1 run(s)")  # one table per dtype: their walls differ
+    assert "\nP0 float16 · transformers at 2 layers: 2 run(s)" in out
     assert "check: test_exact_float32_logprobs_match_reference" in out
-    assert "P0 float16: runs at one layer count (2): no fit of wall against layers" in out
+    assert "P0 float16 · transformers: runs at one layer count (2): no fit of wall against layers" in out
 
 
 def written_sizes(layer_counts, variant, python):
@@ -163,10 +163,11 @@ def test_realdim_bench_writes_each_checkpoint_once_runs_it_and_fits(tmp_path, mo
     assert all(extra[0] == "--cuda" for _, _, extra in runs)
     assert not list(root.iterdir()), "the checkpoints the bench wrote are removed after their runs"
     out = capsys.readouterr().out
-    two = out[out.index("P0 bfloat16 at 2 layers: 2 run(s)"):out.index("P0 bfloat16 at 8 layers: 2 run(s)")]
+    head = "P0 bfloat16 · transformers at {} layers: 2 run(s)"
+    two = out[out.index(head.format(2)):out.index(head.format(8))]
     assert next(line for line in two.splitlines() if line.startswith("generate")).split()[1:4] == ["60.00s"] * 3
     assert next(line for line in two.splitlines() if line.startswith("reference")).split()[1] == "20.00s"
-    assert "P0 bfloat16 wall against layers (4 runs at [2, 8] layers, r2 " in out
+    assert "P0 bfloat16 · transformers wall against layers (4 runs at [2, 8] layers, r2 " in out
     assert "101.0 s + 20.00 s x layers; at 36 layers 821 s = 13.7 min, over the 10-minute goal" in out
 
 
@@ -235,3 +236,14 @@ def test_the_writer_draws_each_part_alone_so_layer_counts_nest_and_workers_do_no
     index = json.loads((two / "model.safetensors.index.json").read_text())["weight_map"]
     assert index["model.layers.1.mlp.experts.gate_up_proj_blocks"] == "model-00002-of-00004.safetensors"
     assert index["lm_head.weight"] == "model-00003-of-00004.safetensors"
+
+
+def test_from_runs_never_fits_runs_of_other_options_together(capsys):
+    """The H200's 2-layer vLLM P0 captured vLLM's 83 graph sizes (a P0 before profiles.toml [gate]); its 8-layer P0
+    took the gate's 64: their walls are not one line, so each is tabled alone and no fit is drawn across them."""
+    runs = ["20261204T163955-bench-p0-L2-0", "20261204T202034-bench-p0-L8-0"]
+    assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in runs)]) == 0
+    out = capsys.readouterr().out
+    assert "P0 bfloat16 · vllm at 2 layers: 1 run(s)" in out
+    assert "P0 bfloat16 · vllm · gate options at 8 layers: 1 run(s)" in out
+    assert " layers (2 runs at" not in out and out.count("runs at one layer count") == 2

@@ -143,11 +143,14 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
 
 
 def _key(record: dict[str, Any], tier: str | None = None) -> tuple[str, int | None]:
-    """What a run is tabulated under: its tier and dtype ('p0 bfloat16'), and its real-dimension layer count."""
+    """What a run is tabulated under: its tier, dtype, engine and whether it took profiles.toml [gate] ('p0
+    bfloat16 · vllm · gate options'), and its real-dimension layer count: a fit never mixes engines or options."""
     from conformance.tooling.bench_realdim import layers_of
 
     name = tier or ",".join(record.get("tiers", [])) or "?"
-    return f"{name} {record['dtype']}" if record.get("dtype") else name, layers_of(record)
+    gate = ((record.get("profile_settings") or {}).get("gate"))
+    parts = [name, record.get("dtype"), record.get("engine") and f"· {record['engine']}", gate and "· gate options"]
+    return " ".join(p for p in parts if p), layers_of(record)
 
 
 def print_tables(results: dict[tuple[str, int | None], list[dict[str, Any]]], outside: str | None,
