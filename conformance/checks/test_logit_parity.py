@@ -20,15 +20,34 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     Catches: anything that moves logits — rounded YaRN range, wrong rotation, sliding window off by
     one, sinks dropped or doubled, gate/up de-interleaving, SwiGLU clamp or +1 missing, routing not
     renormalised, dropped biases — on prompts longer than the 128-token window.
+    In bf16/fp16 a deep model accumulates noise over its layers on a healthy stack: where the engine exceeds the
+    dtype's limits, they widen to tolerances.toml noise_ratio x the figures of the noise twin (the fp64 reference
+    with its activations rounded to the dtype) on the same paths, recorded as noise_twin_* figures. What drowns
+    in that noise at depth is the per-layer blocks' and the exact float32 twin's to catch (no error carried).
     Reference: docs/model.md "The math a reference must reproduce"; vLLM tests/models/utils.py
-      check_logprobs_close (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py)
+      check_logprobs_close (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py);
+      docs/verdicts.md "Greedy parity at depth"
     Controls: tests/test_check_bodies_math.py::test_parity_check_fails_on_an_engine_without_sinks,
-      tests/test_check_bodies_math.py::test_parity_check_fails_on_a_positive_logprob
+      tests/test_check_bodies_math.py::test_parity_check_fails_on_a_positive_logprob,
+      tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault
     """
     outputs, _ = engine_greedy
     tol, top_k = tolerance
     want = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in outputs]
     report = compare.logprobs_close(outputs, want, tol)
+    if not report.ok and tol.noise_dtype:
+        from conformance.reference.device import noise_twin
+
+        twin = noise_twin(reference, tol.noise_dtype)
+        noise = compare.logprobs_close([twin.score(c.prompt_ids, c.token_ids, top_k) for c in outputs], want, tol,
+                                       greedy_rule=False).figures()
+        for name in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob"):
+            record_figure(f"noise_twin_{name}", noise[name])
+        report = compare.logprobs_close(outputs, want, tol.above_noise(noise))
+        if not report.ok:
+            figures = ", ".join(f"{k} {noise[f'{k}_abs_dlogprob']:.3g}" for k in ("median", "p99", "max"))
+            report.problems.insert(0, f"limits widened to {tol.noise_ratio:g} x the {tol.noise_dtype} noise twin's "
+                                      f"({figures}) and still exceeded:")
     record_figures(record_figure, report)
     report.raise_if_failed()
 

@@ -146,6 +146,17 @@ def reference_for(model_dir: Path | str, streaming: bool, device: str | None) ->
     return DeviceReference(model_dir, streaming=streaming, device=device)
 
 
+def noise_twin(reference: Reference, dtype: str) -> Reference:
+    """`reference` with its activations rounded to `dtype` (Math.activations): the same class, checkpoint, math and
+    device; what a healthy engine of that dtype would compute, less its kernels' own rounding."""
+    import dataclasses
+
+    math_ = dataclasses.replace(reference.math, activations=dtype)
+    if isinstance(reference, DeviceReference):
+        return DeviceReference(reference.model_dir, math_, reference.w.streaming, str(reference.on_device.w.device))
+    return type(reference)(reference.model_dir, math_, streaming=reference.w.streaming)
+
+
 def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, seed: int) -> int:
     """Device against CPU fp64 on one sampled sequence, per layer, with wall times."""
     cpu, dev = Reference(model_dir, streaming=True), Reference(model_dir, streaming=True, device=device)

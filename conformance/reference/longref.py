@@ -184,9 +184,10 @@ class LongReference(Reference):
     def layer_rows(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    rows: torch.Tensor) -> torch.Tensor:
         """Decoder layer i's output at positions `rows` (sorted) of the residual stream x [T, H]."""
-        w, p = self.w, f"model.layers.{i}."
-        h = x[rows] + self._attention_rows(i, rms_norm(x, w[p + "input_layernorm.weight"], self.eps), cos, sin, rows)
-        return h + self.moe(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps))
+        w, p, r = self.w, f"model.layers.{i}.", self.rounded
+        h = r(x[rows] + r(self._attention_rows(i, r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps)), cos, sin,
+                                               rows)))
+        return r(h + r(self.moe(i, r(rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps)))))
 
     @torch.no_grad()
     def logprobs_at(self, ids: list[int], rows: list[int] | None = None) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conformance.engines.base import Completion, KVState, StepLogprobs
 from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome
@@ -29,6 +29,24 @@ class LogprobTolerance:
     # noise alone can part their greedy paths (bf16/fp16), so a parting ends that sequence's comparison, counted,
     # instead of failing; each engine still answers to the reference under the full rule. Data: tolerances.toml.
     pairwise_greedy: bool = True
+    # Greedy parity at depth: where the engine exceeds these limits, they widen to `noise_ratio` x the figures of
+    # the fp64 reference run with its activations rounded to `noise_dtype` (the noise a healthy stack of that dtype
+    # accumulates over this model's layers; reference Math.activations), never below the limits above. None: fixed.
+    noise_dtype: str | None = None
+    noise_ratio: float | None = None
+
+    def above_noise(self, noise: dict[str, float]) -> LogprobTolerance:
+        """These limits, each raised to noise_ratio x the noise twin's figure of its kind where that is larger."""
+        r = float(self.noise_ratio or 0.0)
+        strata = max((v for k, v in noise.items() if k.startswith("median_abs_dlogprob_")), default=0.0)
+
+        def up(limit: float | None, figure: float) -> float | None:
+            return None if limit is None else max(limit, r * figure)
+
+        return replace(self, max_abs=up(self.max_abs, noise["max_abs_dlogprob"]) or self.max_abs,
+                       p99=up(self.p99, noise["p99_abs_dlogprob"]),
+                       median=up(self.median, noise["median_abs_dlogprob"]),
+                       stratum_median=up(self.stratum_median, strata))
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
         kv_fp8 = LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
     except DataError as exc:
         missing["kv_fp8"] = str(exc)
-    parity = _logprob_tolerance(logprobs)
+    parity = _logprob_tolerance(logprobs, dtype)
     return Limits(dtype, (parity, int(logprobs["top_k"])), (_logprob_tolerance(depth), int(depth["top_k"])),
                   _diagnosis(_row(tol, "diagnosis", dtype, "tolerances.toml"), parity, dtype),
                   _layers(tol, dtype, float(moe["router_tie_ulps"][dtype])), MappingProxyType(_rope(dtype)),
@@ -124,9 +124,13 @@ def _row(data: dict[str, Any], table: str, dtype: str, where: str) -> dict[str, 
     return data[dtype]
 
 
-def _logprob_tolerance(row: dict[str, Any]) -> LogprobTolerance:
+def _logprob_tolerance(row: dict[str, Any], dtype: str | None = None) -> LogprobTolerance:
+    """A [logprobs.<dtype>]-shaped row; `dtype` given (greedy parity's own row), its `noise_ratio` names the noise
+    twin of that dtype."""
+    ratio = row.get("noise_ratio") if dtype else None
     return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median"),
-                            bool(row.get("pairwise_greedy", True)))
+                            bool(row.get("pairwise_greedy", True)), dtype if ratio else None,
+                            float(ratio) if ratio else None)
 
 
 def _diagnosis(row: dict[str, Any], parity: LogprobTolerance, dtype: str) -> Diagnosis:
