@@ -195,3 +195,21 @@ def test_a_block_off_on_the_device_is_caught(tiny, reference, block):
     with pytest.raises(DeviceMismatch, match=rf"^layer 1 {block}: .* at position {len(IDS) - 1}, hidden 3, .*not "
                                              r"trusted\.$"):
         call()
+
+
+def test_the_noise_twin_is_the_same_reference_with_its_activations_rounded(tiny, reference):
+    """Greedy parity at depth scores the engine's paths with the reference's noise twin: the same class, checkpoint
+    and device, its activations rounded to the dtype. On the device path it is the CPU twin exactly, its spot rows
+    agreeing; it sits a bf16 rounding's noise away from the fp64 reference, not further."""
+    from conformance.reference.device import noise_twin
+    from conformance.reference.gpt_oss import Math
+
+    on_device = noise_twin(DeviceReference(tiny.path, device="cpu"), "bfloat16")
+    assert type(on_device) is DeviceReference and on_device.math.activations == "bfloat16"
+    cpu = noise_twin(reference, "bfloat16")
+    assert type(cpu) is Reference and cpu.math == Math(activations="bfloat16")
+    twin = cpu.logprobs(IDS)
+    assert torch.equal(on_device.logprobs(IDS), twin)
+    assert on_device.worst_rel < device.SPOT_RTOL
+    apart = float((twin - reference.logprobs(IDS)).abs().max())
+    assert 1e-4 < apart < 2.0, apart  # over the whole vocabulary, its least likely tokens too

@@ -88,8 +88,8 @@ class DeviceReference(Reference):
             self.on_device.w.release()
 
     # The per-layer checks feed one block at a time the engine's own input: at gpt-oss-120b's dimensions the CPU took
-    # 530 s for 8 layers' blocks (fixtures/device_runs/20261204T202034-bench-p0-L8-0). Each block runs on the device
-    # and its spot rows again on the CPU; the device then holds nothing (an engine may start next).
+    # about 8 minutes for 8 layers' blocks (fixtures/device_runs/20261204T202034-bench-p0-L8-0). Each block runs on
+    # the device and its spot rows again on the CPU; the device then holds nothing (an engine may start next).
     @torch.no_grad()
     def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         dev, x = self.on_device, x.to(torch.float64)
