@@ -212,7 +212,7 @@ def test_table_marks_a_phase_missing_from_some_runs():
 def test_main_tabulates_recorded_runs(capsys):
     assert bench.main(["--from-runs", *map(str, recorded_runs())]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"P0 {recorded()['dtype']}: ") and "floor_ratio" in out
+    assert out.startswith(f"P0 {recorded()['dtype']} · {recorded()['engine']}: ") and "floor_ratio" in out
 
 
 def test_main_reports_a_missing_record_in_one_sentence(tmp_path, capsys):

@@ -26,7 +26,8 @@ def test_the_limits_of_each_dtype_are_the_numbers_of_its_tables(dtype):
     parity, depth = tol["logprobs"][dtype], tol["depth"][dtype]
     assert got.dtype == dtype and got.logprobs == (LogprobTolerance(
         parity["max_abs"], parity.get("p99"), parity.get("median"), parity.get("stratum_median"),
-        parity.get("pairwise_greedy", True)), parity["top_k"])
+        parity.get("pairwise_greedy", True), dtype if "noise_ratio" in parity else None,
+        parity.get("noise_ratio")), parity["top_k"])
     assert got.depth == (LogprobTolerance(depth["max_abs"], depth.get("p99"), depth.get("median")), depth["top_k"])
     rule = tol["diagnosis"][dtype]
     assert (got.diagnosis.distance, got.diagnosis.ratio) == (rule["distance"], rule["ratio"])
@@ -38,6 +39,8 @@ def test_the_limits_of_each_dtype_are_the_numbers_of_its_tables(dtype):
     gpt_oss = _toml("gpt_oss.toml")["tolerances"]
     assert dict(got.rope) == {k: v for k, v in gpt_oss["rope"][dtype].items() if k != "source"}
     assert (got.moe_rel, got.router_tie_ulps) == (gpt_oss["moe"][dtype], gpt_oss["moe"]["router_tie_ulps"][dtype])
+    eps = {"float32": 2**-23, "bfloat16": 2**-7, "float16": 2**-10}[dtype]  # torch.finfo(dtype).eps
+    assert got.layers.router_tie == got.router_tie_ulps * eps
     assert got.graph_divergences == _toml("perf.toml")["graph_mode"]["max_greedy_divergences"][dtype]
     fp8 = _toml("profiles.toml")["kv_fp8"]["tolerance"].get(dtype)
     assert got.kv_fp8 == (None if fp8 is None else
