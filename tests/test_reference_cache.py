@@ -59,6 +59,22 @@ def test_compute_seconds_count_computes_not_reads(cached: Path, monkeypatch, tmp
     cache.completion(tmp_path, {}, ["score", [1, 2], [3], 1], lambda: result)  # off: computed, and timed
     assert cache.counts.compute_s == 3.5
 
+
+def test_several_calls_compute_only_those_the_cache_lacks_together_in_order(cached: Path, monkeypatch, tmp_path: Path):
+    """`completions` (the reference's score_all): cached results are read, the others computed by one call with
+    just them, and every result comes back in the order asked."""
+    monkeypatch.setattr(cache, "_model_digest", lambda model_dir: "model")
+    calls = [["score", [1, n], [3], 1] for n in range(4)]
+    made = lambda c: Completion(c[1], c[2], [], [])  # noqa: E731
+    cache.completion(tmp_path, {}, calls[1], lambda: made(calls[1]))
+    cache.completion(tmp_path, {}, calls[3], lambda: made(calls[3]))
+    asked = []
+    got = cache.completions(tmp_path, {}, calls, lambda missing: asked.append(missing) or [made(c) for c in missing])
+    assert asked == [[calls[0], calls[2]]] and [c.prompt_ids for c in got] == [[1, 0], [1, 1], [1, 2], [1, 3]]
+    assert cache.counts.hits == 2 and cache.counts.misses == 4
+    assert cache.completions(tmp_path, {}, calls, lambda missing: 1 / 0) == got  # all read: nothing computed
+
+
 def test_another_path_variant_or_checkpoint_is_computed(tiny, cached: Path, tmp_path: Path):
     Reference(tiny.path).score([5, 6, 7], [8], 4)
     Reference(tiny.path).score([5, 6, 7], [9], 4)  # the engine took another token: another result

@@ -213,3 +213,36 @@ def test_the_noise_twin_is_the_same_reference_with_its_activations_rounded(tiny,
     assert on_device.worst_rel < device.SPOT_RTOL
     apart = float((twin - reference.logprobs(IDS)).abs().max())
     assert 1e-4 < apart < 2.0, apart  # over the whole vocabulary, its least likely tokens too
+
+
+def test_several_paths_run_layer_by_layer_at_once_and_agree_with_one_at_a_time(tiny, reference, tiny_prompts):
+    """The greedy parity check scores its prompt set's paths together: on the device they run layer-major (each
+    layer's weights and experts read once for all paths; the CPU recomputes one path's spot rows a layer, in turn).
+    The results are the one-at-a-time CPU reference's (to fp64 summation order), and a device layer off at one entry
+    is caught on the path the CPU checks at that layer."""
+    from conformance.engines.base import Completion
+
+    prompts, _ = tiny_prompts
+    paths = [Completion(p[:60], [5, 9, 11]) for p in prompts[:4]]
+    on_device = DeviceReference(tiny.path, device="cpu")
+    together, apart = on_device.score_all(paths, 5), [reference.score(c.prompt_ids, c.token_ids, 5) for c in paths]
+    assert [c.token_ids for c in together] == [c.token_ids for c in apart]
+    for got, want in zip(together, apart):
+        for g, w in zip(got.prompt_steps + got.steps, want.prompt_steps + want.steps):
+            assert g.top.keys() == w.top.keys() and max(abs(g.top[t] - w.top[t]) for t in g.top) < 1e-12
+    assert 0 < on_device.worst_rel < device.SPOT_RTOL
+
+    class ShiftedMany(ShiftedLayer):
+        def layer_many(self, i, xs, tables):
+            out = Reference.layer_many(self, i, xs, tables)
+            layer, position, column = self.at
+            if i == layer:
+                x = out[layer % len(out)]  # the path the CPU checks at this layer
+                x[position, column] += self.delta * x[position].abs().max()
+            return out
+
+    bad = DeviceReference(tiny.path, device="cpu")
+    last = len(paths[2].prompt_ids) + len(paths[2].token_ids) - 2  # the last position of path 2's sequence
+    bad.on_device = ShiftedMany(tiny.path, layer=2, position=last, column=5, delta=1e-8)
+    with pytest.raises(DeviceMismatch, match=rf"^layer 2 \(path 2\): .* at position {last}, hidden 5,"):
+        bad.score_all(paths, 5)

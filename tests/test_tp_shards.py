@@ -16,7 +16,7 @@ from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import Reference
 from conformance.run import run_target
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures
+from tests.check_fakes import FAILED, Figures, scoring
 
 TOL = limits_for("float32").logprobs
 
@@ -162,7 +162,7 @@ def test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference(dtype):
     by the distribution limits alone."""
     prompts = SimpleNamespace(prompts=[list(range(1, 20)), list(range(30, 40))], max_tokens=3)
     engine = [_completion(p, [5, 6, 7], -0.5) for p in prompts.prompts]
-    reference = SimpleNamespace(score=lambda prompt, tokens, k: _completion(prompt, tokens, -3.0))
+    reference = scoring(lambda prompt, tokens, k: _completion(prompt, tokens, -3.0))
     with pytest.raises(FAILED, match="fp64 reference"):
         tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(engine), 2), (engine, 1.0), prompts,
                                                     limits_for(dtype).logprobs, reference, 1.0, Figures())
@@ -175,7 +175,7 @@ def test_vllm_tp_check_in_bfloat16_lets_two_healthy_engines_part_on_noise():
     first = StepLogprobs(5, {5: -0.5, 6: -2.0})
     tp1 = [Completion(prompts.prompts[0], [5, 9], [first, StepLogprobs(9, {9: -1.6, 8: -2.4})])]
     tp2 = [Completion(prompts.prompts[0], [5, 1], [first, StepLogprobs(1, {1: -2.2, 3: -2.5})])]
-    reference = SimpleNamespace(score=lambda prompt, tokens, k: Completion(prompt, tokens, [
+    reference = scoring(lambda prompt, tokens, k: Completion(prompt, tokens, [
         StepLogprobs(5, {5: -0.5, 6: -2.0}), StepLogprobs(tokens[1], {1: -2.2, 3: -2.5, 9: -2.0, 8: -2.4})]))
     figures = Figures()
     tp_sharding.test_vllm_tp_greedy_matches_tp1((_Proc(tp2), 2), (tp1, 1.0), prompts, limits_for("bfloat16").logprobs,

@@ -73,7 +73,7 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
     ref = LongReference(model_under_test.path, kv_quant=fmt, kv_rounding=rounding,
                         streaming=model_under_test.num_params > STREAMING_ABOVE_PARAMS,
                         fp8_attention=Fp8Attention(**attention) if attention else None)
-    want = [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out]
+    want = ref.score_all(out, top_k + 5)
     modelled = " with the query and probabilities in fp8 as the engine's kernel rounds them" if attention else ""
     report = compare.logprobs_close(out, want, tol, ("fp8-KV engine", f"{fmt} ({rounding}) reference{modelled}"))
     record_figures(record_figure, report)

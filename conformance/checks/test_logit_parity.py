@@ -33,13 +33,13 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     """
     outputs, _ = engine_greedy
     tol, top_k = tolerance
-    want = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in outputs]
+    want = reference.score_all(outputs, top_k + 5)
     report = compare.logprobs_close(outputs, want, tol)
     if not report.ok and tol.noise_dtype:
         from conformance.reference.device import noise_twin
 
         twin = noise_twin(reference, tol.noise_dtype)
-        noise = compare.logprobs_close([twin.score(c.prompt_ids, c.token_ids, top_k) for c in outputs], want, tol,
+        noise = compare.logprobs_close(twin.score_all(outputs, top_k), want, tol,
                                        greedy_rule=False).figures()
         for name in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob"):
             record_figure(f"noise_twin_{name}", noise[name])
@@ -228,7 +228,7 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         fail(str(exc))
     what = (f"engine ({exact}{f', {fmt} dequantized' if fmt else ''}"
             f"{f', first {layers} of {total} layers' if layers < total else ''})")
-    report = compare.logprobs_close(out, [judge.score(c.prompt_ids, c.token_ids, top_k + 5) for c in out], tol,
+    report = compare.logprobs_close(out, judge.score_all(out, top_k + 5), tol,
                                     names=(what, "reference"))
     record_figures(record_figure, report)
     report.raise_if_failed()

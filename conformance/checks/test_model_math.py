@@ -119,7 +119,7 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
     except EngineError as exc:
         fail(str(exc))
     ref = Reference(path)
-    report = compare.logprobs_close(got, [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tol)
+    report = compare.logprobs_close(got, ref.score_all(got, top_k + 5), tol)
     record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
     report.raise_if_failed()
 
@@ -148,7 +148,7 @@ def test_sliding_window_boundary(chunked, engines, reference, model_under_test, 
                                           timeout_s=call_timeout_s)
     except EngineError as exc:
         fail(str(exc))
-    report = compare.logprobs_close(got, [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tol)
+    report = compare.logprobs_close(got, reference.score_all(got, top_k + 5), tol)
     record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
     report.raise_if_failed()
 
@@ -175,7 +175,7 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
     unbounded = compare.LogprobTolerance(float("inf"))
 
     def scored(ref: Reference) -> list:
-        return [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in sample]
+        return ref.score_all(sample, top_k + 5)
 
     def distance(got: list, want: list) -> float:
         return rule.of(compare.logprobs_close(got, want, unbounded).figures())

@@ -78,7 +78,7 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
     except EngineError as exc:
         _fail(str(exc))
     ref = Reference(reference_dir)
-    report = compare.logprobs_close(got, [ref.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got], tolerance,
+    report = compare.logprobs_close(got, ref.score_all(got, top_k + 5), tolerance,
                                     names)
     record_figures(record_figure, {**report.figures(), **applied.measured})
     applied.raise_if_failed()

@@ -185,7 +185,7 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
              "ran without graphs, so graph mode was not compared")
     report = perf.graph_eager_parity(graph, eager, tol, limits.graph_divergences)
     reference = request.getfixturevalue("reference")  # after the skip: a target without graphs loads no reference
-    scored = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in graph]
+    scored = reference.score_all(graph, top_k + 5)
     vs_ref = compare.logprobs_close(graph, scored, tol, ("graph mode", "fp64 reference"))
     record_figures(record_figure, report)
     record_figures(record_figure, vs_ref, prefix="reference_")

@@ -111,7 +111,7 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
         fail(str(exc))
     want, _ = engine_greedy
     report = compare.completions_equivalent(got, want, tol, (f"vLLM TP={tp}", "vLLM TP=1"), tol.pairwise_greedy)
-    scored = [reference.score(c.prompt_ids, c.token_ids, top_k + 5) for c in got]
+    scored = reference.score_all(got, top_k + 5)
     vs_ref = compare.logprobs_close(got, scored, tol, (f"vLLM TP={tp}", "fp64 reference"))
     record_figure("tensor_parallel_size", tp)
     record_figures(record_figure, report)

@@ -115,25 +115,36 @@ def decode(d: dict) -> Completion:
 def completion(model_dir: Path, variant: dict[str, Any], call: list[Any], compute: Callable[[], Completion]
                ) -> Completion:
     """`compute()` unless the run's pack or the cache holds the result for this model, variant and call."""
+    return completions(model_dir, variant, [call], lambda missing: [compute()])[0]
+
+
+def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]],
+                compute: Callable[[list[list[Any]]], list[Completion]]) -> list[Completion]:
+    """The results of `calls`, each read from the run's pack or the cache where it holds it; the others computed
+    together by one `compute(missing calls)` (a reference that runs them layer by layer at once), in order."""
     if _root is None and _pack is None:
-        return _timed(compute)
-    key = hashlib.sha256(json.dumps([_source_digest(), _model_digest(model_dir), variant, call],
-                                    sort_keys=True, default=repr).encode()).hexdigest()
-    packed = _pack.get(key, call) if _pack is not None else None
-    if packed is not None:
-        counts.hits += 1
-        return packed
-    result = _cached(_root, key, call) if _root is not None else None
-    if result is None:
-        result = _timed(compute)
-        counts.misses += 1
-        if _root is not None:
-            _store(_root, key, result)
-    else:
-        counts.hits += 1
+        return _timed(lambda: compute(calls))
+    keys = [hashlib.sha256(json.dumps([_source_digest(), _model_digest(model_dir), variant, call],
+                                      sort_keys=True, default=repr).encode()).hexdigest() for call in calls]
+    results: list[Completion | None] = []
+    for key, call in zip(keys, calls):
+        found = _pack.get(key, call) if _pack is not None else None
+        if found is None and _root is not None:
+            found = _cached(_root, key, call)
+        counts.hits += found is not None
+        results.append(found)
+    missing = [n for n, r in enumerate(results) if r is None]
+    if missing:
+        computed = _timed(lambda: compute([calls[n] for n in missing]))
+        counts.misses += len(missing)
+        for n, result in zip(missing, computed):
+            results[n] = result
+            if _root is not None:
+                _store(_root, keys[n], result)
     if _pack is not None:
-        _pack.put(key, result)
-    return result
+        for key, result in zip(keys, results):
+            _pack.put(key, result)
+    return results  # type: ignore[return-value]
 
 
 def _timed(compute: Callable[[], Completion]) -> Completion:

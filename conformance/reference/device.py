@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from conformance.engines.base import Completion
-from conformance.reference.gpt_oss import Math, Reference
+from conformance.reference.gpt_oss import Math, Reference, scored
 from conformance.reference.longref import LongReference
 
 SPOT_ROWS = 2  # positions per layer recomputed on the CPU besides the last (which sees the most keys)
@@ -86,6 +86,47 @@ class DeviceReference(Reference):
             return super().generate_greedy(prompts, max_tokens, top_k)
         finally:
             self.on_device.w.release()
+
+    # Several paths at once (the greedy parity check scores the prompt set's 8): layer by layer, every path through a
+    # layer before the next, so each layer's weights and routed experts reach the device once, not once a path; the
+    # CPU recomputes the spot rows of one path a layer, in turn (at 120b's dimensions the CPU's rows were most of the
+    # 110 s the 8-layer P0's reference took, one path at a time).
+    def _score_many(self, paths: list[tuple[list[int], list[int], int]]) -> list[Completion]:
+        if len(paths) < 2:
+            return super()._score_many(paths)
+        try:
+            seqs = [prompt + continuation[:-1] if continuation else prompt for prompt, continuation, _ in paths]
+            return [scored(lp, prompt, continuation, top_k)
+                    for lp, (prompt, continuation, top_k) in zip(self.logprobs_many(seqs), paths)]
+        finally:
+            self.on_device.w.release()
+
+    @torch.no_grad()
+    def logprobs_many(self, seqs: list[list[int]]) -> list[torch.Tensor]:
+        """`logprobs` of each sequence, run layer-major on the device; at each layer the spot rows of one sequence
+        (taken in turn) and, at the end, of the final norm and lm_head, are recomputed on the CPU."""
+        dev, cpu = self.on_device, self.checker
+        tables = [self.rope_tables(torch.arange(len(ids))) for ids in seqs]
+        on_dev = [(cos.to(dev.w.device), sin.to(dev.w.device)) for cos, sin in tables]
+        xs = [dev.embed(ids) for ids in seqs]
+        for i in range(int(self.cfg["num_hidden_layers"])):
+            s = i % len(seqs)
+            n = len(seqs[s])
+            rows, x_in = spot_rows(n, i), xs[s].cpu()
+            xs = dev.layer_many(i, xs, on_dev)
+            self._checked(f"layer {i} (path {s})", xs[s][rows.to(xs[s].device)],
+                          cpu.layer_rows(i, x_in, *tables[s], rows), rows, "hidden")
+            dev.w.done_with(f"model.layers.{i}.")
+            cpu.w.done_with(f"model.layers.{i}.")
+        out = []
+        for s, x in enumerate(xs):
+            lp = dev.head(x)
+            if s == len(xs) - 1:
+                rows = spot_rows(len(seqs[s]), -1)
+                self._checked("the final norm and lm_head", lp[rows.to(x.device)],
+                              cpu.head(x[rows.to(x.device)].cpu()), rows, "token")
+            out.append(lp.cpu())
+        return out
 
     # The per-layer checks feed one block at a time the engine's own input: at gpt-oss-120b's dimensions the CPU took
     # about 8 minutes for 8 layers' blocks (fixtures/device_runs/20261204T202034-bench-p0-L8-0). Each block runs on

@@ -238,6 +238,14 @@ class WeightStore:
                 self.held -= _nbytes(*value) if isinstance(value, tuple) else _nbytes(value)
 
 
+def scored(lp: torch.Tensor, prompt: list[int], continuation: list[int], top_k: int) -> Completion:
+    """The Completion of a path teacher-forced through logprobs `lp` [T, vocab] of prompt + continuation[:-1]."""
+    prompt_steps = [StepLogprobs.from_row(lp[t], top_k, chosen=prompt[t + 1]) for t in range(len(prompt) - 1)]
+    steps = [StepLogprobs.from_row(lp[len(prompt) - 1 + t], top_k, chosen=continuation[t])
+             for t in range(len(continuation))]
+    return Completion(list(prompt), list(continuation), steps, prompt_steps)
+
+
 class Reference:
     """fp64 gpt-oss on the CPU for a checkpoint directory (HF layout, plain or MXFP4 experts). With another `device`
     its layers run there (`layer`, `embed`, `head`; rope tables stay on the CPU): reference/device.py checks them."""
@@ -364,6 +372,17 @@ class Reference:
         x = r(x + r(self._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps)), cos, sin)))
         return r(x + r(self.moe(i, r(rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)))))
 
+    def layer_many(self, i: int, xs: list[torch.Tensor], tables: list[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> list[torch.Tensor]:
+        """`layer` over several sequences at once: attention per sequence, the MoE (per token) over all their
+        tokens together, so each routed expert of the layer is read once for all of them."""
+        w, p, r = self.w, f"model.layers.{i}.", self.rounded
+        hs = [r(x + r(self._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps)), cos, sin)))
+              for x, (cos, sin) in zip(xs, tables)]
+        h = torch.cat(hs)
+        out = r(h + r(self.moe(i, r(rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps)))))
+        return list(out.split([len(x) for x in hs]))
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """log-softmax of the next-token logits of the final residual stream x [T, H]."""
         normed = self.rounded(rms_norm(x, self.w["model.norm.weight"], self.eps))
@@ -392,12 +411,21 @@ class Reference:
         return cache.completion(self.model_dir, self.variant(), ["score", list(prompt), list(continuation), top_k],
                                 lambda: self._score(prompt, continuation, top_k))
 
+    def score_all(self, completions: list[Completion], top_k: int) -> list[Completion]:
+        """`score` of each completion's path (its prompt and tokens), those the cache lacks computed together
+        (`_score_many`: a device reference runs them layer by layer at once)."""
+        from conformance.reference import cache
+
+        calls = [["score", list(c.prompt_ids), list(c.token_ids), top_k] for c in completions]
+        return cache.completions(self.model_dir, self.variant(), calls,
+                                 lambda missing: self._score_many([(c[1], c[2], c[3]) for c in missing]))
+
+    def _score_many(self, paths: list[tuple[list[int], list[int], int]]) -> list[Completion]:
+        return [self._score(*path) for path in paths]
+
     def _score(self, prompt: list[int], continuation: list[int], top_k: int) -> Completion:
-        lp = self.logprobs(prompt + continuation[:-1] if continuation else prompt)
-        prompt_steps = [StepLogprobs.from_row(lp[t], top_k, chosen=prompt[t + 1]) for t in range(len(prompt) - 1)]
-        steps = [StepLogprobs.from_row(lp[len(prompt) - 1 + t], top_k, chosen=continuation[t])
-                 for t in range(len(continuation))]
-        return Completion(list(prompt), list(continuation), steps, prompt_steps)
+        return scored(self.logprobs(prompt + continuation[:-1] if continuation else prompt), prompt, continuation,
+                      top_k)
 
     def generate_greedy(self, prompts: list[list[int]], max_tokens: int, top_k: int) -> list[Completion]:
         out = []
