@@ -247,3 +247,37 @@ def test_from_runs_never_fits_runs_of_other_options_together(capsys):
     assert "P0 bfloat16 · vllm at 2 layers: 1 run(s)" in out
     assert "P0 bfloat16 · vllm · gate options at 8 layers: 1 run(s)" in out
     assert " layers (2 runs at" not in out and out.count("runs at one layer count") == 2
+
+
+def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apart(tmp_path, monkeypatch, capsys):
+    """#38's second node: after the first runs (which write the run's --reference-pack), one more run per tier with
+    the suite's cache pointed at an empty folder, so its fp64 results can only come from the pack; its table is its
+    own (`· second node`). Without --reference-pack the bench refuses in one sentence, before anything runs."""
+    runs = []
+
+    def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
+        if env:
+            cache = Path(env["CONFORMANCE_CACHE"])
+            assert cache.is_dir() and not list(cache.iterdir()), "the second node starts with an empty cache"
+        record = copy.deepcopy(realdim_record())
+        record["phases"] |= {"wall": 300.0 if env else 500.0, "reference": 1.0 if env else 200.0}
+        runs.append((label, extra, env))
+        return record, record["phases"]["wall"], 0.5
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    pack = str(tmp_path / "packs")
+    assert bench.main(["--tiers", "p0", "--runs", "1", "--second-node", "--reports-dir", str(tmp_path / "runs"),
+                       "--", "--cuda", "--reference-pack", pack]) == 0
+    assert [(label, extra[-1], env is not None) for label, extra, env in runs] == [
+        ("", pack, False), ("-second-node", pack, True)]
+    assert not Path(runs[1][2]["CONFORMANCE_CACHE"]).exists(), "the second node's cache is removed after its run"
+    out = capsys.readouterr().out
+    first = out[out.index("P0 bfloat16 · transformers at 2 layers: 1 run(s)"):]
+    second = out[out.index("P0 bfloat16 · transformers · second node at 2 layers: 1 run(s)"):]
+    assert next(line for line in first.splitlines() if line.startswith("reference")).split()[1] == "200.00s"
+    assert next(line for line in second.splitlines() if line.startswith("reference")).split()[1] == "1.00s"
+
+    runs.clear()
+    assert bench.main(["--tiers", "p0", "--second-node", "--", "--cuda"]) == 2 and not runs
+    assert capsys.readouterr().err.strip() == ("bench: --second-node reads the first runs' reference pack: give the "
+                                               "runs --reference-pack DIR (after --).")

@@ -2,6 +2,7 @@
 
   python -m conformance.tooling.bench --runs 3 --tiers p0,p1 [--nox "python -m nox"] [--reports-dir DIR] [-- run args]
   python -m conformance.tooling.bench --realdim 2,8,24 --tiers p0 --runs 1 [--realdim-dir DIR] -- --cuda
+  python -m conformance.tooling.bench --realdim 8 --tiers p0 --runs 1 --second-node -- --cuda --reference-pack DIR
   python -m conformance.tooling.bench --from-runs RUN_DIR...
 
 Each run is `nox -s <tier> -- ...` when a nox command is given (what a user types: its time beyond the run
@@ -11,6 +12,9 @@ wall over its floor (its first vLLM engine start plus the parity decode, both me
 The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers;
 `host_mops`, the host's single-thread speed the run's fingerprint measured (env_checks.host.single_thread_mops),
 explains the spread between nodes that fingerprint alike (engine starts follow the host).
+--second-node (with `-- --reference-pack DIR`) adds, per layer count, one run per tier as a second node of a
+fleet would make it: the suite's cache empty, so its fp64 results come from the pack the first runs wrote; it is
+tabled apart (`· second node`).
 With --realdim, each tier runs at gpt-oss-120b's real dimensions with each of these layer counts (the checkpoint
 written once per count, its writing the `generate` row), a table per layer count, then the fit of wall against
 layers and its extrapolation to the real depth (conformance/tooling/bench_realdim.py). --from-runs tabulates recorded
@@ -27,6 +31,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,9 +127,10 @@ def read_record(run_dir: Path) -> dict[str, Any]:
         raise BenchError(f"{path} is not JSON ({exc}).") from None
 
 
-def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, extra: list[str], label: str = ""
-             ) -> tuple[dict[str, Any], float, float]:
-    """One run of `tier`: (its record, its outer wall seconds, the 1-minute load before it)."""
+def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, extra: list[str], label: str = "",
+             env: dict[str, str] | None = None) -> tuple[dict[str, Any], float, float]:
+    """One run of `tier` (with `env` added to the environment): (its record, its outer wall seconds, the 1-minute
+    load before it)."""
     run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-bench-{tier}{label}-{index}"
     args = ["--reports-dir", str(reports_dir), *extra]
     if nox:
@@ -134,7 +140,7 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
     load = os.getloadavg()[0]
     print(f"bench: {tier} run {index + 1}: {shlex.join(cmd)}  (load {load:.2f})", flush=True)
     started = time.perf_counter()
-    code = subprocess.run(cmd).returncode
+    code = subprocess.run(cmd, env=os.environ | env if env else None).returncode
     wall = time.perf_counter() - started
     record = read_record(reports_dir / run_id)
     if code not in (0, 1):
@@ -205,6 +211,13 @@ def bench_runs(ns: argparse.Namespace) -> None:
                 for tier in tiers:
                     record, wall, load = run_once(tier, index, reports, nox, extra, label)
                     results.setdefault(_key(record, tier), []).append(record | {"_outer": (wall, load)})
+            for tier in tiers if ns.second_node else ():
+                # a node that shares only the pack: the suite's cache (its fp64 results among it) starts empty
+                with tempfile.TemporaryDirectory(prefix="bench-second-node-") as fresh:
+                    record, wall, load = run_once(tier, ns.runs, reports, nox, extra, label + "-second-node",
+                                                  {"CONFORMANCE_CACHE": fresh})
+                name, layers = _key(record, tier)
+                results.setdefault((f"{name} · second node", layers), []).append(record | {"_outer": (wall, load)})
         finally:
             if ckpt is not None and not ckpt.present and not ns.keep_checkpoints:
                 bench_realdim.remove(ckpt)  # room for the next, deeper one
@@ -231,9 +244,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="whose real dimensions (default gpt-oss-120b)")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep the real-dimension checkpoints the bench wrote (default: removed after their runs)")
+    parser.add_argument("--second-node", action="store_true",
+                        help="after each tier's runs, one more as a second node of a fleet: with the run's "
+                             "--reference-pack and an empty suite cache, so that its fp64 results come from the pack "
+                             "alone (tabled apart)")
     parser.add_argument("extra", nargs="*", help="arguments for `conformance run` (after --)")
     ns, unknown = parser.parse_known_args(argv)  # --rocm, --cuda, --model ...: for `conformance run`
     ns.extra = [*unknown, *ns.extra]
+    if ns.second_node and "--reference-pack" not in ns.extra:
+        print("bench: --second-node reads the first runs' reference pack: give the runs --reference-pack DIR "
+              "(after --).", file=sys.stderr)
+        return 2
     try:
         if ns.from_runs is not None:
             recorded: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
