@@ -157,6 +157,11 @@ def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
     assert second.returncode == 1, "fresh: the pack is not read"
     third = run_plugin(checks, "--reference-pack", str(written), env={"FORBID_COMPUTE": "1"})
     assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
+    # each run's record says what its reference did: the first computed, the third read everything from the pack
+    done = [json.loads(f.read_text())["reference_results"]
+            for f in sorted((tmp_path / "reports" / "runs").glob("*/results.json"), key=lambda f: f.stat().st_mtime_ns)]
+    assert done[0]["computed"] >= 1 and done[0]["read"] == done[0]["from_pack"] == 0
+    assert done[2]["computed"] == 0 and done[2]["read"] == done[2]["from_pack"] >= 1 and done[2]["compute_s"] == 0
 
     data = json.loads(written.read_text())
     data["key"]["model"] = "f" * 64

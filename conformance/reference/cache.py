@@ -55,8 +55,20 @@ _model_digests: dict[str, str] = {}
 def enable(root: Path) -> None:
     global _root
     _root = root
+    reset_counts()
+
+
+def reset_counts() -> None:
+    """A run's start: nothing computed or read yet (whether or not the cache is on)."""
     counts.hits = counts.misses = 0
     counts.compute_s = 0.0
+
+
+def run_summary() -> dict[str, Any]:
+    """What the run's fp64 reference did, for results.json `reference_results`: results computed, results read (from
+    the local cache or the pack), of those read from the pack, and seconds spent computing."""
+    return {"computed": counts.misses, "read": counts.hits, "from_pack": _pack.hits if _pack is not None else 0,
+            "compute_s": round(counts.compute_s, 3)}
 
 
 def disable() -> None:
@@ -123,6 +135,7 @@ def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]]
     """The results of `calls`, each read from the run's pack or the cache where it holds it; the others computed
     together by one `compute(missing calls)` (a reference that runs them layer by layer at once), in order."""
     if _root is None and _pack is None:
+        counts.misses += len(calls)
         return _timed(lambda: compute(calls))
     keys = [hashlib.sha256(json.dumps([_source_digest(), _model_digest(model_dir), variant, call],
                                       sort_keys=True, default=repr).encode()).hexdigest() for call in calls]

@@ -276,9 +276,10 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 @pytest.hookimpl(trylast=True)  # after pytest's own header, if it shows one
 def pytest_sessionstart(session: pytest.Session) -> None:
     run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
-    if not session.config.option.fresh_reference:  # conformance/reference/cache.py
-        from conformance.reference import cache
+    from conformance.reference import cache  # conformance/reference/cache.py
 
+    cache.reset_counts()
+    if not session.config.option.fresh_reference:
         cache.enable(datafiles.cache_root() / "reference-results")
     if session.config.option.reference_pack:  # a pack for another model or version: refused before anything runs
         from conformance.checkpoints.models import tiny_gpt_oss

@@ -77,6 +77,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "checks": [r.as_dict() for r in records],
         "unmatched_expectations": ctx.unmatched_expectations,
         "phases": phases.snapshot(ctx.startups),
+        "reference_results": reference_cache.run_summary(),
         **machine_health.results_fields(),
     }
 
