@@ -89,8 +89,8 @@ class DeviceReference(Reference):
 
     # Several paths at once (the greedy parity check scores the prompt set's 8): layer by layer, every path through a
     # layer before the next, so each layer's weights and routed experts reach the device once, not once a path; the
-    # CPU recomputes the spot rows of one path a layer, in turn (at 120b's dimensions the CPU's rows were most of the
-    # 110 s the 8-layer P0's reference took, one path at a time).
+    # CPU recomputes the spot rows of one path a layer, in turn (at 120b's dimensions the CPU's rows were likely most
+    # of the 110 s the 8-layer P0's reference took, one path at a time).
     def _score_many(self, paths: list[tuple[list[int], list[int], int]]) -> list[Completion]:
         if len(paths) < 2:
             return super()._score_many(paths)
