@@ -155,7 +155,7 @@ def test_layer_check_judges_router_near_ties_by_the_max_and_fails_a_router_that_
 
     bf16 = limits_for("bfloat16")
     k = int(reference.cfg["num_experts_per_tok"])
-    tied = lambda i, x: mathcheck._router_ties(reference, i, x, k, bf16.layers.router_tie)  # noqa: E731
+    tied = lambda i, x: mathcheck._router_ties(reference, i, x, k, bf16.layers.router_tie).tolist()  # noqa: E731
     if where == "near_ties":
         flip = tied
     else:  # as many positions per layer as there are near-ties, among the decided ones

@@ -92,8 +92,6 @@ class DeviceReference(Reference):
     # CPU recomputes the spot rows of one path a layer, in turn (at 120b's dimensions the CPU's rows were likely most
     # of the 110 s the 8-layer P0's reference took, one path at a time).
     def _score_many(self, paths: list[tuple[list[int], list[int], int]]) -> list[Completion]:
-        if len(paths) < 2:
-            return super()._score_many(paths)
         try:
             seqs = [prompt + continuation[:-1] if continuation else prompt for prompt, continuation, _ in paths]
             return [scored(lp, prompt, continuation, top_k)
@@ -113,8 +111,8 @@ class DeviceReference(Reference):
             s = i % len(seqs)
             n = len(seqs[s])
             rows, x_in = spot_rows(n, i), xs[s].cpu()
-            xs = dev.layer_many(i, xs, on_dev)
-            self._checked(f"layer {i} (path {s})", xs[s][rows.to(xs[s].device)],
+            xs = dev.layer_many(i, xs, on_dev) if len(xs) > 1 else [dev.layer(i, xs[0], *on_dev[0])]
+            self._checked(f"layer {i}" + (f" (path {s})" if len(seqs) > 1 else ""), xs[s][rows.to(xs[s].device)],
                           cpu.layer_rows(i, x_in, *tables[s], rows), rows, "hidden")
             dev.w.done_with(f"model.layers.{i}.")
             cpu.w.done_with(f"model.layers.{i}.")
@@ -133,51 +131,34 @@ class DeviceReference(Reference):
     # the device and its spot rows again on the CPU; the device then holds nothing (an engine may start next).
     @torch.no_grad()
     def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        dev, x = self.on_device, x.to(torch.float64)
-        try:
-            got = dev.attention(i, x.to(dev.w.device), cos.to(dev.w.device), sin.to(dev.w.device)).cpu()
-        finally:
-            dev.w.release()
-        rows = spot_rows(x.shape[0], i)
-        try:
-            want = self.checker._attention_rows(i, x, cos, sin, rows)
-        finally:
-            self.checker.w.done_with(f"model.layers.{i}.")
-        self._checked(f"layer {i} attention", got[rows], want, rows, "hidden")
-        return got
+        on = self.on_device.w.device
+        return self._block("attention", i, x, lambda x: self.on_device.attention(i, x.to(on), cos.to(on), sin.to(on)),
+                           lambda x, rows: self.checker._attention_rows(i, x, cos, sin, rows))
 
     @torch.no_grad()
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        dev, x = self.on_device, x.to(torch.float64)
+        return self._block("moe", i, x, lambda x: self.on_device.moe(i, x.to(self.on_device.w.device)),
+                           lambda x, rows: self.checker.moe(i, x[rows]))
+
+    def _block(self, what: str, i: int, x: torch.Tensor, on_device: Callable[[torch.Tensor], torch.Tensor],
+               on_cpu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Block `what` of layer i on the device, its spot rows again on the CPU; neither keeps the layer."""
+        x = x.to(torch.float64)
         try:
-            got = dev.moe(i, x.to(dev.w.device)).cpu()
+            got = on_device(x).cpu()
         finally:
-            dev.w.release()
+            self.on_device.w.release()
         rows = spot_rows(x.shape[0], i)
         try:
-            want = self.checker.moe(i, x[rows])
+            want = on_cpu(x, rows)
         finally:
             self.checker.w.done_with(f"model.layers.{i}.")
-        self._checked(f"layer {i} moe", got[rows], want, rows, "hidden")
+        self._checked(f"layer {i} {what}", got[rows], want, rows, "hidden")
         return got
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
-        dev, cpu, n = self.on_device, self.checker, len(ids)
-        cos, sin = self.rope_tables(torch.arange(n))
-        cos_d, sin_d = cos.to(dev.w.device), sin.to(dev.w.device)
-        x = dev.embed(ids)
-        for i in range(int(self.cfg["num_hidden_layers"])):
-            rows, x_in = spot_rows(n, i), x.cpu()
-            x = dev.layer(i, x, cos_d, sin_d)
-            self._checked(f"layer {i}", x[rows.to(x.device)], cpu.layer_rows(i, x_in, cos, sin, rows), rows, "hidden")
-            dev.w.done_with(f"model.layers.{i}.")
-            cpu.w.done_with(f"model.layers.{i}.")
-        rows = spot_rows(n, -1)
-        lp = dev.head(x)
-        self._checked("the final norm and lm_head", lp[rows.to(x.device)], cpu.head(x[rows.to(x.device)].cpu()),
-                      rows, "token")
-        return lp.cpu()
+        return self.logprobs_many([ids])[0]
 
 
 def reference_for(model_dir: Path | str, streaming: bool, device: str | None) -> Reference:

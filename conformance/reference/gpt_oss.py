@@ -368,9 +368,7 @@ class Reference:
 
     def layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Decoder layer i on the residual stream x [T, H]: attention, then MoE, each with its norm and residual."""
-        w, p, r = self.w, f"model.layers.{i}.", self.rounded
-        x = r(x + r(self._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps)), cos, sin)))
-        return r(x + r(self.moe(i, r(rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps)))))
+        return self.layer_many(i, [x], [(cos, sin)])[0]
 
     def layer_many(self, i: int, xs: list[torch.Tensor], tables: list[tuple[torch.Tensor, torch.Tensor]]
                    ) -> list[torch.Tensor]:

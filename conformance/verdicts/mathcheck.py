@@ -98,14 +98,14 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     return report
 
 
-def _router_ties(reference: Any, layer: int, x: torch.Tensor, k: int, margin: float) -> list[bool]:
+def _router_ties(reference: Any, layer: int, x: torch.Tensor, k: int, margin: float) -> torch.Tensor:
     """Per position of x: whether the reference's top-k experts of `layer` are decided by no more than `margin` x
     the position's largest |router logit| (rounding noise can route it either way on a healthy stack)."""
     if margin <= 0 or k < 1:
-        return [False] * x.shape[0]
+        return torch.zeros(x.shape[0], dtype=torch.bool)
     logits = reference.router_logits(layer, x)
     top = torch.topk(logits, k + 1, dim=-1).values
-    return ((top[:, k - 1] - top[:, k]) <= margin * logits.abs().amax(dim=-1)).tolist()
+    return (top[:, k - 1] - top[:, k]) <= margin * logits.abs().amax(dim=-1)
 
 
 def decisive_router_inputs(reference: Any, layers: tuple[int, ...], m: int, dtype: torch.dtype,
@@ -126,9 +126,7 @@ def decisive_router_inputs(reference: Any, layers: tuple[int, ...], m: int, dtyp
         x = torch.randn(max(m, 64), hidden, generator=gen, dtype=torch.float64).to(dtype).to(torch.float64)
         ok = torch.ones(len(x), dtype=torch.bool)
         for layer in layers:
-            logits = reference.router_logits(layer, x)
-            top = torch.topk(logits, k + 1, dim=-1).values
-            ok &= (top[:, k - 1] - top[:, k]) > tie_ulps * eps * logits.abs().amax(dim=-1)
+            ok &= ~_router_ties(reference, layer, x, k, tie_ulps * eps)
         rows.append(x)
         decided.append(ok)
     ok = torch.cat(decided)
@@ -189,7 +187,7 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
                 want = reference.attention(i, x, cos, sin) if block == "attn" else reference.moe(i, x)
                 rel = (y - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)
                 rel = torch.nan_to_num(rel, nan=math.inf, posinf=math.inf)  # a NaN output fails
-                tied = _router_ties(reference, i, x, k, tol.router_tie) if block == "moe" else [False] * count
+                tied = _router_ties(reference, i, x, k, tol.router_tie if block == "moe" else 0.0).tolist()
                 kind = reference.layer_type(i)
                 for t, (value, tie) in enumerate(zip(rel.tolist(), tied)):
                     phase = "prefill" if t < prefill else "decode"
