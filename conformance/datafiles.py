@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import sys
+import time
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -53,13 +55,67 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "gpu-llm-conformance"
 
 
+HASH_MEMO = "content-hashes.json"  # in cache_root(): digests of checkpoints, by the state of their files
+HASH_MEMO_ENTRIES = 64
+RACY_NS = 2_000_000_000  # files changed more recently are read every time (as git treats a racy index entry)
+_digests: dict[str, str] = {}
+
+
 def content_hash(model_dir: Path) -> str:
-    """sha256 over config.json and every safetensors file, in name order."""
-    digest = hashlib.sha256()
+    """sha256 over config.json and every safetensors file, in name order.
+
+    Every byte is read once per state of the files: the digest is kept, in this process and in the suite cache
+    (`content-hashes.json`), under the directory and each file's name, size, inode, modification and change time,
+    and computed again when any of them differs. Writing a file changes its change time, which no user can set
+    back, so a file rewritten in place is hashed again. At gpt-oss-120b's size (65 GB) a read costs about a minute,
+    and a run needs the digest twice (the model's record and the reference's result keys)."""
     files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
+    stats = [(f.name, f.stat()) for f in files]
+    state = json.dumps([str(model_dir.resolve()),
+                        [[n, s.st_size, s.st_ino, s.st_mtime_ns, s.st_ctime_ns] for n, s in stats]])
+    key = hashlib.sha256(state.encode()).hexdigest()
+    if key in _digests:
+        return _digests[key]
+    if any(time.time_ns() - s.st_ctime_ns < RACY_NS for _, s in stats):
+        return _read_through(files)  # changed just now: a second change within the clock's tick could keep its times
+    memo_path = cache_root() / HASH_MEMO
+    memo = _read_memo(memo_path)
+    if key not in memo:
+        digest = _read_through(files)
+        memo = {k: v for k, v in _read_memo(memo_path).items() if k != key}
+        memo = dict(list(memo.items())[-(HASH_MEMO_ENTRIES - 1):]) | {key: digest}
+        _write_memo(memo_path, memo)
+    _digests[key] = memo[key]
+    return memo[key]
+
+
+def _read_through(files: list[Path]) -> str:
+    digest = hashlib.sha256()
     for f in files:
         digest.update(f.name.encode())
         with f.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def _read_memo(path: Path) -> dict[str, str]:
+    """The kept digests; an absent, unreadable or damaged memo is an empty one (its digests are computed again)."""
+    try:
+        memo = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(memo, dict):
+        return {}
+    return {k: v for k, v in memo.items() if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
+
+
+def _write_memo(path: Path, memo: dict[str, str]) -> None:
+    """Written whole and renamed into place; a cache that cannot be written costs the next run a read, no more."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -48,7 +48,7 @@ def test_compute_seconds_count_computes_not_reads(cached: Path, monkeypatch, tmp
     """The run's `reference` phase sums these: a computed result adds its seconds, a read adds none."""
     clock = iter([10.0, 12.5, 20.0, 21.0])
     monkeypatch.setattr(cache.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(cache, "_model_digest", lambda model_dir: "model")
+    monkeypatch.setattr(cache, "content_hash", lambda model_dir: "model")
     result = Completion([1, 2], [3], [], [])
     assert cache.counts.compute_s == 0.0  # enable() reset it
     assert cache.completion(tmp_path, {}, ["score", [1, 2], [3], 1], lambda: result) == result
@@ -63,7 +63,7 @@ def test_compute_seconds_count_computes_not_reads(cached: Path, monkeypatch, tmp
 def test_several_calls_compute_only_those_the_cache_lacks_together_in_order(cached: Path, monkeypatch, tmp_path: Path):
     """`completions` (the reference's score_all): cached results are read, the others computed by one call with
     just them, and every result comes back in the order asked."""
-    monkeypatch.setattr(cache, "_model_digest", lambda model_dir: "model")
+    monkeypatch.setattr(cache, "content_hash", lambda model_dir: "model")
     calls = [["score", [1, n], [3], 1] for n in range(4)]
     made = lambda c: Completion(c[1], c[2], [], [])  # noqa: E731
     cache.completion(tmp_path, {}, calls[1], lambda: made(calls[1]))
@@ -101,3 +101,40 @@ def test_a_damaged_entry_is_computed_again_and_rewritten(tiny, cached: Path):
         assert Reference(tiny.path).score([5, 6, 7], [8], 4) == want
     assert cache.counts.hits == 0 and cache.counts.misses == 4
     assert Reference(tiny.path).score([5, 6, 7], [8], 4) == want and cache.counts.hits == 1
+
+
+def test_a_checkpoint_is_read_once_per_state_of_its_files(tmp_path: Path, monkeypatch):
+    """#38: the model's record and the reference's keys both need the checkpoint's content hash, a minute's read at
+    gpt-oss-120b's size. It is read once per state of the files, kept in this process and in the suite cache; a
+    file of another size, a damaged memo or a file changed in the last two seconds (whose times a second change
+    could keep) is read again."""
+    import hashlib
+    import json
+
+    from conformance import datafiles
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    want = hashlib.sha256(b"config.json{}model.safetensorsweights").hexdigest()  # the definition, unchanged
+    reads = []
+    read_through = datafiles._read_through
+    monkeypatch.setattr(datafiles, "_read_through", lambda files: reads.append(1) or read_through(files))
+
+    assert datafiles.content_hash(model) == datafiles.content_hash(model) == want and len(reads) == 2  # just written
+    monkeypatch.setattr(datafiles, "RACY_NS", 0)
+    assert datafiles.content_hash(model) == want and len(reads) == 3
+    monkeypatch.setattr(datafiles, "_digests", {})  # another run on this node: the memo on disk answers
+    assert datafiles.content_hash(model) == want and len(reads) == 3
+    assert list(json.loads((tmp_path / "cache" / datafiles.HASH_MEMO).read_text()).values()) == [want]
+
+    (model / "model.safetensors").write_bytes(b"weights, changed")
+    changed = hashlib.sha256(b"config.json{}model.safetensorsweights, changed").hexdigest()
+    assert datafiles.content_hash(model) == changed and len(reads) == 4
+
+    (tmp_path / "cache" / datafiles.HASH_MEMO).write_text("{not json")
+    monkeypatch.setattr(datafiles, "_digests", {})
+    assert datafiles.content_hash(model) == changed and len(reads) == 5  # a damaged memo: read again, replaced
+    assert list(json.loads((tmp_path / "cache" / datafiles.HASH_MEMO).read_text()).values()) == [changed]

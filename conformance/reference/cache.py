@@ -49,7 +49,6 @@ class Counts:
 _root: Path | None = None
 _pack: Pack | None = None
 counts = Counts()
-_model_digests: dict[str, str] = {}
 
 
 def enable(root: Path) -> None:
@@ -104,15 +103,6 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def _model_digest(model_dir: Path) -> str:
-    """The checkpoint's content hash, computed again whenever one of its files changed size or time."""
-    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
-    key = json.dumps([str(model_dir.resolve()), [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]])
-    if key not in _model_digests:
-        _model_digests[key] = content_hash(model_dir)
-    return _model_digests[key]
-
-
 def encode(c: Completion) -> dict:
     steps = lambda rows: [[s.token, [[t, v] for t, v in s.top.items()]] for s in rows]  # noqa: E731
     return {"prompt_ids": c.prompt_ids, "token_ids": c.token_ids, "steps": steps(c.steps),
@@ -137,7 +127,7 @@ def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]]
     if _root is None and _pack is None:
         counts.misses += len(calls)
         return _timed(lambda: compute(calls))
-    keys = [hashlib.sha256(json.dumps([_source_digest(), _model_digest(model_dir), variant, call],
+    keys = [hashlib.sha256(json.dumps([_source_digest(), content_hash(model_dir), variant, call],
                                       sort_keys=True, default=repr).encode()).hexdigest() for call in calls]
     results: list[Completion | None] = []
     for key, call in zip(keys, calls):

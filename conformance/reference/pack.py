@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.datafiles import content_hash
 from conformance.engines.base import Completion
 from conformance.reference import cache
 
@@ -42,7 +43,7 @@ class PackKey:
 def run_key(model_dir: Path, prompts: Any) -> PackKey:
     """The key of a run of the checkpoint in `model_dir` with the prompt set `prompts` (JSON-serialisable)."""
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
-    return PackKey(cache._model_digest(model_dir), digest, cache._source_digest())
+    return PackKey(content_hash(model_dir), digest, cache._source_digest())
 
 
 @dataclass

@@ -46,7 +46,8 @@ def run(request: pytest.FixtureRequest) -> RunContext:
 @pytest.fixture(scope="session")
 def model_under_test(run: RunContext) -> ModelUnderTest:
     """The checkpoint under test; its `load` phase: the tiny one waited for (it builds in the background), or
-    --model's directory inspected and content-hashed (every byte read: a minute at gpt-oss-120b's size)."""
+    --model's directory inspected and content-hashed (every byte read, a minute at gpt-oss-120b's size, once per
+    state of its files: datafiles.content_hash keeps the digest in the suite cache)."""
     from conformance.checkpoints.models import tiny_gpt_oss
     from conformance.datafiles import content_hash
 
