@@ -212,7 +212,7 @@ def test_the_noise_twin_is_the_same_reference_with_its_activations_rounded(tiny,
     assert torch.equal(on_device.logprobs(IDS), twin)
     assert on_device.worst_rel < device.SPOT_RTOL
     apart = float((twin - reference.logprobs(IDS)).abs().max())
-    assert 1e-4 < apart < 2.0, apart  # over the whole vocabulary, its least likely tokens too
+    assert 1e-4 < apart < 4.0, apart  # over the whole vocabulary, its least likely tokens too (a bf16 engine: 6.7)
 
 
 def test_several_paths_run_layer_by_layer_at_once_and_agree_with_one_at_a_time(tiny, reference, tiny_prompts):

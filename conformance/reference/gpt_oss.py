@@ -35,9 +35,12 @@ class Math:
     renormalise_topk: bool = True  # False: softmax over all experts, then take the top-k weights
     router_bias: bool = True
     expert_bias: bool = True
-    # Not a fault: the noise twin of a low-precision engine. Each block's input and output and the residual stream
-    # are rounded to this dtype, as a healthy engine holds them between its ops (greedy parity at depth: the noise
-    # a healthy stack accumulates over the layers, docs/verdicts.md "Greedy parity at depth").
+    # Not a fault: the noise twin of a low-precision engine. Each block's input and output, the residual stream and,
+    # inside the blocks, q, k and v (RoPE applied), the attention output before o_proj and the router logits are
+    # rounded to this dtype, as a healthy engine holds them between its ops (greedy parity at depth: the noise a
+    # healthy stack accumulates over the layers, docs/verdicts.md "Greedy parity at depth"). The tensors inside the
+    # attention block matter most: with the blocks' edges alone, the engine's noise grew with position faster than
+    # the twin's (up to 4.3x it in one position band, fp16 at 8 layers).
     activations: str | None = None
 
 
@@ -279,8 +282,9 @@ class Reference:
         q = (x @ w[p + "q_proj.weight"].T + w[p + "q_proj.bias"]).view(t, n_h, d)
         k = (x @ w[p + "k_proj.weight"].T + w[p + "k_proj.bias"]).view(t, n_kv, d)
         v = (x @ w[p + "v_proj.weight"].T + w[p + "v_proj.bias"]).view(t, n_kv, d)
-        q, k = rope(q, cos, sin, m.rope_style), rope(k, cos, sin, m.rope_style)
-        return (q, *self._kv_stored(k, v))
+        r = self.rounded
+        q, k = r(rope(q, cos, sin, m.rope_style)), r(rope(k, cos, sin, m.rope_style))
+        return (q, *self._kv_stored(k, r(v)))
 
     def _kv_stored(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k and v as the cache holds them: exact here; a quantized-KV reference rounds them."""
@@ -310,7 +314,7 @@ class Reference:
             # the sink joins the softmax normaliser once (or, mutated, twice) and carries no value
             sinks = [sink] * m.sink_count
             probs = torch.softmax(torch.cat([scores, *sinks], dim=-1), dim=-1)[..., :t]
-        attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(t, n_h * d)
+        attn = self.rounded(torch.einsum("hqk,khd->qhd", probs, v).reshape(t, n_h * d))
         return attn @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
 
     def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -327,7 +331,7 @@ class Reference:
         """Layer i's router logits [T, experts] on normalised hidden states x, its bias included, fp64."""
         p = f"model.layers.{i}.mlp."
         logits = x.to(torch.float64) @ self.w[p + "router.weight"].T
-        return logits + self.w[p + "router.bias"] if self.math.router_bias else logits
+        return self.rounded(logits + self.w[p + "router.bias"] if self.math.router_bias else logits)
 
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The MoE block of layer i on normalised hidden states x [T, H]; only routed experts run."""

@@ -179,7 +179,7 @@ class LongReference(Reference):
                 probs = fp8_round(probs * shift, self.kv_quant) / shift
             probs.div_(denom)
             out[s:s + len(qi)] = torch.einsum("hqk,khd->qhd", probs, vv).reshape(len(qi), n_h * d)
-        return out @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
+        return self.rounded(out) @ w[p + "o_proj.weight"].T + w[p + "o_proj.bias"]
 
     def layer_rows(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    rows: torch.Tensor) -> torch.Tensor:

@@ -34,19 +34,28 @@ class LogprobTolerance:
     # accumulates over this model's layers; reference Math.activations), never below the limits above. None: fixed.
     noise_dtype: str | None = None
     noise_ratio: float | None = None
+    # the same for the per-band medians (default noise_ratio): a band of a few dozen positions, often one sequence's,
+    # follows that sequence's noise, and the engine's sequence and the twin's part differently at depth
+    stratum_noise_ratio: float | None = None
 
     def above_noise(self, noise: dict[str, float]) -> LogprobTolerance:
-        """These limits, each raised to noise_ratio x the noise twin's figure of its kind where that is larger."""
+        """These limits, each raised to noise_ratio (the band medians: stratum_noise_ratio) x the noise twin's figure
+        of its kind where that is larger."""
         r = float(self.noise_ratio or 0.0)
-        strata = max((v for k, v in noise.items() if k.startswith("median_abs_dlogprob_")), default=0.0)
 
-        def up(limit: float | None, figure: float) -> float | None:
-            return None if limit is None else max(limit, r * figure)
+        def up(limit: float | None, figure: float, ratio: float = r) -> float | None:
+            return None if limit is None else max(limit, ratio * figure)
 
         return replace(self, max_abs=up(self.max_abs, noise["max_abs_dlogprob"]) or self.max_abs,
                        p99=up(self.p99, noise["p99_abs_dlogprob"]),
                        median=up(self.median, noise["median_abs_dlogprob"]),
-                       stratum_median=up(self.stratum_median, strata))
+                       stratum_median=up(self.stratum_median, largest_stratum_median(noise),
+                                         float(self.stratum_noise_ratio or r)))
+
+
+def largest_stratum_median(figures: dict[str, float]) -> float:
+    """The largest per-stratum (phase and position band) median |Δlogprob| of a comparison's figures; 0 if none."""
+    return max((v for k, v in figures.items() if k.startswith("median_abs_dlogprob_")), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ class ParityReport(Verdict):
             "greedy_divergences": float(self.divergences),
         }
         for (phase, band), values in sorted(self.strata.items()):
-            if values:
+            if len(values) >= MIN_STRATUM:  # a smaller stratum is not judged: not recorded, and widens no limit
                 figs[f"median_abs_dlogprob_{phase}_{band}"] = statistics.median(values)
         return figs
 
@@ -127,12 +136,13 @@ class ParityReport(Verdict):
         for name, limit in limits:
             if limit is not None and not figs[name] <= limit:  # NaN fails too
                 self.problems.append(f"{name} = {figs[name]:.3g} exceeds the tolerance {limit:.3g}")
-        for (phase, band), values in sorted(self.strata.items()):
-            # strata too small for a median say nothing; the global limits still hold for them
-            limit = tol.stratum_median
-            if limit is not None and len(values) >= MIN_STRATUM and not statistics.median(values) <= limit:
-                self.problems.append(f"{phase} positions {band}: median |Δlogprob| {statistics.median(values):.3g} "
-                                     f"exceeds the stratum tolerance {limit:.3g}")
+        for key, median in figs.items():
+            # strata too small for a median say nothing (figures() leaves them out); the global limits still hold
+            if key.startswith("median_abs_dlogprob_") and tol.stratum_median is not None \
+                    and not median <= tol.stratum_median:
+                phase, band = key.removeprefix("median_abs_dlogprob_").split("_")
+                self.problems.append(f"{phase} positions {band}: median |Δlogprob| {median:.3g} "
+                                     f"exceeds the stratum tolerance {tol.stratum_median:.3g}")
         return self
 
     def summary(self) -> str:

