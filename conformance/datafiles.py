@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from functools import lru_cache
 from importlib import resources
@@ -59,6 +60,7 @@ HASH_MEMO = "content-hashes.json"  # in cache_root(): digests of checkpoints, by
 HASH_MEMO_ENTRIES = 64
 RACY_NS = 2_000_000_000  # files changed more recently are read every time (as git treats a racy index entry)
 _digests: dict[str, str] = {}
+_hashing = threading.Lock()  # one at a time: a caller waits for a background hash of the same files
 
 
 def content_hash(model_dir: Path) -> str:
@@ -69,6 +71,11 @@ def content_hash(model_dir: Path) -> str:
     and computed again when any of them differs. Writing a file changes its change time, which no user can set
     back, so a file rewritten in place is hashed again. At gpt-oss-120b's size (65 GB) a read costs about a minute,
     and a run needs the digest twice (the model's record and the reference's result keys)."""
+    with _hashing:
+        return _content_hash(model_dir)
+
+
+def _content_hash(model_dir: Path) -> str:
     files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
     stats = [(f.name, f.stat()) for f in files]
     state = json.dumps([str(model_dir.resolve()),

@@ -393,3 +393,34 @@ def test_the_failure_class_comes_from_the_exception_type_not_its_text():
     assert runrecord.classify("failed", "Timeout (>30.0s) from pytest-timeout.", []) == "timeout"
     assert runrecord.classify("failed", "Timeouts differ", []) == "new_failure"
     assert runrecord.classify("error", "x", []) == "could_not_run" and runrecord.classify("xfailed", "x") == "known_bug"
+
+
+def test_a_models_content_hash_is_read_in_the_background_and_recorded(tiny, tmp_path):
+    """#38: --model's content hash (every byte read: a minute at gpt-oss-120b's size) no longer holds up the
+    model_under_test fixture: the run reads it in the background from collection on, and the record carries it."""
+    import shutil
+
+    from conformance.datafiles import content_hash
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny.path, model)
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "test_model.py").write_text(f'''import pytest
+
+from conformance.verdicts.verdict import fail
+
+
+@pytest.mark.p0
+def test_model_is_inspected_not_hashed(model_under_test):
+    {DOC}
+    if model_under_test.digest is not None or model_under_test.path.name != "model":
+        fail("the fixture hashed the model, or holds another")
+''')
+    cache = tmp_path / "cache"
+    proc = run_plugin(checks, "--model", str(model), env={"CONFORMANCE_CACHE": str(cache)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert ran(checks) == {"test_model_is_inspected_not_hashed": "passed"}
+    record = json.loads(max((tmp_path / "reports" / "runs").glob("*/results.json")).read_text())
+    assert record["model"]["content_hash"] == content_hash(model) == tiny.content_hash
+    assert "checkpoints" in record["phases"]  # the background job's time: with --model, the hash is its only job

@@ -33,9 +33,18 @@ STREAMING_ABOVE_PARAMS = 500_000_000
 class ModelUnderTest:
     name: str
     path: Path
-    content_hash: str | None
+    digest: str | None  # the tiny checkpoint's, known when built; None: --model's, read on first use
     config: dict
     num_params: int
+
+    @property
+    def content_hash(self) -> str:
+        """The checkpoint's sha256 (datafiles.content_hash). --model's is computed in the background from
+        collection on (phases.build_jobs): the first checks and the engine's start overlap its read (a minute at
+        gpt-oss-120b's size), and only what needs it waits (the record, the reference's keys, the twin's slice)."""
+        from conformance.datafiles import content_hash
+
+        return self.digest or content_hash(self.path)
 
 
 @pytest.fixture(scope="session")
@@ -46,10 +55,8 @@ def run(request: pytest.FixtureRequest) -> RunContext:
 @pytest.fixture(scope="session")
 def model_under_test(run: RunContext) -> ModelUnderTest:
     """The checkpoint under test; its `load` phase: the tiny one waited for (it builds in the background), or
-    --model's directory inspected and content-hashed (every byte read, a minute at gpt-oss-120b's size, once per
-    state of its files: datafiles.content_hash keeps the digest in the suite cache)."""
+    --model's directory inspected (its content hash is read in the background: ModelUnderTest.content_hash)."""
     from conformance.checkpoints.models import tiny_gpt_oss
-    from conformance.datafiles import content_hash
 
     started = time.perf_counter()
     if run.model_arg:
@@ -57,13 +64,13 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
             info = inspect_model_dir(Path(run.model_arg))
         except ModelDirError as exc:
             pytest.fail(str(exc), pytrace=False)
-        m = ModelUnderTest(str(info.path), info.path, content_hash(info.path), info.config, info.num_params)
+        m = ModelUnderTest(str(info.path), info.path, None, info.config, info.num_params)
     else:
         phases.wait_built("tiny")  # built in the background from collection on (phases.py)
         tiny = tiny_gpt_oss()
         info = inspect_model_dir(tiny.path)
         m = ModelUnderTest("tiny-gpt-oss", tiny.path, tiny.content_hash, info.config, info.num_params)
-    run.model_meta = {"name": m.name, "content_hash": m.content_hash, "path": str(m.path) if run.model_arg else None,
+    run.model_meta = {"name": m.name, "content_hash": m.digest, "path": str(m.path) if run.model_arg else None,
                       "num_params": m.num_params}
     phases.record("load", time.perf_counter() - started)
     return m

@@ -5,9 +5,10 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
 - `startup`: interpreter start to the end of collection (Python, pytest and the suite's imports);
 - `imports`: the forkserver's import of torch, vLLM and transformers (conformance/engines/forkserver.py), from its
   start to the first child it forks;
-- `checkpoints`: building (or, when cached, verifying) the tiny checkpoints and the o200k vocabulary;
+- `checkpoints`: building (or, when cached, verifying) the tiny checkpoints and the o200k vocabulary, and with
+  --model reading its content hash, all in the background from collection on;
 - `load`: the model under test made ready (the `model_under_test` fixture): the tiny checkpoint waited for, or
-  --model's directory inspected and content-hashed; each engine's own weight load is part of its start;
+  --model's directory inspected; each engine's own weight load is part of its start;
 - `reference`: the fp64 reference's set-up and every result the run computed rather than read from the cache or a
   reference pack (the `reference` fixture, reference/cache.py); the computes run inside checks, so this overlaps
   their durations;
@@ -171,7 +172,7 @@ def wait_built(name: str, timeout_s: float = 1800.0) -> None:
 
 def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[], Any]]]:
     """What the selected checks will need built: the tiny checkpoint (no --model), the o200k vocabulary
-    and the tiny model with the o200k tokenizer (tokenizer and server checks)."""
+    and the tiny model with the o200k tokenizer (tokenizer and server checks); with --model, its content hash."""
     names = {name for item in items for name in getattr(item, "fixturenames", ())}
     jobs: list[tuple[str, Callable[[], Any]]] = []
     if run.model_arg is None and names & {"model_under_test", "engine", "engines", "reference", "prompts"}:
@@ -187,6 +188,11 @@ def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[
             from conformance.checkpoints.models import tiny_gpt_oss_with_tokenizer
 
             jobs.append(("tiny-tok", tiny_gpt_oss_with_tokenizer))
+    if run.model_arg is not None:  # last: the vocabulary is wanted sooner; the record and the reference wait for it
+        from conformance.datafiles import content_hash
+
+        model_dir = Path(run.model_arg)  # a directory it cannot read is the model_under_test fixture's to report
+        jobs.append(("model hash", lambda: content_hash(model_dir)))
     return jobs
 
 

@@ -71,7 +71,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "profile": ctx.profile,
         "profile_settings": ctx.target.profile.record() if ctx.target.profile is not None else None,
         "tiers": sorted({r.tier for r in records}),
-        "model": ctx.model_meta,
+        "model": model_record(ctx.model_meta),
         "fingerprint": fp,
         "summary": runrecord.summary_of(records),
         "checks": [r.as_dict() for r in records],
@@ -80,6 +80,20 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "reference_results": reference_cache.run_summary(),
         **machine_health.results_fields(),
     }
+
+
+def model_record(meta: dict[str, Any]) -> dict[str, Any]:
+    """The record's `model`: --model's content hash, read in the background during the run, is taken here (read
+    now if the run ended before it was; None if the files cannot be read)."""
+    if meta.get("content_hash") is not None or not meta.get("path"):
+        return dict(meta)
+    from conformance.datafiles import content_hash
+
+    try:
+        digest: str | None = content_hash(Path(meta["path"]))
+    except OSError:
+        digest = None
+    return dict(meta) | {"content_hash": digest}
 
 
 def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
