@@ -35,12 +35,12 @@ class Math:
     renormalise_topk: bool = True  # False: softmax over all experts, then take the top-k weights
     router_bias: bool = True
     expert_bias: bool = True
-    # Not a fault: the noise twin of a low-precision engine. Each block's input and output, the residual stream and,
-    # inside the blocks, q, k and v (RoPE applied), the attention output before o_proj and the router logits are
-    # rounded to this dtype, as a healthy engine holds them between its ops (greedy parity at depth: the noise a
-    # healthy stack accumulates over the layers, docs/verdicts.md "Greedy parity at depth"). The tensors inside the
-    # attention block matter most: with the blocks' edges alone, the engine's noise grew with position faster than
-    # the twin's (up to 4.3x it in one position band, fp16 at 8 layers).
+    # Not a fault: the noise twin of a low-precision engine. Its weights, each block's input and output, the residual
+    # stream and, inside the blocks, q, k and v (RoPE applied), the attention output before o_proj and the router
+    # logits are rounded to this dtype, as a healthy engine of that dtype holds them (greedy parity at depth: the
+    # noise a healthy stack accumulates over the layers, docs/verdicts.md "Greedy parity at depth"). On a checkpoint
+    # stored in bf16 (the real gpt-oss) rounding its weights to bf16 changes nothing; on the tiny model's fp32 weights
+    # it is most of the engine's noise.
     activations: str | None = None
 
 
@@ -136,10 +136,13 @@ class WeightStore:
     at most `budget` bytes (HOST_MEMORY_SHARE of what the host has available when it opens): an expert that would
     pass it is dequantized for its use and not kept, so the reference runs, slower, where the memory is short."""
 
-    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu") -> None:
+    def __init__(self, model_dir: Path, streaming: bool = False, device: str = "cpu",
+                 weights_dtype: str | None = None) -> None:
         from safetensors import safe_open
 
         self.streaming, self.device = streaming, torch.device(device)
+        # the noise twin's: every tensor rounded to the dtype an engine of that dtype holds it in, then widened
+        self.weights_dtype = getattr(torch, weights_dtype) if weights_dtype else None
         self.where: dict[str, Any] = {}
         for f in sorted(model_dir.glob("*.safetensors")):
             handle = safe_open(str(f), framework="pt")
@@ -163,7 +166,7 @@ class WeightStore:
         if name not in self.cache:
             if name not in self.where:
                 raise KeyError(f"the checkpoint has no tensor {name}")
-            self.cache[name] = self.where[name].get_tensor(name).to(self.device).to(torch.float64)
+            self.cache[name] = self._wide(self.where[name].get_tensor(name).to(self.device))
             self.held += _nbytes(self.cache[name])
         return self.cache[name]
 
@@ -174,7 +177,7 @@ class WeightStore:
         if self.keeps_tables or name in self.cache:
             return self[name][torch.tensor(ids, device=self.device)]
         table, distinct = self.where[name].get_slice(name), sorted(set(ids))
-        rows = torch.cat([table[i:i + 1] for i in distinct]).to(self.device).to(torch.float64)  # read row by row
+        rows = self._wide(torch.cat([table[i:i + 1] for i in distinct]).to(self.device))  # read row by row
         where = {token: n for n, token in enumerate(distinct)}
         return rows[torch.tensor([where[i] for i in ids], device=self.device)]
 
@@ -196,11 +199,15 @@ class WeightStore:
         for start in range(0, rows, HEAD_CHUNK):
             end = min(rows, start + HEAD_CHUNK)
             chunk = stored[start:end] if stored is not None else table[start:end]
-            out[:, start:end] = x @ chunk.to(self.device).to(torch.float64).T
+            out[:, start:end] = x @ self._wide(chunk.to(self.device)).T
         return out
 
     def _slice(self, name: str, e: int) -> torch.Tensor:
         return self.where[name].get_slice(name)[e].to(self.device)
+
+    def _wide(self, t: torch.Tensor) -> torch.Tensor:
+        """t in fp64, as stored or (the noise twin) as an engine of `weights_dtype` holds it."""
+        return (t if self.weights_dtype is None else t.to(self.weights_dtype)).to(torch.float64)
 
     def expert(self, prefix: str, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W1 [2I, H], b1 [2I], W2 [H, I], b2 [H]) of expert e, whatever the on-disk layout."""
@@ -211,11 +218,12 @@ class WeightStore:
         for stem in ("gate_up_proj", "down_proj"):
             name = prefix + "experts." + stem
             if name + "_blocks" in self.where:  # MXFP4, stored [out, in/32, 16]
-                mats.append(dequant_mxfp4(self._slice(name + "_blocks", e), self._slice(name + "_scales", e)))
+                mats.append(self._wide(dequant_mxfp4(self._slice(name + "_blocks", e),
+                                                     self._slice(name + "_scales", e))))
             else:  # plain HF layout [in, out]
-                mats.append(self._slice(name, e).to(torch.float64).T)
-        b1 = self._slice(prefix + "experts.gate_up_proj_bias", e).to(torch.float64)
-        b2 = self._slice(prefix + "experts.down_proj_bias", e).to(torch.float64)
+                mats.append(self._wide(self._slice(name, e)).T)
+        b1 = self._wide(self._slice(prefix + "experts.gate_up_proj_bias", e))
+        b2 = self._wide(self._slice(prefix + "experts.down_proj_bias", e))
         got = (mats[0], b1, mats[1], b2)
         size = _nbytes(*got)
         if (self.budget is not None and self.held + size > self.budget) or (
@@ -258,7 +266,7 @@ class Reference:
         self.model_dir = Path(model_dir)
         self.math = MUTATIONS[math_] if isinstance(math_, str) else (math_ or Math())
         self.cfg = json.loads((self.model_dir / "config.json").read_text())
-        self.w = WeightStore(self.model_dir, streaming, device)
+        self.w = WeightStore(self.model_dir, streaming, device, self.math.activations)
         c = self.cfg
         self.head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
         self.inv_freq, self.concentration = yarn_inv_freq(c, self.head_dim, self.math.yarn_rounded)

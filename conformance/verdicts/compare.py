@@ -36,23 +36,19 @@ class LogprobTolerance:
     # accumulates over this model's layers; reference Math.activations), never below the limits above. None: fixed.
     noise_dtype: str | None = None
     noise_ratio: float | None = None
-    # the same for the per-band medians (default noise_ratio): a band of a few dozen positions, often one sequence's,
-    # follows that sequence's noise, and the engine's sequence and the twin's part differently at depth
-    stratum_noise_ratio: float | None = None
 
     def above_noise(self, noise: dict[str, float]) -> LogprobTolerance:
-        """These limits, each raised to noise_ratio (the band medians: stratum_noise_ratio) x the noise twin's figure
-        of its kind where that is larger."""
+        """These limits, each raised to noise_ratio x the noise twin's figure of its kind where that is larger (the
+        position bands' median: the twin's largest band median)."""
         r = float(self.noise_ratio or 0.0)
 
-        def up(limit: float | None, figure: float, ratio: float = r) -> float | None:
-            return None if limit is None else max(limit, ratio * figure)
+        def up(limit: float | None, figure: float) -> float | None:
+            return None if limit is None else max(limit, r * figure)
 
         return replace(self, max_abs=up(self.max_abs, noise["max_abs_dlogprob"]) or self.max_abs,
                        p99=up(self.p99, noise["p99_abs_dlogprob"]),
                        median=up(self.median, noise["median_abs_dlogprob"]),
-                       stratum_median=up(self.stratum_median, largest_stratum_median(noise),
-                                         float(self.stratum_noise_ratio or r)))
+                       stratum_median=up(self.stratum_median, largest_stratum_median(noise)))
 
 
 def largest_stratum_median(figures: dict[str, float]) -> float:
@@ -247,11 +243,10 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
             record_figure(f"noise_twin_{name}", noise[name])
         report = logprobs_close(outputs, want, tol.above_noise(noise))
         if not report.ok:
-            figures = ", ".join(f"{k} {noise[f'{k}_abs_dlogprob']:.3g}" for k in ("median", "p99", "max"))
-            bands = f"; position bands {tol.stratum_noise_ratio:g} x its largest band median " \
-                f"{noise['stratum_median_abs_dlogprob']:.3g}" if tol.stratum_noise_ratio else ""
+            names = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
+            figures = ", ".join(f"{name} {noise[f'{k}_abs_dlogprob']:.3g}" for k, name in names.items())
             report.problems.insert(0, f"limits widened to {tol.noise_ratio:g} x the {tol.noise_dtype} noise twin's "
-                                      f"({figures}{bands}) and still exceeded:")
+                                      f"({figures}) and still exceeded:")
     record_figures(record_figure, report)
     return report
 

@@ -128,10 +128,9 @@ def _logprob_tolerance(row: dict[str, Any], dtype: str | None = None) -> Logprob
     """A [logprobs.<dtype>]-shaped row; `dtype` given (greedy parity's own row), its `noise_ratio` names the noise
     twin of that dtype."""
     ratio = row.get("noise_ratio") if dtype else None
-    bands = row.get("stratum_noise_ratio") if ratio else None
     return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median"),
                             bool(row.get("pairwise_greedy", True)), dtype if ratio else None,
-                            float(ratio) if ratio else None, float(bands) if bands else None)
+                            float(ratio) if ratio else None)
 
 
 def _diagnosis(row: dict[str, Any], parity: LogprobTolerance, dtype: str) -> Diagnosis:
