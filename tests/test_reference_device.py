@@ -199,8 +199,8 @@ def test_a_block_off_on_the_device_is_caught(tiny, reference, block):
 
 def test_the_noise_twin_is_the_same_reference_with_its_activations_rounded(tiny, reference):
     """Greedy parity at depth scores the engine's paths with the reference's noise twin: the same class, checkpoint
-    and device, its activations rounded to the dtype. On the device path it is the CPU twin exactly, its spot rows
-    agreeing; it sits a bf16 rounding's noise away from the fp64 reference, not further."""
+    and device, its weights and activations held in the dtype. On the device path it is the CPU twin exactly, its
+    spot rows agreeing; it sits a bf16 rounding's noise away from the fp64 reference, not further."""
     from conformance.reference.device import noise_twin
     from conformance.reference.gpt_oss import Math
 

@@ -22,7 +22,7 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     renormalised, dropped biases — on prompts longer than the 128-token window.
     In bf16/fp16 a deep model accumulates noise over its layers on a healthy stack: where the engine exceeds the
     dtype's limits, they widen to tolerances.toml noise_ratio x the figures of the noise twin (the fp64 reference
-    with its activations rounded to the dtype) on the same paths, recorded as noise_twin_* figures. What drowns
+    holding its weights and activations in the dtype) on the same paths, recorded as noise_twin_* figures. What drowns
     in that noise at depth is the per-layer blocks' and the exact float32 twin's to catch (no error carried).
     Reference: docs/model.md "The math a reference must reproduce"; vLLM tests/models/utils.py
       check_logprobs_close (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py);

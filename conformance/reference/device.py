@@ -169,8 +169,8 @@ def reference_for(model_dir: Path | str, streaming: bool, device: str | None) ->
 
 
 def noise_twin(reference: Reference, dtype: str) -> Reference:
-    """`reference` with its activations rounded to `dtype` (Math.activations): the same class, checkpoint, math and
-    device; what a healthy engine of that dtype would compute, less its kernels' own rounding."""
+    """`reference` holding its weights and activations in `dtype` (Math.activations): the same class, checkpoint,
+    math and device; what a healthy engine of that dtype would compute, less its kernels' own rounding."""
     import dataclasses
 
     math_ = dataclasses.replace(reference.math, activations=dtype)

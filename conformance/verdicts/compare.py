@@ -32,7 +32,7 @@ class LogprobTolerance:
     # instead of failing; each engine still answers to the reference under the full rule. Data: tolerances.toml.
     pairwise_greedy: bool = True
     # Greedy parity at depth: where the engine exceeds these limits, they widen to `noise_ratio` x the figures of
-    # the fp64 reference run with its activations rounded to `noise_dtype` (the noise a healthy stack of that dtype
+    # the fp64 reference holding its weights and activations in `noise_dtype` (the noise a healthy stack of that dtype
     # accumulates over this model's layers; reference Math.activations), never below the limits above. None: fixed.
     noise_dtype: str | None = None
     noise_ratio: float | None = None
