@@ -51,9 +51,10 @@ class LogprobTolerance:
                        stratum_median=up(self.stratum_median, largest_stratum_median(noise)))
 
 
-def largest_stratum_median(figures: dict[str, float]) -> float:
-    """The largest per-stratum (phase and position band) median |Δlogprob| of a comparison's figures; 0 if none."""
-    return max((v for k, v in figures.items() if k.startswith("median_abs_dlogprob_")), default=0.0)
+def largest_stratum_median(figures: dict[str, float], default: float = 0.0) -> float:
+    """The largest per-stratum (phase and position band) median |Δlogprob| of a comparison's figures; `default` if
+    none was judged."""
+    return max((v for k, v in figures.items() if k.startswith("median_abs_dlogprob_")), default=default)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
                   record_figure: Callable[[str, float], Any]) -> ParityReport:
     """Greedy parity's verdict (checks/test_logit_parity.py::test_greedy_logprobs_match_reference; the run's
     depth-noise measurement, conformance/run/depth_noise.py): the engine's paths scored by the fp64 reference.
-    Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to its ratios x the twin's
+    Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to noise_ratio x the twin's
     figures on the same paths (docs/verdicts.md "Greedy parity at depth"). Figures recorded, problems reported."""
     want = reference.score_all(outputs, top_k + 5)
     report = logprobs_close(outputs, want, tol)
@@ -264,7 +265,6 @@ class KVReport(Verdict):
 
     def failure_message(self) -> str:
         return "KV cache check failed: " + "; ".join(self.problems)
-
 
 
 def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) -> KVReport:

@@ -20,7 +20,7 @@ from typing import Any
 
 from conformance import datafiles
 from conformance.datafiles import DataError
-from conformance.verdicts.compare import BlockLimits, LayerTolerance, LogprobTolerance
+from conformance.verdicts.compare import BlockLimits, LayerTolerance, LogprobTolerance, largest_stratum_median
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,7 @@ class Diagnosis:
     def of(self, figures: dict[str, float]) -> float:
         if self.distance == "max":
             return figures["max_abs_dlogprob"]
-        strata = [v for k, v in figures.items() if k.startswith("median_abs_dlogprob_")]
-        return max(strata) if strata else float("nan")
+        return largest_stratum_median(figures, default=float("nan"))
 
     def resolvable(self, separation: float) -> bool:
         """A mutant this far from the reference can be told from it by a stack within `noise` of the reference."""
