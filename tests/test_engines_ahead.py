@@ -174,17 +174,24 @@ def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):
 def test_float32_engines_of_gpu_targets_get_ieee_triton_dots(target, tiny, tmp_path, monkeypatch):
     """First contact on the H200: vLLM's float32 engine ran its Triton kernels with TF32 dots (Triton's default) and
     the exact verdict failed (max |dlogprob| 1.06 against 0.002); targets.toml [<target>.env_by_dtype.float32] now
-    gives float32 engines TRITON_F32_DEFAULT=ieee, and engines of other dtypes keep Triton's default."""
+    gives float32 engines TRITON_F32_DEFAULT=ieee, and engines of other dtypes keep Triton's default. Triton reads it
+    as it compiles (targets.toml `run_time_env`), so the float32 engine gets it after its fork and starts with the
+    forkserver's environment: it forks as the others do, instead of spawning (about 22 s of imports at real size)."""
     from conformance.run import fixtures
 
-    started: dict[str, dict[str, str]] = {}
-    monkeypatch.setattr(fixtures, "EngineProcess",
-                        lambda kind, model, options, env, log, **_: started.setdefault(options["dtype"], env))
+    started: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    monkeypatch.setattr(fixtures, "EngineProcess", lambda kind, model, options, env, log, run_time_env, **_:
+                        started.setdefault(options["dtype"], (env, run_time_env)))
     factory = _factory(tiny, tmp_path, [], target=target, depth=0)
     for dtype in ("float32", "bfloat16"):
         factory._start("vllm", str(tiny.path), {"dtype": dtype})
-    assert started["float32"]["TRITON_F32_DEFAULT"] == "ieee"
-    assert "TRITON_F32_DEFAULT" not in started["bfloat16"]
+    (f32_env, f32_late), (bf16_env, bf16_late) = started["float32"], started["bfloat16"]
+    assert (f32_env | f32_late)["TRITON_F32_DEFAULT"] == "ieee"
+    assert "TRITON_F32_DEFAULT" not in bf16_env | bf16_late
+    assert f32_late == {"TRITON_F32_DEFAULT": "ieee"} and f32_env == bf16_env == dict(factory.target.env)
+    # a variable the stack reads at import still keeps the child from forking
+    env, late = factory.target.fork_env(dict(factory.target.env) | {"VLLM_USE_V1": "0"})
+    assert late == {} and env != dict(factory.target.env)  # forkserver.context(env) is None: it spawns
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])

@@ -84,11 +84,66 @@ def _forked_server(model: str, log: Path) -> VllmServer:
 
 @pytest.mark.slow
 def test_forked_server_on_a_bad_model_dies_with_its_log(tmp_path: Path):
+    """A model dir vLLM cannot load: the forked server dies, the fresh `vllm serve` started after it dies too, and
+    the start fails with the fresh process's error (its log holds both)."""
     (tmp_path / "empty").mkdir()
     server = _forked_server(str(tmp_path / "empty"), tmp_path / "bad.log")
     with pytest.raises(ServerError, match=r"vllm serve died while starting \(exit code 1\); log .*bad\.log"):
         server.start()
-    assert "Traceback" in (tmp_path / "bad.log").read_text()  # the child's own error landed in its log
+    log = (tmp_path / "bad.log").read_text()
+    assert log.count("Traceback") >= 2  # the children's own errors landed in the log, the fork's and the fresh one's
+    assert server.forked_start_failed and "starting it again as a fresh process" in log
+
+
+_POPEN = __import__("subprocess").Popen  # the test below replaces subprocess.Popen for vllm_server
+
+
+class _DiesAtOnce:
+    """A forkserver context whose child is dead before it answers (a forked server that fails on first contact)."""
+
+    class Process:
+        def __init__(self, **_: object) -> None:
+            self.exitcode: int | None = None
+
+        def start(self) -> None:
+            proc = _POPEN(["false"], start_new_session=True)  # its own group, as a forked server's
+            self.pid, self.exitcode = proc.pid, proc.wait()
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+
+_HEALTHY = ("import http.server, sys\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n        self.send_response(200); self.end_headers()\n"
+            "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+
+
+def test_a_forked_server_that_dies_starting_is_started_fresh(tmp_path: Path, monkeypatch):
+    """The fork is the suite's way of saving imports, not what users run: a forked server that dies while starting
+    is started once more as a fresh process, and only that one's failure fails the start. Here the fresh process
+    answers /health, so the server starts, and `forked_start_failed` and the log say what happened."""
+    from conformance.engines import vllm_server
+
+    launched: list[list[str]] = []
+
+    def popen(cmd, **kwargs):
+        launched.append(cmd)
+        port = cmd[cmd.index("--port") + 1]
+        return _POPEN([sys.executable, "-c", _HEALTHY, port], **kwargs)
+
+    monkeypatch.setattr(vllm_server.subprocess, "Popen", popen)
+    server = VllmServer("m", "n", {}, {}, tmp_path / "server.log", start_timeout_s=30, fork_ctx=_DiesAtOnce())
+    with server:
+        assert server.client().get("/health").status == 200
+        assert server.fork_ctx is None and server.forked_start_failed.startswith("vllm serve died while starting")
+    assert len(launched) == 1 and launched[0][1:4] == ["-m", "conformance.engines.vllm_server", "serve"]
+    assert "starting it again as a fresh process" in (tmp_path / "server.log").read_text()
+    # a fresh process that dies is the start's failure: no second chance
+    monkeypatch.setattr(vllm_server.subprocess, "Popen",
+                        lambda cmd, **kw: _POPEN([sys.executable, "-c", "raise SystemExit(3)"], **kw))
+    with pytest.raises(ServerError, match=r"died while starting \(exit code 3\)"):
+        VllmServer("m", "n", {}, {}, tmp_path / "fresh.log", start_timeout_s=30).start()
 
 
 @pytest.mark.slow

@@ -32,6 +32,10 @@ class ServerError(RuntimeError):
     """The server could not be started or reached; the message is one sentence plus its log tail."""
 
 
+class ServerDiedStarting(ServerError):
+    """The server's process exited before /health answered."""
+
+
 @dataclass
 class HttpResult:
     status: int
@@ -179,6 +183,7 @@ class VllmServer:
     start_seconds: float = 0.0
     # a forkserver context (server_fork.py): fork the server from it instead of a fresh interpreter
     fork_ctx: Any = field(default=None, repr=False)
+    forked_start_failed: str | None = None  # why the forked server died while starting (then it ran fresh)
     _proc: Any = field(default=None, repr=False)  # subprocess.Popen, or server_fork.ForkedProcess
     # close() from another thread (an interrupted run) while start() launches: once closed, never launched
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -192,6 +197,9 @@ class VllmServer:
         return ServerClient(self.base_url, self.api_key)
 
     def start(self) -> VllmServer:
+        """Start the server and wait until /health answers. A server forked from the forkserver (the suite's way of
+        saving its imports) that dies while starting is started again as the fresh `vllm serve` process users run,
+        once, and `forked_start_failed` keeps why: only the fresh process's failure fails the start."""
         self.port = self.port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "conformance.engines.vllm_server", "serve", self.model,
@@ -203,6 +211,21 @@ class VllmServer:
         root = str(Path(__file__).resolve().parents[2])  # so the launcher module imports from a checkout
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         started = time.perf_counter()
+        try:
+            self._launch(cmd, env, started)
+        except ServerDiedStarting as exc:
+            if self.fork_ctx is None:
+                raise
+            self.forked_start_failed = str(exc).splitlines()[0]
+            self.fork_ctx = None
+            with self.log_path.open("ab") as log:
+                log.write(f"conformance: the forked server died while starting ({self.forked_start_failed}); "
+                          "starting it again as a fresh process\n".encode())
+            self._launch(cmd, env, started)
+        self.start_seconds = time.perf_counter() - started
+        return self
+
+    def _launch(self, cmd: list[str], env: dict[str, str], started: float) -> None:
         with self._lock, self.log_path.open("ab") as log:
             if self._closed:
                 raise ServerError("the vLLM server was stopped before it started (the run was interrupted).")
@@ -218,11 +241,12 @@ class VllmServer:
                                               stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             self._wait_ready(started)
+        except ServerDiedStarting:
+            self._stop_group()
+            raise
         except BaseException:
             self.close()
             raise
-        self.start_seconds = time.perf_counter() - started
-        return self
 
     def _wait_ready(self, started: float) -> None:
         client = ServerClient(self.base_url, self.api_key, timeout_s=5.0)
@@ -232,8 +256,8 @@ class VllmServer:
             code = self._proc.poll() if self._proc else None
             if code is not None:
                 how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                raise ServerError(f"vllm serve died while starting ({how}); log {self.log_path}, its last "
-                                  f"lines:\n{_tail(self.log_path)}")
+                raise ServerDiedStarting(f"vllm serve died while starting ({how}); log {self.log_path}, its last "
+                                         f"lines:\n{_tail(self.log_path)}")
             try:
                 if client.get("/health").status == 200:
                     return
@@ -249,6 +273,11 @@ class VllmServer:
     def close(self, grace_s: float = 30.0) -> None:
         with self._lock:
             self._closed = True
+        self._stop_group(grace_s)
+
+    def _stop_group(self, grace_s: float = 30.0) -> None:
+        """Stop the process group of the server launched last (its engine core with it), if any."""
+        with self._lock:
             proc, self._proc = self._proc, None
         if proc is None:
             return

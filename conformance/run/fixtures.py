@@ -244,11 +244,12 @@ class EngineFactory:
         if self.share_of(options):  # it measures the device's free memory as it starts
             self._settle()
         target = self.run.target
-        env = target.process_env(kind, options.get("dtype"))  # data/targets.toml, data/profiles.toml
+        # data/targets.toml, data/profiles.toml; what the stack reads only at run time is set after the fork
+        env, late = target.fork_env(target.process_env(kind, options.get("dtype")))
         log = self.run.run_dir / f"engine-{kind}-{next(self._numbers)}.log"
         return EngineProcess(kind, model_dir, options, env, log,
                              start_timeout_s=target.timeouts.engine_start_s, start_method=target.start_method(kind),
-                             wait=wait)
+                             run_time_env=late, wait=wait)
 
     def default_info(self) -> dict[str, Any]:
         """What the default engine reported at its start, once it was handed out ({} before)."""

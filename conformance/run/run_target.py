@@ -121,6 +121,15 @@ class RunTarget:
         profile = self._profile(kind, dtype)
         return self.options_for(kind) | (profile.engine_options() if profile else {}) | {"dtype": dtype or self.dtype}
 
+    def fork_env(self, env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """(what a child must start with, what it may set after its fork): a variable the stack reads at run
+        time, not at import (targets.toml `run_time_env`), set to another value than the target's own
+        environment moves to the second, so a child that differs from the forkserver only there still forks from it
+        (the float32 twin's TRITON_F32_DEFAULT: Triton reads it as it compiles a kernel)."""
+        late_keys = set(self.table.get("run_time_env", ()))
+        late = {k: v for k, v in env.items() if k in late_keys and self.env.get(k) != v}
+        return {k: v for k, v in env.items() if k not in late}, late
+
     def process_env(self, kind: str, dtype: str | None = None) -> dict[str, str]:
         """The environment of a process of this engine kind: the target's, the profile's row's for vLLM, and the
         dtype's (`env_by_dtype`; `dtype` None: the run's)."""

@@ -236,7 +236,9 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
                 proc.start()
         except ServerError as exc:
             pytest.fail(str(exc), pytrace=False)
-        run.startups.append(("vLLM server", proc.start_seconds))
+        # forked from the forkserver (targets.toml server_start), or fresh after a forked start died
+        run.startups.append(("vLLM server" + (" (fresh: its forked start died)" if proc.forked_start_failed else
+                                              " (forked)" if proc.fork_ctx is not None else ""), proc.start_seconds))
     else:
         run.startups.append(("vLLM server (started in the background)", proc.start_seconds))
     phases.add_vllm_start(proc.log_path)
