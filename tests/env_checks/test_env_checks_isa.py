@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import struct
+import threading
 import zlib
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from env_checks import isa
 from env_checks import isa_formats as fmt
-from env_checks.facts import ABSENT, ProbeFailure
+from env_checks.facts import ABSENT, FAILED, ProbeFailure
 
 MI300X = "gfx942:sramecc+:xnack-"
 CODE = b"\x7fELF" + bytes(60)  # stands in for a code object: the readers never look inside
@@ -312,3 +313,21 @@ def test_installed_stack_scans_without_error():
         scans, _ = isa.scan_installed(kind, timeout_s=30)
         for _lib, res in scans:
             assert isinstance(res, (isa.CodeObjects, ProbeFailure))
+
+
+def test_installed_libraries_are_scanned_side_by_side_in_order(monkeypatch):
+    """The scans are tool runs: one after another the H200's eight took 13 s of P0. They run at once (each waits at
+    a barrier that only opens when all four are in), and come back in the libraries' order."""
+    libs = [isa.Library("vllm", f"vllm/_{i}.so", f"/nowhere/_{i}.so", i == 0) for i in range(4)]
+    monkeypatch.setattr(isa, "find_libraries", lambda kind: (libs, ["a fact"]))
+    barrier = threading.Barrier(len(libs), timeout=30)
+
+    def scan(path, label, timeout_s):
+        barrier.wait()
+        return ProbeFailure("scan", FAILED, label)
+
+    monkeypatch.setattr(isa, "scan_cuda", scan)
+    scans, facts = isa.scan_installed("cuda", timeout_s=1)
+    assert facts == ["a fact"] and [(lib.label, res.detail) for lib, res in scans] == [(x.label,) * 2 for x in libs]
+    monkeypatch.setattr(isa, "find_libraries", lambda kind: ([], ["torch not installed"]))
+    assert isa.scan_installed("cuda") == ([], ["torch not installed"])
