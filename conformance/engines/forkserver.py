@@ -22,6 +22,7 @@ PRELOAD = ["torch.distributed", "conformance.distributed", "conformance.distribu
            "conformance.distributed.tp_reference", "conformance.engines.preload"]
 _env: dict[str, str] | None = None
 started_at: float | None = None  # perf_counter() when it was started (phases.py times its imports)
+imports_vllm = False  # whether it imports vLLM (forkserver.start(vllm=...))
 
 
 SKIP_ENV = "CONFORMANCE_PRELOAD_SKIP"  # preload.py: the stacks it leaves out (comma-separated import names)
@@ -33,10 +34,10 @@ def start(env: dict[str, str], vllm: bool = True, more: Sequence[str] = ()) -> N
     background while the caller continues. `vllm=False`: it does not import vLLM (a target whose vLLM
     engines start otherwise: no child needs it there). `more`: modules the children would import each
     (targets.toml `forkserver_preload`)."""
-    global _env, started_at
+    global _env, started_at, imports_vllm
     if _env is not None:
         return
-    started_at = time.perf_counter()
+    started_at, imports_vllm = time.perf_counter(), vllm
     mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     saved = dict(os.environ)
     os.environ.update(_text(env))
@@ -57,7 +58,7 @@ def stop() -> None:
     run's stdout and stderr open all that time (a pipe reader such as nox or `| tee` waits for it). Call it
     once the engines and the server are closed: its forked children are processes of their own, and a
     forked server dies with it (engines/server_fork.py)."""
-    global _env, started_at
+    global _env, started_at, imports_vllm
     if _env is None:
         return
     server = multiprocessing.forkserver._forkserver
@@ -68,6 +69,27 @@ def stop() -> None:
         with contextlib.suppress(OSError, AttributeError):
             server._stop()  # closes our end of its pipes, waits for it, removes its socket
     _env = started_at = None
+    imports_vllm = False
+
+
+GPT_OSS_ARCHITECTURES = ("GptOssForCausalLM",)  # what every checkpoint of the suite declares (checkpoints/models.py)
+
+
+def inspect_architectures(env: dict[str, str] | None = None) -> None:
+    """In a child forked from it once its imports are done (phases.forkserver_ready): vLLM's inspection of the gpt-oss
+    model class, which vLLM runs in a fresh interpreter the first time an engine starts under a vLLM install and then
+    keeps in its cache root (`modelinfos`). The first engine of a run on a fresh node spent about 15 s on it
+    (fixtures/recorded/h200/p0-realdim-8-layers-vllm-0.26.0/engine-vllm-1.log, before "Resolved architecture");
+    done here, it overlaps the checks before that engine. A warm-up only: any failure is left for the engine to meet.
+    `env` is set first (a test's cache root)."""
+    os.environ.update(env or {})
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        for arch in GPT_OSS_ARCHITECTURES:
+            ModelRegistry._try_inspect_model_cls(arch)  # vLLM's own path: its cache, else its subprocess
+    except Exception:  # noqa: BLE001, S110 - the engine that needs it reports it with context
+        pass
 
 
 def _text(env: dict[str, Any]) -> dict[str, str]:

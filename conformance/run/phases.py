@@ -219,6 +219,8 @@ def forkserver_ready() -> threading.Event | None:
             child.start()
             child.join(1800)
             record("imports", time.perf_counter() - started)
+            if forkserver.imports_vllm:  # vLLM's model inspection, cached for the engines (not waited for)
+                ctx.Process(target=forkserver.inspect_architectures, daemon=True, name="inspect-model").start()
         except Exception:  # noqa: BLE001 - a missing figure, never a failed run
             pass
         finally:
