@@ -66,20 +66,21 @@ def test_once_its_imports_are_timed_a_child_inspects_the_model_for_vllm(monkeypa
     child runs vLLM's model inspection, not waited for; without vLLM in the forkserver, none."""
     from conformance.run import phases
 
+    started: list = []
+
+    class Ctx:
+        class Process:
+            def __init__(self, target, daemon, name=None):
+                self.target = target
+
+            def start(self):
+                started.append(self.target)
+
+            def join(self, timeout):
+                pass
+
     for with_vllm, want in ((True, [os.getpid, forkserver.inspect_architectures]), (False, [os.getpid])):
-        started: list = []
-
-        class Ctx:
-            class Process:
-                def __init__(self, target, daemon, name=None):
-                    self.target = target
-
-                def start(self):
-                    started.append(self.target)
-
-                def join(self, timeout):
-                    pass
-
+        started.clear()
         monkeypatch.setattr(phases, "_forkserver_probe", {})
         monkeypatch.setattr(phases, "record", lambda name, seconds: None)
         monkeypatch.setattr(forkserver, "started_at", 0.0)
