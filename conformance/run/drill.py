@@ -1,6 +1,6 @@
 """`conformance drill`: prove, on the stack installed here and in the run's dtype, that P0 sees each planted fault.
 
-  conformance drill [--faults NAME,...] [--faults-file TOML] [--junit-xml FILE] [RUN OPTIONS...]
+  conformance drill [--faults NAME,...] [--faults-file TOML] [--junit-xml FILE] [--first-catch] [RUN OPTIONS...]
   nox -s drill -- --cuda --dtype float16
 
 For each fault of conformance/data/faults.toml that the engine under test can carry, one `conformance run
@@ -141,6 +141,10 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
                         help="which checks must catch each fault (default: the suite's data/faults.toml)")
     parser.add_argument("--junit-xml", type=Path, help="also write the drill as JUnit XML: a test case per fault "
                                                         "(caught passes, blind fails, could not run errors)")
+    parser.add_argument("--first-catch", action="store_true",
+                        help="end each fault's run at its first failed check (pytest --maxfail=1): the fault is caught "
+                             "once, and the costlier checks after it do not run (at gpt-oss-120b's size, the per-layer "
+                             "probe and the float32 twin after greedy parity); the table then names one check a fault")
     ns, rest = parser.parse_known_args(argv)
     holder = argparse.ArgumentParser(prog="conformance drill", add_help=False)
     run_parser(holder.add_subparsers(dest="command"))
@@ -171,8 +175,11 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # nox passes SIGTERM on: stop as on Ctrl-C, the run recording itself
     print(f"drill: {len(chosen)} fault{'s' * (len(chosen) != 1)} for the {engine} engine, one run each: "
           f"{', '.join(f.name for f in chosen)}", flush=True)
+    options, pytest_args = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
+    pytest_args += ["--maxfail=1"] if ns.first_catch else []
     for n, fault in enumerate(chosen, start=1):
-        cmd = [sys.executable, "-m", "conformance", "run", *rest, "--planted-fault", fault.name, "-k", fault.keyword()]
+        cmd = [sys.executable, "-m", "conformance", "run", *options, "--planted-fault", fault.name,
+               "-k", fault.keyword(), *(["--", *pytest_args] if pytest_args else [])]
         print(f"drill: fault {n} of {len(chosen)}: {fault.name}: {shlex.join(cmd[2:])}", flush=True)
         before = {p.name for p in reports.iterdir() if p.is_dir()}
         started = time.monotonic()
@@ -182,7 +189,8 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
         print(f"drill: {fault.name}: {outcomes[-1].verdict}", flush=True)
         if interrupted:
             break
-    print(f"\ndrill summary: {engine} engine, run options {shlex.join(rest)}\n{table(outcomes)}")
+    print(f"\ndrill summary: {engine} engine, run options {shlex.join(rest)}"
+          f"{', first catch only' if ns.first_catch else ''}\n{table(outcomes)}")
     if ns.junit_xml:
         write_junit(ns.junit_xml, outcomes, engine)
     caught = sum(o.verdict == CAUGHT for o in outcomes)
