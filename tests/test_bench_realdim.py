@@ -251,14 +251,16 @@ def test_from_runs_never_fits_runs_of_other_options_together(capsys):
 
 def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apart(tmp_path, monkeypatch, capsys):
     """#38's second node: after the first runs (which write the run's --reference-pack), one more run per tier with
-    the suite's cache pointed at an empty folder, so its fp64 results can only come from the pack; its table is its
-    own (`· second node`). Without --reference-pack the bench refuses in one sentence, before anything runs."""
+    the suite's cache pointed at an empty folder, so its fp64 results can only come from the pack, and vLLM's,
+    Triton's and Inductor's caches empty too, as on a fresh node; its table is its own (`· second node`). Without
+    --reference-pack the bench refuses in one sentence, before anything runs."""
     runs = []
 
     def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
         if env:
-            cache = Path(env["CONFORMANCE_CACHE"])
-            assert cache.is_dir() and not list(cache.iterdir()), "the second node starts with an empty cache"
+            assert set(env) == {"CONFORMANCE_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"}
+            for cache in map(Path, env.values()):
+                assert cache.is_dir() and not list(cache.iterdir()), "the second node starts with empty caches"
         record = copy.deepcopy(realdim_record())
         record["phases"] |= {"wall": 300.0 if env else 500.0, "reference": 1.0 if env else 200.0}
         runs.append((label, extra, env))

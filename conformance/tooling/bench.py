@@ -13,8 +13,9 @@ The 1-minute load average before each run is shown as `load_1m`: on a shared mac
 `host_mops`, the host's single-thread speed the run's fingerprint measured (env_checks.host.single_thread_mops),
 explains the spread between nodes that fingerprint alike (engine starts follow the host).
 --second-node (with `-- --reference-pack DIR`) adds, per layer count, one run per tier as a second node of a
-fleet would make it: the suite's cache empty, so its fp64 results come from the pack the first runs wrote; it is
-tabled apart (`· second node`).
+fleet would make it: the suite's cache empty, so its fp64 results come from the pack the first runs wrote, and
+vLLM's, Triton's and Inductor's caches empty too (only the OS's page cache stays warm); it is tabled apart
+(`· second node`).
 With --realdim, each tier runs at gpt-oss-120b's real dimensions with each of these layer counts (the checkpoint
 written once per count, its writing the `generate` row), a table per layer count, then the fit of wall against
 layers and its extrapolation to the real depth (conformance/tooling/bench_realdim.py). --from-runs tabulates recorded
@@ -212,16 +213,31 @@ def bench_runs(ns: argparse.Namespace) -> None:
                     record, wall, load = run_once(tier, index, reports, nox, extra, label)
                     results.setdefault(_key(record, tier), []).append(record | {"_outer": (wall, load)})
             for tier in tiers if ns.second_node else ():
-                # a node that shares only the pack: the suite's cache (its fp64 results among it) starts empty
+                # a node that shares only the pack: the suite's cache (its fp64 results among it) starts empty, and
+                # so do the compiled kernels and graphs a fresh node would build again
                 with tempfile.TemporaryDirectory(prefix="bench-second-node-") as fresh:
                     record, wall, load = run_once(tier, ns.runs, reports, nox, extra, label + "-second-node",
-                                                  {"CONFORMANCE_CACHE": fresh})
+                                                  fresh_node_env(fresh))
                 name, layers = _key(record, tier)
                 results.setdefault((f"{name} · second node", layers), []).append(record | {"_outer": (wall, load)})
         finally:
             if ckpt is not None and not ckpt.present and not ns.keep_checkpoints:
                 bench_realdim.remove(ckpt)  # room for the next, deeper one
     print_tables(results, "venv" if nox else "exit", generated, ns.variant)
+
+
+# What a fresh node of a fleet starts without, besides the reference pack it is handed: the suite's cache (the fp64
+# results, the twin's slice, the content hashes), vLLM's (its torch.compile artifacts, its model inspection), and the
+# kernels Triton and Inductor compiled. The OS's page cache stays warm: the bench cannot empty it for one run.
+FRESH_NODE_CACHES = ("CONFORMANCE_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def fresh_node_env(root: str) -> dict[str, str]:
+    """Each of FRESH_NODE_CACHES pointed at an empty folder under `root`."""
+    env = {var: os.path.join(root, var.lower()) for var in FRESH_NODE_CACHES}
+    for path in env.values():
+        os.makedirs(path)
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the real-dimension checkpoints the bench wrote (default: removed after their runs)")
     parser.add_argument("--second-node", action="store_true",
                         help="after each tier's runs, one more as a second node of a fleet: with the run's "
-                             "--reference-pack and an empty suite cache, so that its fp64 results come from the pack "
-                             "alone (tabled apart)")
+                             "--reference-pack and empty caches (the suite's, vLLM's, Triton's, Inductor's), so that "
+                             "its fp64 results come from the pack alone and its kernels compile again (tabled apart)")
     parser.add_argument("extra", nargs="*", help="arguments for `conformance run` (after --)")
     ns, unknown = parser.parse_known_args(argv)  # --rocm, --cuda, --model ...: for `conformance run`
     ns.extra = [*unknown, *ns.extra]
