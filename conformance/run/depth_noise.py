@@ -145,7 +145,8 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     gap, flip = torch.cat(gaps), torch.cat(moved)
     ulps = (0.25, 0.5, 1, 2, 3, 4)
     return {"model": model_dir.name, "content_hash": content_hash(model_dir),
-            "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device, "seconds": round(time.perf_counter() - started, 1),
+            "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device,
+            "seconds": round(time.perf_counter() - started, 1),
             "moe_positions": len(gap), "routed_otherwise": int(flip.sum()),
             "largest_gap_routed_otherwise_ulps": round(float(gap[flip].max()), 3) if bool(flip.any()) else None,
             "share_within_ulps": {str(u): round(float((gap <= u).double().mean()), 4) for u in ulps},
