@@ -102,3 +102,31 @@ def test_the_twin_alone_on_a_checkpoint_prints_its_figures(tiny, capsys, tmp_pat
     assert figures["compared_steps"] > 0 and 0 < figures["median_abs_dlogprob"] <= figures["max_abs_dlogprob"]
     assert depth_noise.main(["--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().endswith("holds no config.json: pass a gpt-oss checkpoint directory.")
+
+
+def test_the_router_tie_rule_covers_every_expert_the_twin_moves_at_120b_dimensions():
+    """`depth_noise --model DIR --router-ties` on the H200's 8-layer checkpoint (its content hash), the per-layer
+    check's probe prompts: the bf16 twin routes a few MoE positions to other experts than the reference, every one
+    where the reference's router logits lay within gpt_oss.toml router_tie_ulps (the positions the check judges by
+    the max alone), so a healthy bf16 engine's flips do not move a stratum's median or p90."""
+    import json
+
+    ties = json.loads((SWEEP / "realdim-8-layers-bf16-router-ties.json").read_text())
+    record = json.loads((REALDIM_8_RUN / "results.json").read_text())
+    assert ties["content_hash"] == record["model"]["content_hash"] and ties["moe_positions"] > 10_000
+    assert ties["routed_otherwise"] > 0  # the twin does move experts: the rule has something to cover
+    ulps = limits_for("bfloat16").router_tie_ulps
+    beyond = {float(u): n for u, n in ties["routed_otherwise_beyond_ulps"].items()}
+    assert beyond[ulps] == 0 and ties["largest_gap_routed_otherwise_ulps"] <= ulps
+
+
+def test_router_ties_on_a_checkpoint_print_the_moved_positions_and_their_gaps(tiny, capsys):
+    import json
+
+    assert depth_noise.main(["--model", str(tiny.path), "--router-ties"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["content_hash"] == tiny.content_hash and out["moe_positions"] > 0
+    assert 0 <= out["routed_otherwise"] <= out["moe_positions"]
+    shares = list(out["share_within_ulps"].values())
+    assert shares == sorted(shares) and all(0 <= s <= 1 for s in shares)
+    assert list(out["routed_otherwise_beyond_ulps"].values())[-1] <= out["routed_otherwise"]
