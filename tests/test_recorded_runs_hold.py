@@ -784,3 +784,64 @@ def test_the_8_layer_drill_catches_its_faults_by_a_verdict(run_id):
     assert record["planted_fault"] == fault and record["evidence"] is False and record["narrowed_by"]
     failed = _check(record, check)
     assert failed["outcome"] == "failed" and "CheckFailed" in failed["message"]
+
+
+REALDIM_8_FIRST = "20261205T035251-bench-p0-L8-0"
+REALDIM_8_SECOND = "20261205T040425-bench-p0-L8-second-node-1"
+
+
+def test_a_second_node_with_the_first_s_reference_pack_passes_p0_at_8_layers_and_reads_what_its_paths_share():
+    """Round fifteen (#38): the bench's first node (P0 bf16, 8 layers, writing a reference pack) and its second node
+    (reading the pack, with the suite's, vLLM's, Triton's and Inductor's caches empty): both PASS 27 of 27, in 692 s
+    and 557 s. The second node read 7 of its 19 fp64 results from the pack and computed 12 (33 s against 58 s): the
+    reference is keyed by the engine's tokens, and the engine's bf16 greedy figures differ run to run on the same
+    checkpoint and stack (max 17.03 in rounds thirteen and fourteen, 12.88 and 10.73 here), so its paths part."""
+    first, second = _record(REALDIM_8_FIRST), _record(REALDIM_8_SECOND)
+    for record in (first, second):
+        assert record["engine"] == "vllm" and record["complete"] and record["evidence"] and not record["narrowed_by"]
+        assert record["summary"] == {"passed": 27, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+        assert record["model"]["content_hash"] == _record(REALDIM_8_PASS)["model"]["content_hash"]
+    assert first["reference_results"] == {"computed": 19, "read": 0, "from_pack": 0, "compute_s": pytest.approx(58.2,
+                                                                                                             abs=0.1)}
+    assert (second["reference_results"]["from_pack"], second["reference_results"]["computed"]) == (7, 12)
+    assert set(second["fingerprint"]["env"]) >= {"TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"}
+    assert second["phases"]["wall"] < 560 < 690 < first["phases"]["wall"]
+    maxima = [_parity(run)[1]["max_abs_dlogprob"] for run in (REALDIM_8, REALDIM_8_PASS, REALDIM_8_FIRST,
+                                                               REALDIM_8_SECOND)]
+    assert maxima[0] == pytest.approx(maxima[1]) and len({round(m, 2) for m in maxima}) == 3
+    for run in (REALDIM_8_FIRST, REALDIM_8_SECOND):
+        layers = _check(_record(run), "test_layer_blocks_match_reference")["figures"]
+        assert layers["layer_worst_ratio_to_limit"] == pytest.approx(0.659, abs=1e-3)
+
+
+SAMPLING_CHECK = "test_sampled_tokens_follow_the_requested_distribution"
+DRILL_8_SAMPLING = {"20261205T041358-cuda-b96a2f": ("rope_bf16_inv_freq", "test_rope_tables_match_reference"),
+                    "20261205T041548-cuda-a27310": ("temperature_ignored", SAMPLING_CHECK),
+                    "20261205T041657-cuda-46e6e8": ("nucleus_not_applied", SAMPLING_CHECK),
+                    "20261205T041759-cuda-ddfee9": ("top_k_off_by_one", SAMPLING_CHECK)}
+
+
+@pytest.mark.parametrize("run_id", sorted(DRILL_8_SAMPLING))
+def test_the_8_layer_drill_catches_the_rope_and_sampler_faults(run_id):
+    """Round fifteen: four more of the eight faults at 8 layers in bf16 (`drill --first-catch`), each caught by a
+    verdict. Controls, never evidence."""
+    fault, check = DRILL_8_SAMPLING[run_id]
+    record = _record(run_id)
+    assert record["planted_fault"] == fault and record["evidence"] is False and record["narrowed_by"]
+    failed = _check(record, check)
+    assert failed["outcome"] == "failed" and "CheckFailed" in failed["message"]
+
+
+def test_greedy_parity_at_8_layers_passes_a_rounded_inv_freq_that_the_rope_tables_catch():
+    """Round fifteen: with `rope_bf16_inv_freq` planted, greedy parity passed at 8 layers before the RoPE tables
+    failed: the fault doubles p99 (7.1 against a healthy 3.5) and the late decode band's median (1.23 against
+    0.29-0.36), inside the limits the noise twin widens by 3 (p99 3 x 3.77). At depth the RoPE tables hold this
+    fault (and the per-layer blocks, which --first-catch did not reach); on the tiny model greedy parity failed it
+    too (round three, above)."""
+    record = _record("20261205T041358-cuda-b96a2f")
+    parity = _check(record, "test_greedy_logprobs_match_reference")
+    figures, healthy = parity["figures"], _parity(REALDIM_8_FIRST)[1]
+    assert parity["outcome"] == "passed"
+    assert figures["p99_abs_dlogprob"] > 1.9 * healthy["p99_abs_dlogprob"]
+    assert figures["p99_abs_dlogprob"] < 3 * figures["noise_twin_p99_abs_dlogprob"]
+    assert figures["median_abs_dlogprob_decode_256-1023"] > 3 * healthy["median_abs_dlogprob_decode_256-1023"]

@@ -136,7 +136,7 @@ def test_scores_the_reference(monkeypatch):
     Controls: tests/test_reference_pack.py::test_the_run_option_writes_reads_and_refuses"""
     if os.environ.get("FORBID_COMPUTE"):
         monkeypatch.setattr(Reference, "_score", lambda *a: fail("computed a result the pack holds"))
-    got = Reference(tiny_gpt_oss().path).score([5, 6, 7, 8], [9, 10], 4)
+    got = Reference(tiny_gpt_oss().path).score([5, 6, 7, 8], [9, 11] if os.environ.get("PART") else [9, 10], 4)
     if len(got.steps) != 2:
         fail(f"{len(got.steps)} steps scored, not 2")
     if os.environ.get("FORBID_COMPUTE") and cache.pack().hits != 1:
@@ -162,6 +162,13 @@ def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
             for f in sorted((tmp_path / "reports" / "runs").glob("*/results.json"), key=lambda f: f.stat().st_mtime_ns)]
     assert done[0]["computed"] >= 1 and done[0]["read"] == done[0]["from_pack"] == 0
     assert done[2]["computed"] == 0 and done[2]["read"] == done[2]["from_pack"] >= 1 and done[2]["compute_s"] == 0
+    assert "pack_paths_parted" not in done[2]
+    # a node whose engine decoded another path: computed, and the run says where the paths parted
+    parted = run_plugin(checks, "--reference-pack", str(written), env={"PART": "1"})
+    assert parted.returncode == 0, parted.stdout[-2000:] + parted.stderr[-2000:]
+    assert "the engine's tokens parted from the pack's at decode step 1" in parted.stdout
+    record = max((tmp_path / "reports" / "runs").glob("*/results.json"), key=lambda f: f.stat().st_mtime_ns)
+    assert json.loads(record.read_text())["reference_results"]["pack_paths_parted"] == [1]
 
     data = json.loads(written.read_text())
     data["key"]["model"] = "f" * 64
@@ -171,4 +178,26 @@ def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
     assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert f"ERROR: --reference-pack {written} was made for another model than this run's" in refused.stderr
     assert "Traceback" not in refused.stdout + refused.stderr and written.read_bytes() == before
-    assert len(list((tmp_path / "reports" / "runs").iterdir())) == 3, "the refused run left no record"
+    assert len(list((tmp_path / "reports" / "runs").iterdir())) == 4, "the refused run left no record"
+
+
+def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_path: Path, no_cache):
+    """A second node whose engine decoded other tokens for a prompt than the first's (bf16 greedy paths are not the
+    same run to run: H200 round fifteen) gets that result computed, not the pack's, and the run says at which
+    decode step the paths parted; a prompt the pack never held is no parting."""
+    _open(tmp_path, tiny, read=True)
+    score_all(tiny.path)
+    cache.disable()
+    (written,) = tmp_path.glob("reference-*.json")
+    second = _open(written, tiny, read=True)
+    cache.reset_counts()
+    parted = Reference(tiny.path).score([5, 6, 7, 8], [9, 11], 4)  # the first node decoded [9, 10]
+    fresh = Reference(tiny.path)._score([5, 6, 7, 8], [9, 11], 4)
+    assert parted == fresh and parted.token_ids == [9, 11]
+    Reference(tiny.path).score([1, 2, 3], [4], 4)  # a prompt the pack does not hold
+    Reference(tiny.path).score(*CALLS[1], 4)  # the first node's own path: read
+    assert (second.hits, second.parted) == (1, [1])
+    assert cache.run_summary() | {"compute_s": 0} == {"computed": 2, "read": 1, "from_pack": 1, "compute_s": 0,
+                                                      "pack_paths_parted": [1]}
+    assert second.parting(*CALLS[1]) is None and second.parting([5, 6, 7, 8], [8]) == 0
+    assert second.parting([5, 6, 7, 8], [9, 10, 12]) == 2  # a longer path: it leaves where the pack's ends

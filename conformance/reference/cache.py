@@ -32,6 +32,9 @@ SOURCES = [*sorted(Path(__file__).parent.glob("*.py")), Path(__file__).parents[1
 class Pack(Protocol):
     """What the cache asks of a reference pack (reference/pack.py): results by cache key, and writing them out."""
 
+    hits: int  # results read from it
+    parted: list[int]  # per result it missed: the decode step where the call's path left the one it holds
+
     def get(self, key: str, call: list[Any]) -> Completion | None: ...
 
     def put(self, key: str, result: Completion) -> None: ...
@@ -65,9 +68,11 @@ def reset_counts() -> None:
 
 def run_summary() -> dict[str, Any]:
     """What the run's fp64 reference did, for results.json `reference_results`: results computed, results read (from
-    the local cache or the pack), of those read from the pack, and seconds spent computing."""
+    the local cache or the pack), of those read from the pack, seconds spent computing, and, where a pack held
+    the same prompt along another path of the engine's, the decode step at which each such path parted."""
+    parted = sorted(_pack.parted) if _pack is not None else []
     return {"computed": counts.misses, "read": counts.hits, "from_pack": _pack.hits if _pack is not None else 0,
-            "compute_s": round(counts.compute_s, 3)}
+            "compute_s": round(counts.compute_s, 3)} | ({"pack_paths_parted": parted} if parted else {})
 
 
 def disable() -> None:

@@ -54,15 +54,29 @@ class Pack:
     read: bool = True  # False: results are computed afresh (--fresh-reference) and only written
     hits: int = 0
     added: int = 0
+    parted: list[int] = field(default_factory=list)  # per result missed: the step where its path left the pack's
 
     def get(self, key: str, call: list[Any]) -> Completion | None:
-        if not self.read or key not in self.results:
+        if not self.read:
+            return None
+        if key not in self.results:
+            step = self.parting(call[1], call[2])
+            if step is not None:
+                self.parted.append(step)
             return None
         result = cache.decode(self.results[key])
         if result.prompt_ids != call[1] or result.token_ids != call[2]:
             return None
         self.hits += 1
         return result
+
+    def parting(self, prompt: list[int], tokens: list[int]) -> int | None:
+        """The decode step at which `tokens` leave the furthest-reaching path the pack holds for the same prompt;
+        None where it holds none, or only this very path (a result missed for another reason). A pack is keyed by
+        the engine's tokens, so a second node whose engine parts from the first's computes that result again."""
+        steps = [next((n for n, (a, b) in enumerate(zip(theirs, tokens)) if a != b), min(len(theirs), len(tokens)))
+                 for r in self.results.values() if r["prompt_ids"] == prompt and (theirs := r["token_ids"]) != tokens]
+        return max(steps, default=None)
 
     def put(self, key: str, result: Completion) -> None:
         if key not in self.results:

@@ -145,6 +145,11 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
     if cached.hits:
         tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses} fp64 results read from the cache "
                       "(the same checkpoint, token ids and options); --fresh-reference computes them all")
+    parted = reference_cache.run_summary().get("pack_paths_parted")
+    if parted:
+        tr.write_line(f"reference: {len(parted)} result(s) not in the pack, which held their prompts along other "
+                      f"paths: the engine's tokens parted from the pack's at decode step {', '.join(map(str, parted))}"
+                      " (its greedy paths differ run to run, or node to node)", yellow=True)
     for u in ctx.unmatched_expectations:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
     for line, bad in machine_health.summary_lines():
