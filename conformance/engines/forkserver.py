@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from conformance import datafiles
+
 # preload.py last: it freezes what all of them imported out of the garbage collector
 PRELOAD = ["torch.distributed", "conformance.distributed", "conformance.distributed.collectives",
            "conformance.distributed.tp_reference", "conformance.engines.preload"]
@@ -72,9 +74,6 @@ def stop() -> None:
     imports_vllm = False
 
 
-GPT_OSS_ARCHITECTURES = ("GptOssForCausalLM",)  # what every checkpoint of the suite declares (checkpoints/models.py)
-
-
 def inspect_architectures(env: dict[str, str] | None = None) -> None:
     """In a child forked from it once its imports are done (phases.forkserver_ready): vLLM's inspection of the gpt-oss
     model class, which vLLM runs in a fresh interpreter the first time an engine starts under a vLLM install and then
@@ -86,7 +85,7 @@ def inspect_architectures(env: dict[str, str] | None = None) -> None:
     try:
         from vllm.model_executor.models.registry import ModelRegistry
 
-        for arch in GPT_OSS_ARCHITECTURES:
+        for arch in datafiles.load_toml(datafiles.DATA / "gpt_oss.toml")["shared"]["architectures"]:
             ModelRegistry._try_inspect_model_cls(arch)  # vLLM's own path: its cache, else its subprocess
     except Exception:  # noqa: BLE001, S110 - the engine that needs it reports it with context
         pass

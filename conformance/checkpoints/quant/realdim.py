@@ -25,9 +25,9 @@ E2M1_RMS_LOG2 = 1.5  # log2 of the RMS of uniformly random E2M1 codes (~2.9)
 def real_config(variant: str, layers: int) -> dict:
     spec = gptoss_config.spec()
     shared, dims = spec["shared"], spec["variants"][variant]
-    cfg = {k: v for k, v in shared.items() if k != "rope_scaling"} | dict(dims)
+    cfg = {k: v for k, v in shared.items() if k not in ("rope_scaling", "architectures")} | dict(dims)
     cfg.pop("params_billion", None)
-    cfg |= {"architectures": ["GptOssForCausalLM"], "num_hidden_layers": layers,
+    cfg |= {"architectures": shared["architectures"], "num_hidden_layers": layers,
             "rope_scaling": dict(shared["rope_scaling"]), "experts_per_token": shared["num_experts_per_tok"],
             "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
             "initial_context_length": 4096, "hidden_act": "silu", "attention_dropout": 0.0, "use_cache": True,
