@@ -58,20 +58,30 @@ def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: 
     return figures
 
 
+def _about(model_dir: Path, dtype: str, device: str) -> tuple[dict, dict[str, object]]:
+    """`model_dir`'s config.json, and what a measurement on it records first: the model, its content hash, its
+    layers, the dtype and the device."""
+    import json
+
+    from conformance.datafiles import content_hash
+
+    config = json.loads((model_dir / "config.json").read_text())
+    return config, {"model": model_dir.name, "content_hash": content_hash(model_dir),
+                    "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device}
+
+
 def twin_alone(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     """The noise twin's figures against the fp64 reference on `model_dir`'s P0 prompt set with drawn continuations
     (greedy parity's comparison of the twin, compare.greedy_parity), with the wall of each and the content hash."""
-    import json
     import random
     import time
 
-    from conformance.datafiles import content_hash
     from conformance.engines.base import Completion
     from conformance.reference.device import noise_twin, reference_for
     from conformance.verdicts import compare, settings
     from conformance.verdicts.limits import limits_for
 
-    config = json.loads((model_dir / "config.json").read_text())
+    config, about = _about(model_dir, dtype, device)
     vocab = int(config["vocab_size"])
     prompts, max_tokens = settings.tiny_prompts(vocab)
     rng = random.Random(0)
@@ -85,9 +95,7 @@ def twin_alone(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     twin_s = time.perf_counter() - started
     figures = compare.logprobs_close(got, want, tol, greedy_rule=False).figures()
     figures["stratum_median_abs_dlogprob"] = compare.largest_stratum_median(figures)
-    return {"model": model_dir.name, "content_hash": content_hash(model_dir),
-            "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device,
-            "prompts": len(prompts), "max_tokens": max_tokens, "noise_ratio": tol.noise_ratio,
+    return about | {"prompts": len(prompts), "max_tokens": max_tokens, "noise_ratio": tol.noise_ratio,
             "reference_s": round(reference_s, 1), "twin_s": round(twin_s, 1), "twin": figures}
 
 
@@ -97,18 +105,16 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     reference given the twin's own input, and the reference's gap between its k-th and (k+1)-th router logits, in
     ulps of `dtype` times the position's largest |logit| (the unit of gpt_oss.toml router_tie_ulps). The twin runs
     layer-major, each layer's experts read once for every prompt."""
-    import json
     import random
     import time
 
     import torch
 
-    from conformance.datafiles import content_hash
     from conformance.reference.device import noise_twin, reference_for
     from conformance.reference.gpt_oss import rms_norm
     from conformance.verdicts import settings
 
-    config = json.loads((model_dir / "config.json").read_text())
+    config, about = _about(model_dir, dtype, device)
     vocab, k = int(config["vocab_size"]), int(config["num_experts_per_tok"])
     prompts, _ = settings.tiny_prompts(vocab)
     decode_steps, long_prompt = settings.layer_probe_settings()
@@ -144,9 +150,7 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
             reference.w.done_with(p)
     gap, flip = torch.cat(gaps), torch.cat(moved)
     ulps = (0.25, 0.5, 1, 2, 3, 4)
-    return {"model": model_dir.name, "content_hash": content_hash(model_dir),
-            "layers": int(config["num_hidden_layers"]), "dtype": dtype, "device": device,
-            "seconds": round(time.perf_counter() - started, 1),
+    return about | {"seconds": round(time.perf_counter() - started, 1),
             "moe_positions": len(gap), "routed_otherwise": int(flip.sum()),
             "largest_gap_routed_otherwise_ulps": round(float(gap[flip].max()), 3) if bool(flip.any()) else None,
             "share_within_ulps": {str(u): round(float((gap <= u).double().mean()), 4) for u in ulps},
