@@ -201,3 +201,30 @@ def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_
                                                       "pack_paths_parted": [1]}
     assert second.parting(*CALLS[1]) is None and second.parting([5, 6, 7, 8], [8]) == 0
     assert second.parting([5, 6, 7, 8], [9, 10, 12]) == 2  # a longer path: it leaves where the pack's ends
+
+
+def test_a_directory_s_pack_is_keyed_when_the_run_first_needs_it(tiny, tmp_path: Path, monkeypatch, no_cache):
+    """A directory's pack does not make the run wait for the checkpoint's hash at its start (the run reads it in the
+    background: 12 s at 8 layers of gpt-oss-120b on the H200); a FILE is keyed, and refused, before anything runs.
+    A damaged file in the directory is refused in the check that first asks, and the run's end leaves it as it was."""
+    hashed, model = [], _key(tiny.path).model
+    monkeypatch.setattr(pack, "content_hash", lambda d: hashed.append(d) or model)
+    lazy = _open(tmp_path, tiny, read=True)
+    assert hashed == [] and lazy.hits == 0 and lazy.parted == []
+    score_all(tiny.path)
+    assert hashed == [tiny.path] and lazy.added == len(CALLS)
+    cache.disable()
+    (written,) = tmp_path.glob("reference-*.json")
+    _open(written, tiny, read=True)
+    assert hashed == [tiny.path] * 2, "a FILE is keyed at once"
+    cache.disable()
+
+    written.write_text("{damaged")
+    damaged = _open(tmp_path, tiny, read=True)
+    with pytest.raises(pack.PackRefused, match="is not a reference pack of this suite"):
+        score_all(tiny.path)
+    cache.disable()  # writes nothing over it
+    assert written.read_text() == "{damaged" and damaged.hits == 0
+    untouched = _open(tmp_path, tiny, read=True)
+    cache.disable()
+    assert untouched._pack is None, "a run that never asked the reference never opened its pack"

@@ -4,8 +4,9 @@ A pack is keyed by the model's content hash, the run's prompt set and the refere
 source and torch's version, reference/cache.py); inside, each result is keyed as in the result cache (checkpoint,
 variant, call), so a pack can only ever stand in for the very result a run asks for. `--reference-pack FILE|DIR`:
 a run reads the pack where it exists, adds what it computed (or read from its cache), and writes it at its end. In a
-directory each model, prompt set and version has its own file; a FILE made for another key is refused in one
-sentence before anything runs, and left as it was.
+directory each model, prompt set and version has its own file, opened when the run first needs it (so the run does
+not wait for the checkpoint's hash); a FILE made for another key is refused in one sentence before anything runs,
+and left as it was.
 """
 
 from __future__ import annotations
@@ -116,12 +117,46 @@ def open_pack(where: Path, key: PackKey, read: bool = True) -> Pack:
     return Pack(path, key, results, read=read)
 
 
-def open_for_run(where: Path, model_dir: Path, prompts: Callable[[int], Any], read: bool) -> Pack:
+class LazyPack:
+    """A directory's pack, opened when the run first touches it (the reference's first result, or the run's end).
+    Its file is named by the key, and the key needs the checkpoint's content hash, which the run reads in the
+    background from collection on (a minute at gpt-oss-120b's size): opened at the session's start, the pack made
+    every run wait for it (12 s at 8 layers on the H200, round fifteen). A damaged file found then is refused in
+    the same sentence, in the check that asked."""
+
+    def __init__(self, opener: Callable[[], Pack]) -> None:
+        self._opener, self._pack = opener, None
+
+    def __getattr__(self, name: str) -> Any:  # get, put, path, added, ...: the opened pack's
+        if self._pack is None:
+            self._pack = self._opener()
+        return getattr(self._pack, name)
+
+    # what the run's end asks of it: a pack never touched was never read nor added to, and stays unopened
+    @property
+    def hits(self) -> int:
+        return self._pack.hits if self._pack is not None else 0
+
+    @property
+    def parted(self) -> list[int]:
+        return self._pack.parted if self._pack is not None else []
+
+    def write(self) -> None:
+        if self._pack is not None:
+            self._pack.write()
+
+
+def open_for_run(where: Path, model_dir: Path, prompts: Callable[[int], Any], read: bool) -> Pack | LazyPack:
     """Open the run's pack for the checkpoint in `model_dir` and the prompt set `prompts(vocab_size)` gives, and
-    hand it to the result cache."""
+    hand it to the result cache. A FILE is opened (and one made for another key refused) here, before anything
+    runs; a directory's pack when the run first touches it (LazyPack)."""
     if not (model_dir / "config.json").is_file():
         raise PackRefused(f"--reference-pack needs the run's checkpoint, and {model_dir} holds no config.json.")
     config = json.loads((model_dir / "config.json").read_text())
-    pack = open_pack(where, run_key(model_dir, prompts(int(config["vocab_size"]))), read)
+
+    def opener() -> Pack:
+        return open_pack(where, run_key(model_dir, prompts(int(config["vocab_size"]))), read)
+
+    pack = LazyPack(opener) if where.is_dir() else opener()
     cache.use_pack(pack)
     return pack
