@@ -358,6 +358,10 @@ def test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault
     parity.test_greedy_logprobs_match_reference(clean, ref, (tol, top_k), figures)
     assert figures.values["noise_twin_median_abs_dlogprob"] > 0
     assert figures.values["noise_twin_stratum_median_abs_dlogprob"] >= figures.values["noise_twin_median_abs_dlogprob"]
+    bands = {k for k in figures.values if k.startswith("median_abs_dlogprob_")}
+    assert bands and {f"noise_twin_{k}" for k in bands} <= set(figures.values)  # the twin's own, band by band
+    assert max(figures.values[f"noise_twin_{k}"] for k in bands) == \
+        figures.values["noise_twin_stratum_median_abs_dlogprob"]
     assert figures.values["median_abs_dlogprob"] <= tol.noise_ratio * figures.values["noise_twin_median_abs_dlogprob"]
     widened = rf"limits widened to {tol.noise_ratio:g} x the {dtype} noise twin's \(median [0-9.]+, p99"
     with pytest.raises(FAILED, match=widened):
