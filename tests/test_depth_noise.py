@@ -59,6 +59,7 @@ def test_a_row_is_the_checks_verdict_with_the_engine_over_its_twin(capsys):
     assert float(cells["ratio median"]) == pytest.approx(float(cells["engine median"]) / float(cells["twin median"]),
                                                          rel=0.02)
     assert 1.0 < float(cells["ratio median"]) < 3.0
+    assert 0.3 < float(cells["largest ratio band by band"]) < 4.0  # each band against the twin's same band
 
 
 REALDIM_8_RUN = Path(__file__).resolve().parent.parent / "fixtures" / "device_runs" / "20261204T202034-bench-p0-L8-0"

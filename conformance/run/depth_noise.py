@@ -173,6 +173,10 @@ def row(layers: int, seed: int, f: dict[str, object]) -> str:
         cells.append(f"{engine:.3g}" if engine is not None else "-")
         cells.append(f"{twin:.3g}" if twin is not None else "within fixed limits")
         cells.append(f"{engine / twin:.2f}" if engine is not None and twin else "-")
+    # band by band: each band's median against the twin's in the same band (recorded since 2026-12-05)
+    bands = [numbers[k] / numbers[f"noise_twin_{k}"] for k in numbers
+             if k.startswith("median_abs_dlogprob_") and numbers.get(f"noise_twin_{k}")]
+    cells.append(f"{max(bands):.2f}" if bands else "-")
     return "| " + " | ".join(cells + [str(f.get("verdict"))]) + " |"
 
 
@@ -203,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = run_target.data()["cpu"]
     forkserver.start(cpu["env"], more=cpu.get("forkserver_preload", ()))
-    header = ["layers", "seed"] + [f"{w} {s}" for s in STATS for w in ("engine", "twin", "ratio")] + ["verdict"]
+    header = ["layers", "seed"] + [f"{w} {s}" for s in STATS for w in ("engine", "twin", "ratio")] + \
+        ["largest ratio band by band", "verdict"]
     print(f"{args.engine} {args.dtype}{f' with {args.fault}' if args.fault else ''}, greedy parity on tiny gpt-oss")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     with tempfile.TemporaryDirectory(prefix="depth-noise-") as logs:
