@@ -366,3 +366,33 @@ def test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault
     widened = rf"limits widened to {tol.noise_ratio:g} x the {dtype} noise twin's \(median [0-9.]+, p99"
     with pytest.raises(FAILED, match=widened):
         parity.test_greedy_logprobs_match_reference(greedy("sinks_dropped"), ref, (tol, top_k), Figures())
+
+
+def test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band(shared_engines, tiny_prompts):
+    """bf16 widens each position band by the noise twin's median in the same band (tolerances.toml widen_by_band):
+    vLLM-CPU with a rounded inv_freq, tiny gpt-oss at 8 layers, weight seed 2 (fixtures/recorded/depth-noise
+    vllm-bf16-rope-inv-freq.md: 3.6x in one band) fails greedy parity on that band; judged by the twin's largest band,
+    as before, the same outputs pass. The healthy engine of the same model passes both ways."""
+    from dataclasses import replace
+
+    from conformance.checkpoints.models import tiny_gpt_oss, with_spec
+
+    deep = tiny_gpt_oss(with_spec(num_hidden_layers=8, seed=2))
+    ref = Reference(deep.path)
+    tol, top_k = limits_for("bfloat16").logprobs
+    assert tol.widen_by_band
+    prompts, max_tokens = tiny_prompts
+
+    def greedy(fault=None):
+        engine = shared_engines.get(deep.path, "vllm", dtype="bfloat16",
+                                    **({"planted_fault": fault} if fault else {}))
+        return engine.call("generate_greedy", prompts, max_tokens, top_k, prompt_logprobs=True, timeout_s=600.0), 1.0
+
+    faulty, healthy = greedy("rope_bf16_inv_freq"), greedy()
+    with pytest.raises(FAILED, match=r"each band by its own\) and still exceeded:\n.*positions [0-9-]+: median "
+                                     r"\|Δlogprob\| [0-9.]+ exceeds the stratum tolerance"):
+        parity.test_greedy_logprobs_match_reference(faulty, ref, (tol, top_k), Figures())
+    largest = replace(tol, widen_by_band=False)
+    parity.test_greedy_logprobs_match_reference(faulty, ref, (largest, top_k), Figures())  # blind to it
+    for rule in (tol, largest):
+        parity.test_greedy_logprobs_match_reference(healthy, ref, (rule, top_k), Figures())

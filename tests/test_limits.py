@@ -27,7 +27,7 @@ def test_the_limits_of_each_dtype_are_the_numbers_of_its_tables(dtype):
     assert got.dtype == dtype and got.logprobs == (LogprobTolerance(
         parity["max_abs"], parity.get("p99"), parity.get("median"), parity.get("stratum_median"),
         parity.get("pairwise_greedy", True), dtype if "noise_ratio" in parity else None,
-        parity.get("noise_ratio")), parity["top_k"])
+        parity.get("noise_ratio"), parity.get("widen_by_band", False)), parity["top_k"])
     assert got.depth == (LogprobTolerance(depth["max_abs"], depth.get("p99"), depth.get("median")), depth["top_k"])
     rule = tol["diagnosis"][dtype]
     assert (got.diagnosis.distance, got.diagnosis.ratio) == (rule["distance"], rule["ratio"])
@@ -91,3 +91,38 @@ def test_the_noise_twin_widens_each_limit_by_its_own_figure():
     wide = tol.above_noise(noise)
     assert (wide.max_abs, wide.p99, wide.median) == (8.0, 1.5, 0.05)  # 3 x 1.0 is under the fixed 8; 3 x 0.01 too
     assert wide.stratum_median == pytest.approx(0.09)  # 3 x the largest band median, 0.03
+    assert wide.band_limits == ()  # without widen_by_band every band answers to the largest
+
+
+def test_widening_band_by_band_holds_each_band_to_the_twin_s_same_band():
+    """With widen_by_band (tolerances.toml, bf16), each band answers to noise_ratio x the twin's median in that band
+    (never below the fixed stratum limit), one the twin lacks to its largest: a fault that triples one band's noise
+    fails it even where the twin's largest band would have let it through (rope_bf16_inv_freq, docs/verdicts.md)."""
+    from dataclasses import replace
+
+    from conformance.verdicts import compare
+
+    tol = LogprobTolerance(16.0, 2.0, 0.15, 0.35, noise_dtype="bfloat16", noise_ratio=3.0, widen_by_band=True)
+    noise = {"max_abs_dlogprob": 8.0, "p99_abs_dlogprob": 3.8, "median_abs_dlogprob": 0.38,
+             "median_abs_dlogprob_decode_256-1023": 0.36, "median_abs_dlogprob_prefill_128-255": 0.56,
+             "median_abs_dlogprob_decode_0-127": 0.05}
+    wide = tol.above_noise(noise)
+    assert dict(wide.band_limits) == pytest.approx({"decode_256-1023": 1.08, "prefill_128-255": 1.68,
+                                                    "decode_0-127": 0.35})  # 3 x 0.05 is under the fixed 0.35
+    assert wide.stratum_median == pytest.approx(1.68)
+
+    def judged(tolerance, bands):  # a report whose figures are the given band medians
+        report = compare.ParityReport(tolerance, ("engine", "reference"))
+        report.compared_steps = 1
+        for key, value in bands.items():
+            phase, band = key.split("_")
+            report.strata[(phase, band)] = [value] * compare.MIN_STRATUM
+        report.deltas = [0.1]
+        return report.finish().problems
+
+    fault = {"decode_256-1023": 1.23, "prefill_128-255": 0.86, "decode_0-127": 0.30}  # the H200's inv_freq fault
+    assert judged(wide, fault) == ["decode positions 256-1023: median |Δlogprob| 1.23 exceeds the stratum "
+                                   "tolerance 1.08"]
+    assert judged(replace(tol, widen_by_band=False).above_noise(noise), fault) == []  # the largest band: blind
+    healthy = {"decode_256-1023": 0.36, "prefill_128-255": 0.47, "decode_0-127": 0.33}
+    assert judged(wide, healthy) == []

@@ -36,19 +36,29 @@ class LogprobTolerance:
     # accumulates over this model's layers; reference Math.activations), never below the limits above. None: fixed.
     noise_dtype: str | None = None
     noise_ratio: float | None = None
+    # widening band by band (data: widen_by_band): each position band's median against the twin's in that band;
+    # band_limits holds what above_noise set, (phase_band, limit) per band the twin measured; others: stratum_median
+    widen_by_band: bool = False
+    band_limits: tuple[tuple[str, float], ...] = ()
 
     def above_noise(self, noise: dict[str, float]) -> LogprobTolerance:
-        """These limits, each raised to noise_ratio x the noise twin's figure of its kind where that is larger (the
-        position bands' median: the twin's largest band median)."""
+        """These limits, each raised to noise_ratio x the noise twin's figure of its kind where that is larger; the
+        position bands' median to noise_ratio x the twin's largest band median, or with `widen_by_band` each band's
+        to noise_ratio x the twin's median in the same band (one the twin did not measure: its largest). Band by
+        band, a fault that lives in some bands stands out of the twin's noise there (docs/verdicts.md "Greedy parity
+        at depth")."""
         r = float(self.noise_ratio or 0.0)
 
         def up(limit: float | None, figure: float) -> float | None:
             return None if limit is None else max(limit, r * figure)
 
+        bands = tuple((k.removeprefix("median_abs_dlogprob_"), up(self.stratum_median, v))
+                      for k, v in sorted(noise.items()) if k.startswith("median_abs_dlogprob_"))
         return replace(self, max_abs=up(self.max_abs, noise["max_abs_dlogprob"]) or self.max_abs,
                        p99=up(self.p99, noise["p99_abs_dlogprob"]),
                        median=up(self.median, noise["median_abs_dlogprob"]),
-                       stratum_median=up(self.stratum_median, largest_stratum_median(noise)))
+                       stratum_median=up(self.stratum_median, largest_stratum_median(noise)),
+                       band_limits=bands if self.widen_by_band and self.stratum_median is not None else ())
 
 
 def largest_stratum_median(figures: dict[str, float], default: float = 0.0) -> float:
@@ -135,13 +145,17 @@ class ParityReport(Verdict):
         for name, limit in limits:
             if limit is not None and not figs[name] <= limit:  # NaN fails too
                 self.problems.append(f"{name} = {figs[name]:.3g} exceeds the tolerance {limit:.3g}")
+        bands = dict(tol.band_limits)
         for key, median in figs.items():
             # strata too small for a median say nothing (figures() leaves them out); the global limits still hold
-            if key.startswith("median_abs_dlogprob_") and tol.stratum_median is not None \
-                    and not median <= tol.stratum_median:
-                phase, band = key.removeprefix("median_abs_dlogprob_").split("_")
+            if not key.startswith("median_abs_dlogprob_") or tol.stratum_median is None:
+                continue
+            stratum = key.removeprefix("median_abs_dlogprob_")
+            limit = bands.get(stratum, tol.stratum_median)
+            if not median <= limit:
+                phase, band = stratum.split("_")
                 self.problems.append(f"{phase} positions {band}: median |Δlogprob| {median:.3g} "
-                                     f"exceeds the stratum tolerance {tol.stratum_median:.3g}")
+                                     f"exceeds the stratum tolerance {limit:.3g}")
         return self
 
     def summary(self) -> str:
@@ -250,6 +264,7 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
         if not report.ok:
             names = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
             figures = ", ".join(f"{name} {noise[f'{k}_abs_dlogprob']:.3g}" for k, name in names.items())
+            figures += "; each band by its own" if tol.widen_by_band else ""
             report.problems.insert(0, f"limits widened to {tol.noise_ratio:g} x the {tol.noise_dtype} noise twin's "
                                       f"({figures}) and still exceeded:")
     record_figures(record_figure, report)

@@ -129,7 +129,7 @@ def _logprob_tolerance(row: dict[str, Any], dtype: str | None = None) -> Logprob
     ratio = row.get("noise_ratio") if dtype else None
     return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median"),
                             bool(row.get("pairwise_greedy", True)), dtype if ratio else None,
-                            float(ratio) if ratio else None)
+                            float(ratio) if ratio else None, widen_by_band=bool(row.get("widen_by_band", False)))
 
 
 def _diagnosis(row: dict[str, Any], parity: LogprobTolerance, dtype: str) -> Diagnosis:
