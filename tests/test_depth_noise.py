@@ -108,6 +108,16 @@ def test_the_twin_at_120b_dimensions_widens_past_the_h200s_8_layer_engine():
     assert all(v <= widened.stratum_median for v in bands.values())
     ratios = {name: engine[name] / twin["twin"][name] for name, _ in stats}
     assert 0.8 <= ratios["median_abs_dlogprob"] <= 1.3 and 0.8 <= ratios["p99_abs_dlogprob"] <= 1.3, ratios
+    # band by band (bf16's rule since 2026-12-05): each healthy 8-layer H200 run's bands against the twin's same
+    # band stay under noise_ratio with room (at most 1.7x; the decode bands' twin followed drawn tokens)
+    per_band = dict(widened.band_limits)
+    assert fixed.widen_by_band and set(per_band) == {k.removeprefix("median_abs_dlogprob_") for k in bands}
+    for run in (REALDIM_8_RUN.name, "20261205T035251-bench-p0-L8-0", "20261205T040425-bench-p0-L8-second-node-1"):
+        healthy = json.loads((REALDIM_8_RUN.parent / run / "results.json").read_text())
+        figures = next(c for c in healthy["checks"] if c["id"].endswith(GREEDY))["figures"]
+        over = {k: v / twin["twin"][k] for k, v in figures.items() if k.startswith("median_abs_dlogprob_")}
+        assert max(over.values()) < 1.7 and all(
+            figures[f"median_abs_dlogprob_{band}"] <= limit for band, limit in per_band.items()), (run, over)
 
 
 def test_the_twin_alone_on_a_checkpoint_prints_its_figures(tiny, capsys, tmp_path):
