@@ -46,6 +46,14 @@ def test_no_healthy_model_of_the_sweep_fails_todays_limits(name, dtype):
         assert [r["seed"] for r in rows if r[BAND] != "-" and float(r[BAND]) > tol.noise_ratio] == []
 
 
+def test_fp16_s_noise_leaves_a_rounded_inv_freq_no_room_at_depth():
+    """fp16 carries a sixth to a quarter of bf16's noise at depth (median): a rounded inv_freq fails every fp16
+    model of the sweep, by the largest band alone (4.2-28x its twin), where in bf16 it drowns (docs/verdicts.md)."""
+    rows = table((SWEEP / "hf-fp16-rope-inv-freq.md").read_text().splitlines())
+    assert len(rows) == 20 and sum(bool(exceeds(r, "float16")) for r in rows) == 20
+    assert not limits_for("float16").logprobs[0].widen_by_band
+
+
 @pytest.mark.parametrize(("name", "caught", "before"), [("vllm-bf16-sinks", 20, 18), ("vllm-bf16-rope", 9, 9),
                                                         ("vllm-bf16-rope-inv-freq", 3, 0)])
 def test_band_by_band_widening_catches_what_the_largest_band_let_through(name, caught, before):
