@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from conformance.datafiles import DATA, cache_root, content_hash, load_toml
+from conformance.checkpoints import gptoss_config
+from conformance.datafiles import cache_root, content_hash
 
 # Bumped whenever the generator changes what it writes, so old caches are not reused.
 GENERATOR_VERSION = 1
@@ -51,7 +52,7 @@ class TinySpec:
 def hf_config(spec: TinySpec) -> dict:
     """config.json as the real gpt-oss checkpoints write it (rope_scaling + rope_theta)."""
     return {
-        "architectures": load_toml(DATA / "gpt_oss.toml")["shared"]["architectures"],
+        "architectures": gptoss_config.spec()["shared"]["architectures"],
         "model_type": "gpt_oss",
         "num_hidden_layers": spec.num_hidden_layers,
         "hidden_size": spec.hidden_size,

@@ -254,8 +254,8 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
         twin = noise_twin(reference, tol.noise_dtype)
         noise = logprobs_close(twin.score_all(outputs, top_k), want, tol, greedy_rule=False).figures()
         noise["stratum_median_abs_dlogprob"] = largest_stratum_median(noise)
-        # every band's median too: the widening judges bands by the twin's largest, and whether a band-by-band
-        # rule would hold (a rounded inv_freq passed at 8 layers on the H200: docs/verdicts.md) needs them measured
+        # every band's median too: bf16 widens each band by the twin's same band (widen_by_band), and whether fp16
+        # could (docs/verdicts.md "Greedy parity at depth") rests on these figures from GPU runs
         bands = [k for k in noise if k.startswith("median_abs_dlogprob_")]
         for name in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob", "stratum_median_abs_dlogprob",
                      *bands):
