@@ -10,48 +10,11 @@ kept as a fallback for older installs: its `--json` output is an object of `card
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from env_checks.facts import ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
-from env_checks.textforms import bad_page_count, count_page_record, json_start, normalise_gfx, smi_top_indent
-
-_TEXT_FIELD = re.compile(r"^(\s*)([^:]+?):\s*(.*?)\s*$")
-
-
-def _key(raw: str) -> str:
-    return re.sub(r"[\s-]+", "_", raw.strip()).lower()
-
-
-def _parse_text_tree(text: str) -> list[dict[str, Any]]:
-    gpus: list[dict[str, Any]] = []
-    stack: list[tuple[int, dict[str, Any]]] = []
-    top: int | None = None
-    for line in text.splitlines():
-        match = _TEXT_FIELD.match(line)
-        if not match:
-            continue  # blank lines, "...", bare affinity masks: nothing a probe reads
-        indent, key, value = len(match.group(1)), _key(match.group(2)), match.group(3)
-        top = smi_top_indent(indent, key, value, top)
-        if indent <= (top or 0):
-            # Top-level blocks are "GPU: n" (kept) or "CPU: n" and the like (ignored).
-            stack = [(indent, {"gpu": int(value)})] if key == "gpu" and value.isdigit() else []
-            if stack:
-                gpus.append(stack[0][1])
-            continue
-        if not stack:
-            continue
-        while len(stack) > 1 and stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1]
-        count_page_record(parent, key)
-        if value:
-            parent[key] = value
-        else:
-            parent[key] = {}
-            stack.append((indent, parent[key]))
-    return gpus
+from env_checks.textforms import bad_page_count, json_start, normalise_gfx, smi_text_tree
 
 
 def parse_smi_tree(text: str) -> list[dict[str, Any]]:
@@ -69,7 +32,7 @@ def parse_smi_tree(text: str) -> list[dict[str, Any]]:
         if not isinstance(data, list) or not all(isinstance(g, dict) and "gpu" in g for g in data):
             raise Unparseable("JSON is not a list of per-GPU objects")
         return data
-    gpus = _parse_text_tree(text)
+    gpus = smi_text_tree(text, first_wins=False)
     if not gpus:
         raise Unparseable("no 'GPU: n' blocks (a table such as `amd-smi topology` or `monitor` is not per-GPU blocks)")
     return gpus

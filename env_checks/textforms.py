@@ -244,8 +244,10 @@ def bad_page_count(value: Any) -> int | None:
     return None
 
 
-def _text_tree(text: str) -> list[dict[str, Any]]:
-    """amd-smi's indented `KEY: value` text as per-GPU dicts (tolerant: a cut-off block keeps what it has)."""
+def smi_text_tree(text: str, first_wins: bool = True) -> list[dict[str, Any]]:
+    """amd-smi's indented `KEY: value` text as per-GPU dicts with lower-case keys ("GPU: n" opens a block, n kept as
+    an int; other top-level blocks such as "CPU: n" are skipped). Tolerant: a cut-off block keeps what it has. A key
+    repeated within a node keeps its first value, or its last where `first_wins` is False."""
     gpus: list[dict[str, Any]] = []
     stack: list[tuple[int, dict[str, Any]]] = []
     top: int | None = None
@@ -253,7 +255,7 @@ def _text_tree(text: str) -> list[dict[str, Any]]:
         key = re.sub(r"[\s-]+", "_", key)
         top = smi_top_indent(indent, key, value, top)
         if indent <= (top or 0):
-            stack = [(indent, {"gpu": value})] if key == "gpu" and value.strip().isdigit() else []
+            stack = [(indent, {"gpu": int(value)})] if key == "gpu" and value.strip().isdigit() else []
             gpus.extend(node for _, node in stack)
             continue
         if not stack:
@@ -262,11 +264,13 @@ def _text_tree(text: str) -> list[dict[str, Any]]:
             stack.pop()
         parent = stack[-1][1]
         count_page_record(parent, key)
-        if value:
-            parent.setdefault(key, value)
-        else:
+        if not value:
             parent[key] = {}
             stack.append((indent, parent[key]))
+        elif first_wins:
+            parent.setdefault(key, value)
+        else:
+            parent[key] = value
     return gpus
 
 
@@ -308,7 +312,7 @@ def read_amd_smi(text: str) -> Reading:
                 r.put("memory_partition", value)
         r.count(len(gpus), False)
     else:
-        gpus = _text_tree(text)
+        gpus = smi_text_tree(text)
         for gpu in gpus:
             _amd_smi_gpu(r, gpu)
         _bad_pages(r, gpus)
