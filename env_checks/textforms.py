@@ -113,6 +113,14 @@ def colon_pairs(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
+def first_values(text: str) -> dict[str, str]:
+    """Each lower-case key's first value among the `key: value` lines (colon_pairs), at any indent."""
+    fields: dict[str, str] = {}
+    for _indent, key, value in colon_pairs(text):
+        fields.setdefault(key, value)
+    return fields
+
+
 # ---------------------------------------------------------------- rocminfo
 
 

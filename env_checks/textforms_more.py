@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from env_checks.textforms import Reading, colon_pairs, is_version, normalise_gfx
+from env_checks.textforms import Reading, colon_pairs, first_values, is_version, normalise_gfx
 
 # ---------------------------------------------------------------- nvidia-smi
 
@@ -136,9 +136,7 @@ def read_nvidia_csv(text: str) -> Reading:
 
 def read_collect_env(text: str) -> Reading:
     r = Reading("collect_env")
-    fields: dict[str, str] = {}
-    for _indent, key, value in colon_pairs(text):
-        fields.setdefault(key, value)
+    fields = first_values(text)
     r.put("torch_version", fields.get("pytorch version"))
     cuda_build, rocm_build = fields.get("cuda used to build pytorch"), fields.get("rocm used to build pytorch")
     r.put("torch_cuda_build", cuda_build)
@@ -189,9 +187,7 @@ def read_hipconfig(text: str) -> Reading:
 
 def read_modinfo(text: str) -> Reading:
     r = Reading("modinfo amdgpu")
-    fields: dict[str, str] = {}
-    for _indent, key, value in colon_pairs(text):
-        fields.setdefault(key, value)
+    fields = first_values(text)
     r.put("driver_version", fields.get("version") if is_version(fields.get("version")) else None)
     vermagic = fields.get("vermagic", "").split()
     r.put("kernel_release", vermagic[0] if vermagic else None)
