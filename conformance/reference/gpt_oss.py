@@ -382,15 +382,19 @@ class Reference:
         """Decoder layer i on the residual stream x [T, H]: attention, then MoE, each with its norm and residual."""
         return self.layer_many(i, [x], [(cos, sin)])[0]
 
-    def layer_many(self, i: int, xs: list[torch.Tensor], tables: list[tuple[torch.Tensor, torch.Tensor]]
-                   ) -> list[torch.Tensor]:
+    def layer_many(self, i: int, xs: list[torch.Tensor], tables: list[tuple[torch.Tensor, torch.Tensor]],
+                   moe_input: Callable[[torch.Tensor], None] | None = None) -> list[torch.Tensor]:
         """`layer` over several sequences at once: attention per sequence, the MoE (per token) over all their
-        tokens together, so each routed expert of the layer is read once for all of them."""
+        tokens together, so each routed expert of the layer is read once for all of them. `moe_input`, if given,
+        sees the MoE's input (all the sequences' tokens, normalised) before the MoE runs."""
         w, p, r = self.w, f"model.layers.{i}.", self.rounded
         hs = [r(x + r(self._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps)), cos, sin)))
               for x, (cos, sin) in zip(xs, tables)]
         h = torch.cat(hs)
-        out = r(h + r(self.moe(i, r(rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps)))))
+        x_in = r(rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps))
+        if moe_input is not None:
+            moe_input(x_in)
+        out = r(h + r(self.moe(i, x_in)))
         return list(out.split([len(x) for x in hs]))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

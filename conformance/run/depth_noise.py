@@ -111,7 +111,6 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     import torch
 
     from conformance.reference.device import noise_twin, reference_for
-    from conformance.reference.gpt_oss import rms_norm
     from conformance.verdicts import settings
 
     config, about = _about(model_dir, dtype, device)
@@ -125,29 +124,23 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     started = time.perf_counter()
     reference = reference_for(model_dir, True, device)
     twin = noise_twin(reference, dtype)
-    r, w, eps = twin.rounded, twin.w, torch.finfo(getattr(torch, dtype)).eps
+    w, eps = twin.w, torch.finfo(getattr(torch, dtype)).eps
     tables = [twin.rope_tables(torch.arange(len(ids))) for ids in seqs]
     gaps, moved = [], []
     with torch.no_grad():
         xs = [twin.embed(ids).to(w.device) for ids in seqs]
         tables = [(cos.to(w.device), sin.to(w.device)) for cos, sin in tables]
         for i in range(int(config["num_hidden_layers"])):
-            p = f"model.layers.{i}."
-            hs, ins = [], []
-            for x, (cos, sin) in zip(xs, tables, strict=True):
-                h = r(x + r(twin._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], twin.eps)), cos, sin)))
-                hs.append(h)
-                ins.append(r(rms_norm(h, w[p + "post_attention_layernorm.weight"], twin.eps)))
-            x_in = torch.cat(ins)
-            want, got = reference.router_logits(i, x_in), twin.router_logits(i, x_in)
-            top = torch.topk(want, k + 1, dim=-1)
-            gaps.append(((top.values[:, k - 1] - top.values[:, k]) / want.abs().amax(dim=-1) / eps).cpu())
-            same = torch.topk(got, k, dim=-1).indices.sort().values == top.indices[:, :k].sort().values
-            moved.append((~same.all(dim=-1)).cpu())
-            outs = r(twin.moe(i, x_in)).split([len(x) for x in ins])
-            xs = [r(h + out) for h, out in zip(hs, outs, strict=True)]
-            w.done_with(p)
-            reference.w.done_with(p)
+            def routes(x_in: torch.Tensor, i: int = i) -> None:
+                want, got = reference.router_logits(i, x_in), twin.router_logits(i, x_in)
+                top = torch.topk(want, k + 1, dim=-1)
+                gaps.append(((top.values[:, k - 1] - top.values[:, k]) / want.abs().amax(dim=-1) / eps).cpu())
+                same = torch.topk(got, k, dim=-1).indices.sort().values == top.indices[:, :k].sort().values
+                moved.append((~same.all(dim=-1)).cpu())
+
+            xs = twin.layer_many(i, xs, tables, moe_input=routes)
+            twin.w.done_with(f"model.layers.{i}.")
+            reference.w.done_with(f"model.layers.{i}.")
     gap, flip = torch.cat(gaps), torch.cat(moved)
     ulps = (0.25, 0.5, 1, 2, 3, 4)
     return about | {"seconds": round(time.perf_counter() - started, 1),
