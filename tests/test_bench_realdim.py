@@ -283,3 +283,22 @@ def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apar
     assert bench.main(["--tiers", "p0", "--second-node", "--", "--cuda"]) == 2 and not runs
     assert capsys.readouterr().err.strip() == ("bench: --second-node reads the first runs' reference pack: give the "
                                                "runs --reference-pack DIR (after --).")
+
+
+def test_a_second_node_that_found_the_fleets_compile_cache_is_tabled_as_such(tmp_path, monkeypatch, capsys):
+    """With the runs' --compile-cache, the second node's record says it found the first runs' kernels (warm): its
+    table says so, so that its engine starts are never read as a fresh node's; the first runs (which filled it) are
+    tabled as before."""
+    def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
+        record = copy.deepcopy(realdim_record())
+        record["compile_cache"] = {"path": extra[-1], "warm": env is not None, "files_at_start": 9 if env else 0,
+                                   "files_at_end": 9}
+        return record, 100.0, 0.5
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    assert bench.main(["--tiers", "p0", "--runs", "1", "--second-node", "--reports-dir", str(tmp_path / "runs"),
+                       "--", "--cuda", "--reference-pack", str(tmp_path / "packs"),
+                       "--compile-cache", str(tmp_path / "cc")]) == 0
+    out = capsys.readouterr().out
+    assert "P0 bfloat16 · transformers at 2 layers: 1 run(s)" in out
+    assert "P0 bfloat16 · transformers · fleet's compile cache · second node at 2 layers: 1 run(s)" in out

@@ -60,12 +60,22 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_
     assert parity["figures"]["max_abs_dlogprob"] < 2e-3 and parity["area"] == "model-math"
     assert parity["reference"].startswith("docs/model.md")
     assert_no_secret_in(tmp_path, proc.stdout + proc.stderr, tmp_path_factory.mktemp("dashboard"))
-    # a second run never touches the first, and reads the first's fp64 reference results from the cache
+    # a second run never touches the first, and reads the first's fp64 reference results from the cache; given a
+    # fleet's compile cache, the engine it starts writes vLLM's cache there (the CPU target compiles nothing, but
+    # vLLM records its model inspection), and the record says the run found it empty
     first = sorted(tmp_path.iterdir())
-    again = conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build or greedy_logprobs_match")
+    shared = tmp_path_factory.mktemp("compile-cache")
+    again = conformance_run(tmp_path, "--tier", "p0", "-k", "torch_build or greedy_logprobs_match",
+                            "--compile-cache", str(shared))
     assert all(p in sorted(tmp_path.iterdir()) for p in first) and len(list(tmp_path.iterdir())) == 2
     assert again.returncode == 0 and re.search(r"^reference: (\d+) of \1 fp64 results read from the cache",
                                                again.stdout, re.M), again.stdout[-1500:]
+    (second,) = set(tmp_path.iterdir()) - set(first)
+    cached = json.loads((second / "results.json").read_text())["compile_cache"]
+    assert cached["path"] == str(shared.resolve()) and not cached["warm"] and cached["files_at_start"] == 0
+    assert cached["files_at_end"] >= 1 and any((shared / "vllm").rglob("*.json")), cached
+    assert "compile cache: " in again.stdout and "(this run filled it)" in again.stdout
+    assert record["compile_cache"] is None  # a run without the option uses the node's own caches
 
 
 def assert_no_secret_in(runs: Path, output: str, work: Path) -> None:

@@ -75,6 +75,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--reference-pack", "fp64 reference results keyed by model, prompt set and reference version: read where "
                                 "the pack exists, written at the run's end, so another node skips computing them; a "
                                 "FILE made for another key is refused", metavar="FILE|DIR"),
+    _option("--compile-cache", "a fleet's shared compiler caches (vLLM's torch.compile artifacts, Inductor's and "
+                               "Triton's kernels) in DIR/vllm, DIR/inductor, DIR/triton: a node that finds them filled "
+                               "loads the kernels the first node built; the run records whether it did", metavar="DIR"),
     _option("--planted-fault", "negative controls only: plant this fault of conformance/engines/faults.py in the "
                                "engine under test; the run is recorded as a control, never as a platform result"),
     _option("--reports-dir", "where runs are written (default reports/runs)", default="reports/runs"),

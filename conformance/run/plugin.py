@@ -101,6 +101,13 @@ def pytest_configure(config: pytest.Config) -> None:
     bad = preflight.problems(opt, report, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
     if bad:
         raise pytest.UsageError("\n".join(bad))
+    if opt.compile_cache:  # before any engine, server or forkserver starts: they inherit the variables
+        from conformance.run import compile_cache
+
+        try:
+            compile_cache.use(Path(opt.compile_cache))
+        except compile_cache.CompileCacheError as exc:
+            raise pytest.UsageError(str(exc)) from None
     capabilities.register(config)  # the `needs` marker: what a check needs of the engine (data/engines.toml)
     for value, env in ((opt.tokenizer_vocab, "CONFORMANCE_TOKENIZER_VOCAB"), (opt.eval_data, "CONFORMANCE_EVAL_DATA"),
                        (opt.history_db, "CONFORMANCE_HISTORY_DB")):
@@ -350,3 +357,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from conformance.reference import cache
 
     cache.disable()  # a process that goes on (tests call `conformance run` in-process) computes afresh
+    from conformance.run import compile_cache
+
+    compile_cache.release()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.reference import cache as reference_cache
-from conformance.run import machine_health, phases, runrecord
+from conformance.run import compile_cache, machine_health, phases, runrecord
 from conformance.run.runcontext import RunContext
 from env_checks.signatures import diagnose
 
@@ -78,6 +78,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "unmatched_expectations": ctx.unmatched_expectations,
         "phases": phases.snapshot(ctx.startups),
         "reference_results": reference_cache.run_summary(),
+        "compile_cache": compile_cache.summary(),  # --compile-cache: whether the run found a fleet's kernels there
         **machine_health.results_fields(),
     }
 
@@ -150,6 +151,11 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         tr.write_line(f"reference: {len(parted)} result(s) not in the pack, which held their prompts along other "
                       f"paths: the engine's tokens parted from the pack's at decode step {', '.join(map(str, parted))}"
                       " (its greedy paths differ run to run, or node to node)", yellow=True)
+    shared = compile_cache.summary()
+    if shared:
+        tr.write_line(f"compile cache: {shared['path']} held {shared['files_at_start']} file(s) at the start"
+                      + (" (a fleet's kernels, loaded where they match this stack)" if shared["warm"] else
+                         " (this run filled it)") + f", {shared['files_at_end']} now")
     for u in ctx.unmatched_expectations:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
     for line, bad in machine_health.summary_lines():

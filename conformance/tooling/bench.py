@@ -3,6 +3,7 @@
   python -m conformance.tooling.bench --runs 3 --tiers p0,p1 [--nox "python -m nox"] [--reports-dir DIR] [-- run args]
   python -m conformance.tooling.bench --realdim 2,8,24 --tiers p0 --runs 1 [--realdim-dir DIR] -- --cuda
   python -m conformance.tooling.bench --realdim 8 --tiers p0 --runs 1 --second-node -- --cuda --reference-pack DIR
+      [--compile-cache DIR2]
   python -m conformance.tooling.bench --from-runs RUN_DIR...
 
 Each run is `nox -s <tier> -- ...` when a nox command is given (what a user types: its time beyond the run
@@ -15,7 +16,9 @@ explains the spread between nodes that fingerprint alike (engine starts follow t
 --second-node (with `-- --reference-pack DIR`) adds, per layer count, one run per tier as a second node of a
 fleet would make it: the suite's cache empty, so its fp64 results come from the pack the first runs wrote, and
 vLLM's, Triton's and Inductor's caches empty too (only the OS's page cache stays warm); it is tabled apart
-(`· second node`).
+(`· second node`). Give the runs `--compile-cache DIR` too (after --) and the second node shares the compilers' caches
+the first runs filled, as a fleet that copies or mounts them does (vLLM documents copying its torch.compile cache
+between machines); its table then says `· fleet's compile cache`.
 With --realdim, each tier runs at gpt-oss-120b's real dimensions with each of these layer counts (the checkpoint
 written once per count, its writing the `generate` row), a table per layer count, then the fit of wall against
 layers and its extrapolation to the real depth (conformance/tooling/bench_realdim.py). --from-runs tabulates recorded
@@ -151,12 +154,15 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
 
 def _key(record: dict[str, Any], tier: str | None = None) -> tuple[str, int | None]:
     """What a run is tabulated under: its tier, dtype, engine and whether it took profiles.toml [gate] ('p0
-    bfloat16 · vllm · gate options'), and its real-dimension layer count: a fit never mixes engines or options."""
+    bfloat16 · vllm · gate options'), whether it loaded a fleet's compiled kernels (--compile-cache found filled),
+    and its real-dimension layer count: a fit never mixes engines or options."""
     from conformance.tooling.bench_realdim import layers_of
 
     name = tier or ",".join(record.get("tiers", [])) or "?"
     gate = ((record.get("profile_settings") or {}).get("gate"))
-    parts = [name, record.get("dtype"), record.get("engine") and f"· {record['engine']}", gate and "· gate options"]
+    warm = (record.get("compile_cache") or {}).get("warm")  # --compile-cache that held a first node's kernels
+    parts = [name, record.get("dtype"), record.get("engine") and f"· {record['engine']}", gate and "· gate options",
+             warm and "· fleet's compile cache"]
     return " ".join(p for p in parts if p), layers_of(record)
 
 
@@ -263,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--second-node", action="store_true",
                         help="after each tier's runs, one more as a second node of a fleet: with the run's "
                              "--reference-pack and empty caches (the suite's, vLLM's, Triton's, Inductor's), so that "
-                             "its fp64 results come from the pack alone and its kernels compile again (tabled apart)")
+                             "its fp64 results come from the pack alone and its kernels compile again (tabled apart); "
+                             "with the runs' --compile-cache DIR it loads the kernels the first runs built instead")
     parser.add_argument("extra", nargs="*", help="arguments for `conformance run` (after --)")
     ns, unknown = parser.parse_known_args(argv)  # --rocm, --cuda, --model ...: for `conformance run`
     ns.extra = [*unknown, *ns.extra]

@@ -1,0 +1,78 @@
+"""`--compile-cache DIR`: the compilers' caches a fleet shares, so a second node loads the kernels the first one built.
+
+vLLM keeps its torch.compile artifacts under VLLM_CACHE_ROOT and documents copying that folder between machines to
+skip compilation; Inductor's generated kernels (and the configs it autotuned at run time) go to
+TORCHINDUCTOR_CACHE_DIR, Triton's compiled kernels to TRITON_CACHE_DIR. A run given DIR points the three at
+DIR/vllm, DIR/inductor and DIR/triton for itself and every engine and server it starts, and records how many files
+the folder held when it started (none: the run filled it; some: it read a fleet's) and when it ended. Every cache
+keys its entries on the stack and the device, so another stack's entries are never loaded, only kept beside.
+Standard library only (the run's configure imports it before any engine starts).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FOLDERS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+class CompileCacheError(ValueError):
+    """A compile cache folder the run cannot use: one sentence."""
+
+
+@dataclass
+class _State:
+    root: Path
+    files_at_start: int
+    before: dict[str, str | None] = field(default_factory=dict)  # each variable as it was, put back at the end
+
+
+_state: _State | None = None
+
+
+def files_in(root: Path) -> int:
+    """How many files the folder holds (0 where it does not exist)."""
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
+def use(root: Path) -> None:
+    """Point the three caches into `root` (created where missing) for this process and what it starts."""
+    global _state
+    try:
+        for sub in FOLDERS.values():
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        probe = root / ".conformance-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise CompileCacheError(f"--compile-cache {root}: the folder cannot be created or written ({exc.strerror}); "
+                                "give a writable folder (a fleet's shared one, or a local copy of it).") from None
+    release()
+    _state = _State(root.resolve(), files_in(root), {var: os.environ.get(var) for var in FOLDERS})
+    for var, sub in FOLDERS.items():
+        os.environ[var] = str(_state.root / sub)
+
+
+def summary() -> dict[str, Any] | None:
+    """results.json `compile_cache`: the folder, whether the run found it filled (`warm`), its files then and now."""
+    if _state is None:
+        return None
+    now = files_in(_state.root)
+    return {"path": str(_state.root), "warm": _state.files_at_start > 0, "files_at_start": _state.files_at_start,
+            "files_at_end": now}
+
+
+def release() -> None:
+    """The run's end: the variables as they were before `use` (a process that goes on runs without it)."""
+    global _state
+    if _state is None:
+        return
+    for var, value in _state.before.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    _state = None
