@@ -5,6 +5,7 @@ was; through the plugin, `--reference-pack` is a usage error for another key, an
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -163,6 +164,7 @@ def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
     assert done[0]["computed"] >= 1 and done[0]["read"] == done[0]["from_pack"] == 0
     assert done[2]["computed"] == 0 and done[2]["read"] == done[2]["from_pack"] >= 1 and done[2]["compute_s"] == 0
     assert "pack_paths_parted" not in done[2]
+    assert re.search(r"^reference: (\d+) of \1 fp64 results read from the reference pack \(", third.stdout, re.M)
     # a node whose engine decoded another path: computed, and the run says where the paths parted
     parted = run_plugin(checks, "--reference-pack", str(written), env={"PART": "1"})
     assert parted.returncode == 0, parted.stdout[-2000:] + parted.stderr[-2000:]

@@ -142,9 +142,12 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
     startups = startup_line(ctx.startups)
     if startups:
         tr.write_line(startups)
-    cached = reference_cache.counts
+    cached, from_pack = reference_cache.counts, reference_cache.run_summary()["from_pack"]
     if cached.hits:
-        tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses} fp64 results read from the cache "
+        where = ("the reference pack" if from_pack == cached.hits else
+                 f"the reference pack ({from_pack}) and the cache ({cached.hits - from_pack})" if from_pack else
+                 "the cache")
+        tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses} fp64 results read from {where} "
                       "(the same checkpoint, token ids and options); --fresh-reference computes them all")
     parted = reference_cache.run_summary().get("pack_paths_parted")
     if parted:
