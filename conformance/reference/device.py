@@ -140,6 +140,13 @@ class DeviceReference(Reference):
         return self._block("moe", i, x, lambda x: self.on_device.moe(i, x.to(self.on_device.w.device)),
                            lambda x, rows: self.checker.moe(i, x[rows]))
 
+    @torch.no_grad()
+    def moe_routed(self, i: int, x: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+        on = self.on_device.w.device
+        return self._block("moe (given routing)", i, x,
+                           lambda x: self.on_device.moe_routed(i, x.to(on), top_idx.to(on)),
+                           lambda x, rows: self.checker.moe_routed(i, x[rows], top_idx[rows]))
+
     def _block(self, what: str, i: int, x: torch.Tensor, on_device: Callable[[torch.Tensor], torch.Tensor],
                on_cpu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Block `what` of layer i on the device, its spot rows again on the CPU; neither keeps the layer."""

@@ -343,15 +343,21 @@ class Reference:
 
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The MoE block of layer i on normalised hidden states x [T, H]; only routed experts run."""
+        x = x.to(torch.float64)
+        return self.moe_routed(i, x, torch.topk(self.router_logits(i, x), int(self.cfg["num_experts_per_tok"]),
+                                                dim=-1).indices)
+
+    def moe_routed(self, i: int, x: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+        """The MoE block of layer i with each row of x [T, H] sent to the experts top_idx [T, k], weighted by the
+        router's softmax over those k (over all experts where the math does not renormalise): `moe` with the
+        router's own top-k, or another routing that a near-tie leaves open."""
         c, m, w, p = self.cfg, self.math, self.w, f"model.layers.{i}.mlp."
-        top_k, limit = int(c["num_experts_per_tok"]), float(c.get("swiglu_limit", 7.0))
+        limit = float(c.get("swiglu_limit", 7.0))
         x = x.to(torch.float64)
         logits = self.router_logits(i, x)
-        if m.renormalise_topk:
-            top_val, top_idx = torch.topk(logits, top_k, dim=-1)
-            weights = torch.softmax(top_val, dim=-1)
-        else:
-            weights, top_idx = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+        top_idx = top_idx.to(logits.device)
+        weights = (torch.softmax(logits.gather(-1, top_idx), dim=-1) if m.renormalise_topk
+                   else torch.softmax(logits, dim=-1).gather(-1, top_idx))
         out = torch.zeros_like(x)
         for e in top_idx.unique().tolist():
             rows, slot = (top_idx == e).nonzero(as_tuple=True)

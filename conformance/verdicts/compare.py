@@ -78,10 +78,10 @@ class BlockLimits:
 class LayerTolerance:
     """Limits on the per-position relative error ||engine - reference|| / ||reference|| per block kind (attn,
     moe), judged in every stratum (block, layer type, position band, phase) separately (data: tolerances.toml
-    [layers]). The MoE max is loose on purpose: in low precision a near-tie in the router picks another
-    expert for a token now and then. Such a position (its reference top-k decided by no more than `router_tie` x
-    its largest |router logit|) is judged by the max alone, not by the median and p90: at gpt-oss-120b's 128
-    experts near-ties are common enough to move a small stratum's p90 on a healthy stack."""
+    [layers]). In low precision a near-tie in the router picks another expert for a token now and then: such a
+    position (its reference top-k decided by no more than `router_tie` x its largest |router logit|) is judged
+    against the nearest of the routings rounding could pick (mathcheck.rerouted_errors), in every figure, so the
+    MoE max needs no room for a token sent elsewhere."""
 
     blocks: dict[str, BlockLimits]
     bands: tuple[int, ...]
