@@ -727,7 +727,7 @@ def test_p0_at_120b_dimensions_with_8_layers_on_the_h200_fails_two_verdicts_of_d
     float32 twin ran on the first 2 of the 8 layers (tolerances.toml [exact_twin]) and passed. Two verdicts failed
     where 2 layers passed: greedy parity (max 17 against 16, p99 3.59 against 2.0, median 0.40 against 0.15; the
     2-layer run: 6.92, 1.08, 0.067) and the per-layer blocks, in one MoE stratum of 36 positions alone (p90 0.163
-    against 0.03; every other stratum about 0.01): router near-ties, now judged by the max (tests/
+    against 0.03; every other stratum about 0.01): router near-ties, now judged against their nearest routing (tests/
     test_check_bodies_math.py). The per-layer probe took 554 s, its fp64 blocks computed on the CPU: they now run on
     the device (tests/test_reference_device.py)."""
     record = _record(REALDIM_8)
