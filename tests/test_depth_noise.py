@@ -169,3 +169,21 @@ def test_router_ties_on_a_checkpoint_print_the_moved_positions_and_their_gaps(ti
     shares = list(out["share_within_ulps"].values())
     assert shares == sorted(shares) and all(0 <= s <= 1 for s in shares)
     assert list(out["routed_otherwise_beyond_ulps"].values())[-1] <= out["routed_otherwise"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_layer_blocks_judge_the_twin_as_the_engine_with_the_checks_own_verdict(dtype, tiny, capsys):
+    """--layer-blocks: the per-layer check's verdict (mathcheck.layers_close, the run's limits) with the noise twin
+    as the engine. On tiny gpt-oss the twin passes with room to spare, its near-ties counted and some rerouted, and
+    every group the check judges is listed: what the same command says at 120b's dimensions, where no CPU engine
+    serves."""
+    import json
+
+    assert depth_noise.main(["--model", str(tiny.path), "--dtype", dtype, "--layer-blocks"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["content_hash"] == tiny.content_hash and out["verdict"] == "pass" and out["problems"] == []
+    figures = out["figures"]
+    assert 0 < figures["layer_worst_ratio_to_limit"] < 0.5
+    assert figures["layer_moe_router_ties"] > figures["layer_moe_rerouted"] > 0
+    assert any(g.startswith("moe ") and "at a router near-tie" in g for g in out["groups"])
+    assert {g.split()[0] for g in out["groups"]} == {"attn", "moe"}

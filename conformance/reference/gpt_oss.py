@@ -389,19 +389,25 @@ class Reference:
         return self.layer_many(i, [x], [(cos, sin)])[0]
 
     def layer_many(self, i: int, xs: list[torch.Tensor], tables: list[tuple[torch.Tensor, torch.Tensor]],
-                   moe_input: Callable[[torch.Tensor], None] | None = None) -> list[torch.Tensor]:
+                   observe: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None) -> list[torch.Tensor]:
         """`layer` over several sequences at once: attention per sequence, the MoE (per token) over all their
-        tokens together, so each routed expert of the layer is read once for all of them. `moe_input`, if given,
-        sees the MoE's input (all the sequences' tokens, normalised) before the MoE runs."""
+        tokens together, so each routed expert of the layer is read once for all of them. `observe`, if given, sees
+        each block's normalised input and output as the per-layer check's probe does: ("attn", x, y) per sequence,
+        then ("moe", x, y) over all their tokens."""
         w, p, r = self.w, f"model.layers.{i}.", self.rounded
-        hs = [r(x + r(self._attention(i, r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps)), cos, sin)))
-              for x, (cos, sin) in zip(xs, tables)]
+        hs = []
+        for x, (cos, sin) in zip(xs, tables):
+            x_in = r(rms_norm(x, w[p + "input_layernorm.weight"], self.eps))
+            y = r(self._attention(i, x_in, cos, sin))
+            if observe is not None:
+                observe("attn", x_in, y)
+            hs.append(r(x + y))
         h = torch.cat(hs)
         x_in = r(rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps))
-        if moe_input is not None:
-            moe_input(x_in)
-        out = r(h + r(self.moe(i, x_in)))
-        return list(out.split([len(x) for x in hs]))
+        y = r(self.moe(i, x_in))
+        if observe is not None:
+            observe("moe", x_in, y)
+        return list(r(h + y).split([len(x) for x in hs]))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """log-softmax of the next-token logits of the final residual stream x [T, H]."""

