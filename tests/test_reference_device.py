@@ -3,6 +3,8 @@ and its CPU spot checks catch a device whose results are off, per layer and in t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -162,6 +164,13 @@ def test_single_blocks_on_the_device_are_the_cpu_reference(tiny, reference):
     x, cos, sin = _block_inputs(reference)
     assert torch.equal(on_device.attention(1, x, cos, sin), reference.attention(1, x, cos, sin))
     assert torch.equal(on_device.moe(1, x), reference.moe(1, x))
+    # the per-layer check's near-ties: the MoE under another routing (the router's 5th expert for its 4th)
+    k = int(reference.cfg["num_experts_per_tok"])
+    top = torch.topk(reference.router_logits(1, x), k + 1, dim=-1).indices
+    other = torch.cat([top[:, : k - 1], top[:, k:]], dim=-1)
+    assert torch.equal(on_device.moe_routed(1, x, other), reference.moe_routed(1, x, other))
+    assert torch.equal(reference.moe_routed(1, x, top[:, :k]), reference.moe(1, x))
+    assert not torch.allclose(reference.moe_routed(1, x, other), reference.moe(1, x))
     assert 0 <= on_device.worst_rel < device.SPOT_RTOL / 1000
 
 
@@ -185,14 +194,21 @@ class ShiftedBlocks(Reference):
         out = super().moe(i, x)
         return self._shift(out) if self.block == "moe" else out
 
+    def moe_routed(self, i, x, top_idx):
+        out = super().moe_routed(i, x, top_idx)
+        return self._shift(out) if self.block == "moe (given routing)" else out
 
-@pytest.mark.parametrize("block", ["attention", "moe"])
+
+@pytest.mark.parametrize("block", ["attention", "moe", "moe (given routing)"])
 def test_a_block_off_on_the_device_is_caught(tiny, reference, block):
     ref = DeviceReference(tiny.path, device="cpu")
     ref.on_device = ShiftedBlocks(tiny.path, block)
     x, cos, sin = _block_inputs(reference)
-    call = (lambda: ref.attention(1, x, cos, sin)) if block == "attention" else (lambda: ref.moe(1, x))
-    with pytest.raises(DeviceMismatch, match=rf"^layer 1 {block}: .* at position {len(IDS) - 1}, hidden 3, .*not "
+    top = torch.topk(reference.router_logits(1, x), int(reference.cfg["num_experts_per_tok"]), dim=-1).indices
+    call = {"attention": lambda: ref.attention(1, x, cos, sin), "moe": lambda: ref.moe(1, x),
+            "moe (given routing)": lambda: ref.moe_routed(1, x, top)}[block]
+    where = re.escape(block)
+    with pytest.raises(DeviceMismatch, match=rf"^layer 1 {where}: .* at position {len(IDS) - 1}, hidden 3, .*not "
                                              r"trusted\.$"):
         call()
 
