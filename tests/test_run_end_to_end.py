@@ -75,6 +75,7 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_
     assert cached["path"] == str(shared.resolve()) and not cached["warm"] and cached["files_at_start"] == 0
     assert cached["files_at_end"] >= 1 and any((shared / "vllm").rglob("*.json")), cached
     assert "compile cache: " in again.stdout and "(this run filled it)" in again.stdout
+    assert f"conformance: compile cache {shared.resolve()}: empty, this run fills it" in again.stdout
     assert record["compile_cache"] is None  # a run without the option uses the node's own caches
 
 

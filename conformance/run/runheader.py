@@ -51,7 +51,19 @@ def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None
         f"{PREFIX} engine {ctx.engine}, dtype {ctx.dtype_name}, profile {profile}, "
         f"model {ctx.model_arg or 'tiny-gpt-oss'}" + (f"; tiers {', '.join(tiers)}" if tiers else ""),
         f"{PREFIX} run {ctx.run_id} -> {ctx.run_dir}",
-    ] + ([line] if (line := busy(gpu_processes)) else [])
+    ] + ([line] if (line := busy(gpu_processes)) else []) + compile_cache_lines()
+
+
+def compile_cache_lines() -> list[str]:
+    """Where --compile-cache points the compilers, and whether an earlier run (a fleet's first node) filled it."""
+    from conformance.run import compile_cache
+
+    shared = compile_cache.summary()
+    if shared is None:
+        return []
+    found = (f"{shared['files_at_start']} file(s) from earlier runs, loaded where they match this stack"
+             if shared["warm"] else "empty, this run fills it")
+    return [f"{PREFIX} compile cache {shared['path']}: {found}"]
 
 
 def pytest_shows_header(config: Any) -> bool:
