@@ -129,24 +129,31 @@ def admissible_routings(logits: torch.Tensor, k: int, margin: float, widest: int
 
 
 def rerouted_errors(reference: Any, layer: int, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, k: int,
-                    margin: float) -> torch.Tensor:
+                    margin: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of x (MoE inputs at router near-ties) and y (the engine's outputs there): the smallest
     ||y - reference|| / scale over the row's admissible routings (`admissible_routings`, margin x the row's largest
-    |logit|), all of them run through the layer's experts at once."""
+    |logit|), all of them run through the layer's experts at once, and whether that nearest routing is another than
+    the router's own top-k."""
     logits = reference.router_logits(layer, x).cpu()
-    sets, owner = [], []
+    sets, owner, own = [], [], []
     for r in range(len(x)):
+        mine = set(torch.topk(logits[r], k).indices.tolist())
         for routing in admissible_routings(logits[r], k, margin * float(logits[r].abs().max())):
             sets.append(routing)
             owner.append(r)
+            own.append(set(routing) == mine)
     rows, routings = torch.tensor(owner), torch.tensor(sets)
     err = torch.empty(len(rows), dtype=torch.float64)
     for start in range(0, len(rows), REROUTE_CHUNK):  # bounded memory beside an engine on the device
         part = rows[start:start + REROUTE_CHUNK]
         outs = reference.moe_routed(layer, x[part], routings[start:start + REROUTE_CHUNK]).cpu()
         err[start:start + len(part)] = (y[part].double() - outs).norm(dim=-1) / scale[part]
-    err = torch.nan_to_num(err, nan=math.inf, posinf=math.inf)
-    return torch.full((len(x),), math.inf, dtype=torch.float64).scatter_reduce(0, rows, err, "amin")
+    best = torch.full((len(x),), math.inf, dtype=torch.float64)
+    other = torch.zeros(len(x), dtype=torch.bool)
+    for n, (r, value) in enumerate(zip(owner, torch.nan_to_num(err, nan=math.inf).tolist())):
+        if value < best[r] or (value == best[r] and own[n]):  # on equal errors the router's own routing wins
+            best[r], other[r] = value, not own[n]
+    return best, other
 
 
 def decisive_router_inputs(reference: Any, layers: tuple[int, ...], m: int, dtype: torch.dtype,
@@ -210,6 +217,32 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
     tied_in: dict[tuple[str, str, str, str], int] = {}  # per stratum: MoE positions at a router near-tie
     ties: dict[str, int] = {}  # near-ties in all, and those another admissible routing matched better
     k = int(reference.cfg.get("num_experts_per_tok", 0))
+    moe_at: dict[int, list[tuple[int, torch.Tensor, torch.Tensor, int]]] = {}  # layer -> (prefill, x, y, positions)
+
+    def judge(block: str, i: int, x: torch.Tensor, y: torch.Tensor, want: torch.Tensor,
+              prefills: list[tuple[int, int]]) -> None:
+        """The rows of x (prompts' positions 0..n-1 one prompt after another; `prefills`: each prompt's prefill
+        length and position count) into their strata; a MoE position at a near-tie judged against the nearest
+        routing the tie leaves open."""
+        scale = want.norm(dim=-1).clamp_min(1e-30)
+        rel = torch.nan_to_num((y - want).norm(dim=-1) / scale, nan=math.inf, posinf=math.inf)  # NaN fails
+        tied = _router_ties(reference, i, x, k, tol.router_tie if block == "moe" else 0.0)
+        if bool(tied.any()):
+            best, other = rerouted_errors(reference, i, x[tied], y[tied], scale[tied], k, tol.router_tie)
+            ties["rerouted"] = ties.get("rerouted", 0) + int(other.sum())
+            ties["tied"] = ties.get("tied", 0) + int(tied.sum())
+            rel[tied] = torch.minimum(rel[tied], best.to(rel.dtype))
+        kind, values, at = reference.layer_type(i), rel.tolist(), tied.tolist()
+        row = 0
+        for prefill, count in prefills:
+            for t in range(count):
+                phase = "prefill" if t < prefill else "decode"
+                key = (block, kind, position_band(t, tol.bands), phase)
+                strata.setdefault(key, []).append(values[row])
+                if at[row]:
+                    tied_in[key] = tied_in.get(key, 0) + 1
+                row += 1
+
     for n, probe in enumerate(probes):
         positions, prefill = list(probe["positions"]), int(probe["prefill_len"])
         count = len(positions)
@@ -225,23 +258,13 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
                 if x.shape[0] != count or y.shape != x.shape:
                     report.problems.append(f"prompt {n}: {block} of layer {i} saw {x.shape[0]} positions, "
                                            f"not {count}")
-                    continue
-                want = reference.attention(i, x, cos, sin) if block == "attn" else reference.moe(i, x)
-                scale = want.norm(dim=-1).clamp_min(1e-30)
-                rel = torch.nan_to_num((y - want).norm(dim=-1) / scale, nan=math.inf, posinf=math.inf)  # NaN fails
-                tied = _router_ties(reference, i, x, k, tol.router_tie if block == "moe" else 0.0)
-                if bool(tied.any()):  # judged against the nearest routing its near-tie leaves open
-                    best = rerouted_errors(reference, i, x[tied], y[tied], scale[tied], k, tol.router_tie)
-                    ties["rerouted"] = ties.get("rerouted", 0) + int((best < rel[tied]).sum())
-                    ties["tied"] = ties.get("tied", 0) + int(tied.sum())
-                    rel[tied] = torch.minimum(rel[tied], best.to(rel.dtype))
-                kind = reference.layer_type(i)
-                for t, (value, tie) in enumerate(zip(rel.tolist(), tied.tolist())):
-                    phase = "prefill" if t < prefill else "decode"
-                    key = (block, kind, position_band(t, tol.bands), phase)
-                    strata.setdefault(key, []).append(value)
-                    if tie:
-                        tied_in[key] = tied_in.get(key, 0) + 1
+                elif block == "attn":  # causal over the prompt's own positions: one prompt at a time
+                    judge("attn", i, x, y, reference.attention(i, x, cos, sin), [(prefill, count)])
+                else:
+                    moe_at.setdefault(i, []).append((prefill, x, y, count))
+    for i, rows in moe_at.items():  # a MoE is per token: one call a layer for every prompt, its experts read once
+        x, y = torch.cat([r[1] for r in rows]), torch.cat([r[2] for r in rows])
+        judge("moe", i, x, y, reference.moe(i, x), [(r[0], r[3]) for r in rows])
     worst = 0.0
     for key in sorted(strata):
         block, kind, band, phase = key
