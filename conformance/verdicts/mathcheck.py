@@ -99,12 +99,14 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
     return report
 
 
-def _router_ties(reference: Any, layer: int, x: torch.Tensor, k: int, margin: float) -> torch.Tensor:
+def _router_ties(reference: Any, layer: int, x: torch.Tensor, k: int, margin: float,
+                 logits: torch.Tensor | None = None) -> torch.Tensor:
     """Per position of x: whether the reference's top-k experts of `layer` are decided by no more than `margin` x
-    the position's largest |router logit| (rounding noise can route it either way on a healthy stack)."""
+    the position's largest |router logit| (rounding noise can route it either way on a healthy stack). `logits`:
+    the reference's router logits of x where the caller has them."""
     if margin <= 0 or k < 1:
         return torch.zeros(x.shape[0], dtype=torch.bool)
-    logits = reference.router_logits(layer, x)
+    logits = reference.router_logits(layer, x) if logits is None else logits
     top = torch.topk(logits, k + 1, dim=-1).values
     return (top[:, k - 1] - top[:, k]) <= margin * logits.abs().amax(dim=-1)
 
@@ -129,12 +131,13 @@ def admissible_routings(logits: torch.Tensor, k: int, margin: float, widest: int
 
 
 def rerouted_errors(reference: Any, layer: int, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, k: int,
-                    margin: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    margin: float, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of x (MoE inputs at router near-ties) and y (the engine's outputs there): the smallest
     ||y - reference|| / scale over the row's admissible routings (`admissible_routings`, margin x the row's largest
     |logit|), all of them run through the layer's experts at once, and whether that nearest routing is another than
-    the router's own top-k."""
-    logits = reference.router_logits(layer, x).cpu()
+    the router's own top-k (on equal errors the router's own wins). `logits`: the reference's router logits of x
+    where the caller has them."""
+    logits = (reference.router_logits(layer, x) if logits is None else logits).cpu()
     sets, owner, own = [], [], []
     for r in range(len(x)):
         mine = set(torch.topk(logits[r], k).indices.tolist())
@@ -147,13 +150,12 @@ def rerouted_errors(reference: Any, layer: int, x: torch.Tensor, y: torch.Tensor
     for start in range(0, len(rows), REROUTE_CHUNK):  # bounded memory beside an engine on the device
         part = rows[start:start + REROUTE_CHUNK]
         outs = reference.moe_routed(layer, x[part], routings[start:start + REROUTE_CHUNK]).cpu()
-        err[start:start + len(part)] = (y[part].double() - outs).norm(dim=-1) / scale[part]
-    best = torch.full((len(x),), math.inf, dtype=torch.float64)
-    other = torch.zeros(len(x), dtype=torch.bool)
-    for n, (r, value) in enumerate(zip(owner, torch.nan_to_num(err, nan=math.inf).tolist())):
-        if value < best[r] or (value == best[r] and own[n]):  # on equal errors the router's own routing wins
-            best[r], other[r] = value, not own[n]
-    return best, other
+        err[start:start + len(part)] = (y[part].double() - outs).norm(dim=-1) / scale[part].cpu()
+    err = torch.nan_to_num(err, nan=math.inf)
+    best = torch.full((len(x),), math.inf, dtype=torch.float64).scatter_reduce(0, rows, err, "amin")
+    mine_err = torch.full((len(x),), math.inf, dtype=torch.float64)
+    mine_err[rows[torch.tensor(own)]] = err[torch.tensor(own)]  # every row's own top-k is among its routings
+    return best, mine_err > best
 
 
 def decisive_router_inputs(reference: Any, layers: tuple[int, ...], m: int, dtype: torch.dtype,
@@ -226,9 +228,11 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
         routing the tie leaves open."""
         scale = want.norm(dim=-1).clamp_min(1e-30)
         rel = torch.nan_to_num((y - want).norm(dim=-1) / scale, nan=math.inf, posinf=math.inf)  # NaN fails
-        tied = _router_ties(reference, i, x, k, tol.router_tie if block == "moe" else 0.0)
+        logits = reference.router_logits(i, x) if block == "moe" and k >= 1 and tol.router_tie > 0 else None
+        tied = _router_ties(reference, i, x, k, tol.router_tie if logits is not None else 0.0, logits)
         if bool(tied.any()):
-            best, other = rerouted_errors(reference, i, x[tied], y[tied], scale[tied], k, tol.router_tie)
+            best, other = rerouted_errors(reference, i, x[tied], y[tied], scale[tied], k, tol.router_tie,
+                                          logits[tied])
             ties["rerouted"] = ties.get("rerouted", 0) + int(other.sum())
             ties["tied"] = ties.get("tied", 0) + int(tied.sum())
             rel[tied] = torch.minimum(rel[tied], best.to(rel.dtype))
