@@ -105,7 +105,9 @@ LAYER_COLUMNS = ("moe_max", "layer_moe_router_ties", "layer_moe_rerouted", "attn
 
 
 def layer_row(layers: int, seed: int, f: dict[str, object]) -> str:
-    cells = [str(layers), str(seed)] + [f"{f[c]:.3g}" if isinstance(f.get(c), float) else "-" for c in LAYER_COLUMNS]
+    counts = ("layer_moe_router_ties", "layer_moe_rerouted")
+    cells = [str(layers), str(seed)] + [(f"{f[c]:.0f}" if c in counts else f"{f[c]:.3g}")
+                                        if isinstance(f.get(c), float) else "-" for c in LAYER_COLUMNS]
     return "| " + " | ".join(cells + [str(f.get("verdict"))]) + " |"
 
 
