@@ -90,6 +90,24 @@ def test_a_row_is_the_checks_verdict_with_the_engine_over_its_twin(capsys):
     assert 0.3 < float(cells["largest ratio band by band"]) < 4.0  # each band against the twin's same band
 
 
+@pytest.mark.parametrize(("name", "dtype"), [("layer-blocks-vllm-bf16", "bfloat16"),
+                                             ("layer-blocks-hf-bf16", "bfloat16"), ("layer-blocks-hf-fp16", "float16"),
+                                             ("layer-blocks-vllm-bf16-L8", "bfloat16"),
+                                             ("layer-blocks-hf-fp16-L8", "float16")])
+def test_no_healthy_model_fails_the_per_layer_checks_tight_moe_max(name, dtype):
+    """The 60 healthy models of the per-layer sweep (fixtures/recorded/depth-noise/README.md) against today's
+    [layers] limits: every MoE maximum under its limit with 5x room (the attention's with 2x), every worst group
+    under half of its limit, and in every model some near-tie positions matched another routing best (the rule
+    was needed)."""
+    blocks = limits_for(dtype).layers.blocks
+    rows = table((SWEEP / f"{name}.md").read_text().splitlines())
+    assert len(rows) in (10, 20)
+    assert [r["seed"] for r in rows if float(r["MoE max"]) * 5 > blocks["moe"].max] == []
+    assert [r["seed"] for r in rows if float(r["attention max"]) * 2 > blocks["attn"].max] == []
+    assert [r["seed"] for r in rows if float(r["worst group / limit"]) >= 0.5] == []
+    assert all(float(r["rerouted"]) > 0 for r in rows)
+
+
 @pytest.mark.parametrize("fault, verdict", [(None, "pass"), ("expert_bias_dropped", "FAIL")])
 def test_a_layer_blocks_row_is_the_per_layer_checks_verdict_on_a_real_engine(fault, verdict, capsys):
     argv = ["--layers", "4", "--seeds", "1", "--engine", "transformers", "--dtype", "float16", "--layer-blocks"]
