@@ -37,28 +37,37 @@ from pathlib import Path
 STATS = ("median", "stratum", "p99", "max")  # stratum: the largest median of a phase and position band
 
 
+def _on_engine(engine: str, model_path: Path, dtype: str, fault: str | None, log: Path, method: str,
+               *args: object, extra: dict | None = None) -> object:
+    """Start a CPU engine of `engine` kind on the model (targets.toml [cpu], `extra` options over them), call
+    `method` once and close it."""
+    from conformance.engines.worker import EngineProcess
+    from conformance.run import run_target
+
+    table = run_target.data()
+    options = dict(table["cpu"][engine]) | (extra or {}) | {"dtype": dtype} | \
+        ({"planted_fault": fault} if fault else {})
+    process = EngineProcess(engine, str(model_path), options, dict(table["cpu"]["env"]), log,
+                            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
+                            start_method=table["cpu"]["engine_start"])
+    try:
+        return process.call(method, *args, timeout_s=900.0)
+    finally:
+        process.close()
+
+
 def measure(layers: int, seed: int, engine: str, dtype: str, logs: Path, fault: str | None = None) -> dict[str, object]:
     """One model: the check's verdict and the figures it recorded."""
     from conformance.checkpoints.models import tiny_gpt_oss, with_spec
-    from conformance.engines.worker import EngineProcess
     from conformance.reference import Reference
-    from conformance.run import run_target
     from conformance.verdicts import compare, settings
     from conformance.verdicts.limits import limits_for
 
     model = tiny_gpt_oss(with_spec(num_hidden_layers=layers, seed=seed))
     prompts, max_tokens = settings.tiny_prompts(model.spec.vocab_size)
     tol, top_k = limits_for(dtype).logprobs
-    table = run_target.data()
-    options = dict(table["cpu"][engine]) | {"dtype": dtype} | ({"planted_fault": fault} if fault else {})
-    process = EngineProcess(engine, str(model.path), options, dict(table["cpu"]["env"]),
-                            logs / f"engine-{engine}-L{layers}-s{seed}.log",
-                            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
-                            start_method=table["cpu"]["engine_start"])
-    try:
-        result = process.call("generate_greedy", prompts, max_tokens, top_k, prompt_logprobs=True, timeout_s=900.0)
-    finally:
-        process.close()
+    result = _on_engine(engine, model.path, dtype, fault, logs / f"engine-{engine}-L{layers}-s{seed}.log",
+                        "generate_greedy", prompts, max_tokens, top_k, True)
     figures: dict[str, object] = {}
     report = compare.greedy_parity(result, Reference(model.path), tol, top_k, figures.__setitem__)
     figures["verdict"] = "pass" if report.ok else "FAIL: " + " ".join(report.problems)[:100]
@@ -70,7 +79,6 @@ def measure_layers(layers: int, seed: int, engine: str, dtype: str, logs: Path,
     """One model: the per-layer check's verdict (verdicts/mathcheck.py layers_close, the check's probe prompts and
     the engine's probe options) with a real CPU engine, and the figures it recorded."""
     from conformance.checkpoints.models import tiny_gpt_oss, with_spec
-    from conformance.engines.worker import EngineProcess
     from conformance.reference import Reference
     from conformance.run import run_target
     from conformance.verdicts import mathcheck, settings
@@ -81,17 +89,9 @@ def measure_layers(layers: int, seed: int, engine: str, dtype: str, logs: Path,
     decode_steps, long_prompt = settings.layer_probe_settings()
     long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
     probe_prompts = [*prompts, [long.randrange(model.spec.vocab_size - 8) for _ in range(long_prompt)]]
-    table = run_target.data()
-    options = dict(table["cpu"][engine]) | dict(table["cpu"].get("probe_options", {}).get(engine, {})) | \
-        {"dtype": dtype} | ({"planted_fault": fault} if fault else {})
-    process = EngineProcess(engine, str(model.path), options, dict(table["cpu"]["env"]),
-                            logs / f"engine-{engine}-L{layers}-s{seed}-layers.log",
-                            start_timeout_s=float(table["timeouts"]["engine_start_s"]),
-                            start_method=table["cpu"]["engine_start"])
-    try:
-        probes = process.call("components:layer_io", probe_prompts, decode_steps, None, timeout_s=900.0)
-    finally:
-        process.close()
+    probe_options = dict(run_target.data()["cpu"].get("probe_options", {}).get(engine, {}))
+    probes = _on_engine(engine, model.path, dtype, fault, logs / f"engine-{engine}-L{layers}-s{seed}-layers.log",
+                        "components:layer_io", probe_prompts, decode_steps, None, extra=probe_options)
     report = mathcheck.layers_close(probes, Reference(model.path), limits_for(dtype).layers)
     figures: dict[str, object] = {k: v for k, v in report.measured.items() if not k.endswith("_p90")}
     for block in ("attn", "moe"):  # each block's largest error over every position (its group lines' max)
