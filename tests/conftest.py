@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from conformance.checkpoints.models import TinyModel, tiny_gpt_oss
+from conformance.checkpoints.tokenizer import vocab
 from conformance.engines import forkserver
 from conformance.engines.worker import EngineProcess
 from conformance.run import run_target
-from conformance.verdicts import settings
+from conformance.verdicts import harmony, settings
 
 pytest_plugins = ["tests.check_mutation"]  # each check's controls rerun against the check with its body gone
 
@@ -55,6 +56,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     position = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), position[id(item)]))
+
+
+@pytest.fixture(scope="session")
+def o200k_path() -> Path:
+    """The offline o200k_base vocabulary (rebuilt from quicktok-v1's copy, checked by its sha256)."""
+    return vocab.ensure_o200k()
+
+
+@pytest.fixture(scope="session")
+def enc(o200k_path: Path):
+    with vocab.offline(o200k_path.parent):
+        import tiktoken
+
+        return tiktoken.get_encoding("o200k_harmony")
+
+
+@pytest.fixture(scope="session")
+def hrm(o200k_path: Path):
+    with vocab.offline(o200k_path.parent):
+        return harmony.load_encoding()
 
 
 @pytest.fixture(scope="session")

@@ -87,25 +87,6 @@ class FaultyChatHandler(StubHandler):
         self._send(200, data.encode(), "text/event-stream")
 
 
-@pytest.fixture(scope="module")
-def o200k_path() -> Path:
-    return vocab.ensure_o200k()
-
-
-@pytest.fixture(scope="module")
-def enc(o200k_path: Path):
-    with vocab.offline(o200k_path.parent):
-        import tiktoken
-
-        return tiktoken.get_encoding("o200k_harmony")
-
-
-@pytest.fixture(scope="module")
-def hrm(o200k_path: Path):
-    with vocab.offline(o200k_path.parent):
-        return harmony.load_encoding()
-
-
 CASES = {c.name: c for c in harmony.load_cases()}
 
 

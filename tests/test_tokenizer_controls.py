@@ -18,27 +18,8 @@ from conformance.verdicts.compare import CheckFailed
 
 
 @pytest.fixture(scope="session")
-def o200k_path() -> Path:
-    return vocab.ensure_o200k()
-
-
-@pytest.fixture(scope="session")
 def good_dir(o200k_path: Path) -> Path:
     return hf_build.hf_tokenizer_dir(o200k_path)
-
-
-@pytest.fixture(scope="session")
-def enc(o200k_path: Path):
-    with vocab.offline(o200k_path.parent):
-        import tiktoken
-
-        return tiktoken.get_encoding("o200k_harmony")
-
-
-@pytest.fixture(scope="session")
-def hrm(o200k_path: Path):
-    with vocab.offline(o200k_path.parent):
-        return harmony.load_encoding()
 
 
 def load(path: Path):
