@@ -40,6 +40,20 @@ def test_engine_and_dtype_of_the_run_override_the_targets_defaults():
     assert (t.engine, t.dtype, t.vllm_platform, t.needs_device) == ("transformers", "float16", "rocm", True)
 
 
+def test_a_dtype_the_engine_does_not_run_the_checkpoints_format_in_is_refused_in_one_sentence(tmp_path: Path):
+    """vLLM runs MXFP4 in bf16 only (data/quant.toml serves): vLLM 0.26.0 on the H100 refused float16 at the
+    engine's start ("torch.float16 is not supported for quantization method gpt_oss_mxfp4",
+    fixtures/recorded/h100/layers-fp16-mxfp4-refused-vllm-0.26.0); the run is refused before anything starts."""
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "mxfp4"}}))
+    for target, dtype in (("cuda", "float16"), ("cpu", None)):  # the CPU default's dtype is float32
+        with pytest.raises(run_target.RunRefused) as refused:
+            run_target.build(target, "vllm", dtype, model=str(tmp_path))
+        assert str(refused.value).startswith(f"vllm runs this checkpoint's mxfp4 weights in bfloat16 only, not "
+                                             f"{dtype or 'float32'}") and "--dtype bfloat16" in str(refused.value)
+    assert run_target.build("cuda", "vllm", "bfloat16", model=str(tmp_path)).dtype == "bfloat16"
+    assert run_target.build("cuda", "transformers", "float16", model=str(tmp_path)).dtype == "float16"
+
+
 def test_engine_kinds_start_as_their_target_says_and_the_forkserver_leaves_out_what_none_forks(tmp_path: Path):
     """ROCm forks the transformers engine and the device probe and spawns vLLM (forking vLLM is unverified there);
     the CPU and CUDA (verified on the H200) fork all."""

@@ -5,6 +5,7 @@ import shutil
 import pytest
 
 from conformance.checkpoints import slices
+from conformance.checkpoints.quant.limits import format_not_served
 from conformance.datafiles import DataError, cache_root
 from conformance.engines.worker import EngineError
 from conformance.verdicts import compare, mathcheck, settings
@@ -36,23 +37,6 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     outputs, _ = engine_greedy
     tol, top_k = tolerance
     compare.greedy_parity(outputs, reference, tol, top_k, record_figure).raise_if_failed()
-
-
-def _format_not_served(config: dict, engine: str, dtype: str) -> str | None:
-    """The checkpoint's quantization format where `engine` does not run it in `dtype` (data/quant.toml `serves`:
-    vLLM runs MXFP4 in bf16 only), so the exact verdict runs on its weights dequantized; None otherwise."""
-    from conformance.checkpoints.quant.limits import format_limits
-    from conformance.checkpoints.quant.validate import ALIASES
-
-    method = str((config.get("quantization_config") or {}).get("quant_method", "")).lower()
-    if not method:
-        return None
-    fmt = ALIASES.get(method, method)
-    try:
-        limits = format_limits(fmt)
-    except DataError:
-        return None  # a format the data says nothing of: the engine is asked as it is
-    return None if limits.served_in(engine, dtype) else fmt
 
 
 def _device_memory_bytes() -> int:
@@ -181,7 +165,7 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
                         f"{budget / 2**30:.0f} GiB of the device beside its embeddings and lm_head")
     at_most = settings.exact_twin_layers_at_most(model_under_test.config)  # a real model: one layer of each type
     layers = min(layers, at_most or layers)
-    fmt = _format_not_served(model_under_test.config, target.engine, exact)
+    fmt = format_not_served(model_under_test.config, target.engine, exact)
     if fmt:  # its dequantized slice is written to disk in bf16: as many layers as the disk holds (9/10 of it free)
         cache_root().mkdir(parents=True, exist_ok=True)
         disk = 0.9 * shutil.disk_usage(cache_root()).free

@@ -238,17 +238,25 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
             report=report, model=model)
     except KeyError as exc:
         raise DataError(f"targets.toml lacks {exc.args[0]!r} for [{name}] (or [timeouts]): add it.") from None
+    from conformance.checkpoints.quant.limits import format_limits, format_not_served
     from conformance.verdicts import limits, profiles
 
     # the run's dtype and its exact one have every limit the checks read (the `limits` fixture)
     refused = limits.refusal(dtype, target.dtype, target.exact_dtype)
     if refused:
         raise RunRefused(refused)
+    config = profiles.read_config(model)
+    fmt = format_not_served(config, target.engine, target.dtype)
+    if fmt:  # the engine's own config validation would refuse it at every start (quant.toml `serves`)
+        served = ", ".join(format_limits(fmt).serves.get(target.engine, []))
+        raise RunRefused(f"{target.engine} runs this checkpoint's {fmt} weights in {served} only, not "
+                         f"{target.dtype} (data/quant.toml [format.{fmt}] serves): pass --dtype {served.split(',')[0]} "
+                         f"or a checkpoint dequantized to {target.dtype}.")
     devices = list(report.devices) if report else []
     # the dtype a profile's vLLM attention backend must serve; other engines do not use that backend
     backend_dtype = target.dtype if target.engine == "vllm" else None
     try:
-        chosen = profiles.select(profile, name, devices, profiles.model_key(profiles.read_config(model)),
+        chosen = profiles.select(profile, name, devices, profiles.model_key(config),
                                  backend_dtype)
     except profiles.ProfileError as exc:
         raise RunRefused(str(exc)) from None

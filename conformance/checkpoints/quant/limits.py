@@ -53,6 +53,23 @@ def format_limits(fmt: str) -> FormatLimits:
     return _limits(fmt, table[fmt])
 
 
+def format_not_served(config: dict | None, engine: str, dtype: str) -> str | None:
+    """The checkpoint's quantization format (its config.json `quantization_config`) where `engine` does not run it
+    in `dtype` (quant.toml `serves`: vLLM runs MXFP4 in bf16 only); None otherwise, and for a format the data
+    says nothing of (the engine is asked as it is)."""
+    from conformance.checkpoints.quant.validate import ALIASES
+
+    method = str(((config or {}).get("quantization_config") or {}).get("quant_method", "")).lower()
+    if not method:
+        return None
+    fmt = ALIASES.get(method, method)
+    try:
+        limits = format_limits(fmt)
+    except datafiles.DataError:
+        return None
+    return None if limits.served_in(engine, dtype) else fmt
+
+
 def numerics_label(fmt: str, methods: dict[str, str]) -> NumericsLabel | None:
     """The first label whose backend patterns occur in a method the engine chose for a layer, if any."""
     for name, row in _table().get("label", {}).items():
