@@ -832,3 +832,60 @@ def test_greedy_parity_at_8_layers_passes_a_rounded_inv_freq_that_the_rope_table
     assert figures["p99_abs_dlogprob"] > 1.9 * healthy["p99_abs_dlogprob"]
     assert figures["p99_abs_dlogprob"] < 3 * figures["noise_twin_p99_abs_dlogprob"]
     assert figures["median_abs_dlogprob_decode_256-1023"] > 3 * healthy["median_abs_dlogprob_decode_256-1023"]
+
+
+H100_LAYERS = "layers8-new-rule"
+H100_DRILL = {"20261205T101256-cuda-bf26b9": ("seed_dropped", "seed 7 sent twice gave"),
+              "20261205T101340-cuda-faa884": ("max_tokens_off_by_one", "asked for 12 tokens (ignore_eos), got [13]")}
+SEEDED_CHECK = "test_seeded_requests_reproduce_alone_and_in_a_batch"
+
+
+def test_the_per_layer_check_passes_its_near_tie_rule_and_tight_moe_max_on_vllm_on_an_h100_at_8_layers():
+    """Round sixteen (#38): the first GPU run of the per-layer check's near-tie rule and tight MoE max
+    (tolerances.toml [layers]: 0.15 in bf16, 1.0 before), alone (`-k`, a narrowed measurement, never a platform
+    result) on the H200's own 8-layer checkpoint (its content hash), vLLM 0.26.0 on an H100 on the
+    h100-gpt-oss-120b profile. It passed: the largest error of any position 0.0164 (the H200's, under the old rule,
+    0.665: a MoE position judged against the reference's own routing), the worst group at 0.34 of its limit (the
+    H200's 0.659). 8,675 MoE positions sat at a router near-tie, the very count the H200 saw; 353 were best matched
+    by another routing (the CPU twin of the checkpoint: 331, docs/verdicts.md)."""
+    record = _record(H100_LAYERS)
+    assert record["engine"] == "vllm" and record["complete"] and record["dtype"] == "bfloat16"
+    assert record["evidence"] is False and record["narrowed_by"] == "-k 'test_layer_blocks_match_reference'"
+    assert record["profile"] == "h100-gpt-oss-120b" and "H100" in json.dumps(record["fingerprint"])
+    assert record["model"]["content_hash"] == _record(REALDIM_8_PASS)["model"]["content_hash"]
+    layers = _check(record, "test_layer_blocks_match_reference")
+    figures = layers["figures"]
+    assert layers["outcome"] == "passed" and figures["layers_probed"] == 8
+    assert figures["layer_rel_err_max"] < limits_for("bfloat16").layers.blocks["moe"].max / 5
+    assert figures["layer_worst_ratio_to_limit"] == pytest.approx(0.341, abs=1e-3)
+    assert max(v for k, v in figures.items() if k.endswith("_p90")) < 0.012
+    h200 = _check(_record(REALDIM_8_PASS), "test_layer_blocks_match_reference")["figures"]
+    assert figures["layer_moe_router_ties"] == h200["layer_moe_router_ties"] == 8675
+    assert figures["layer_moe_rerouted"] == 353 and h200["layer_rel_err_max"] > 0.6
+
+
+@pytest.mark.parametrize("run_id", sorted(H100_DRILL))
+def test_the_8_layer_drill_on_an_h100_catches_the_two_sampler_faults_round_fifteen_did_not_reach(run_id):
+    """Round sixteen: `conformance drill --first-catch` at 8 layers in bf16 on the H100 (h100-gpt-oss-120b): a
+    dropped seed and a token limit off by one both fail the seeded-requests check, each for its own reason. A
+    control, never evidence."""
+    fault, why = H100_DRILL[run_id]
+    record = _record(run_id)
+    assert record["planted_fault"] == fault and record["evidence"] is False and record["narrowed_by"]
+    assert record["model"]["content_hash"] == _record(REALDIM_8_PASS)["model"]["content_hash"]
+    failed = _check(record, SEEDED_CHECK)
+    assert failed["outcome"] == "failed" and "CheckFailed" in failed["message"] and why in failed["message"]
+
+
+def test_vllm_refused_fp16_mxfp4_at_engine_start_and_the_run_is_now_refused_before_it():
+    """Round sixteen: the per-layer check in float16 on the same checkpoint errored at vLLM's start ("torch.float16
+    is not supported for quantization method gpt_oss_mxfp4"), as data/quant.toml `serves` says; such a run is now
+    refused in one sentence before anything starts (tests/test_run_target.py)."""
+    from conformance.checkpoints.quant.limits import format_not_served
+
+    record = _record("layers8-new-rule-fp16")
+    assert record["dtype"] == "float16" and record["evidence"] is False
+    error = _check(record, "test_layer_blocks_match_reference")
+    assert error["outcome"] == "error" and "torch.float16 is not supported for quantization method gpt_oss_mxfp4" \
+        in error["message"]
+    assert format_not_served({"quantization_config": {"quant_method": "mxfp4"}}, "vllm", "float16") == "mxfp4"
