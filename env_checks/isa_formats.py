@@ -234,18 +234,26 @@ class FatbinScan:
     malformed: int = 0
 
 
+# The entry flag of code built for an arch-specific target (sm_90a): read against cuobjdump 13.4 on vLLM 0.26.0's
+# CUDA libraries (_C: 24 of its 74 sm_90 cubins, _moe_C 3 of 10, FA3 all 192; tests/env_checks/test_env_checks_isa.py).
+ARCH_SPECIFIC_FLAG = 0x100000
+
+
 def fatbin_entries(buf: Any, start: int, stop: int) -> list[str]:
-    """Targets of the entries of one fatbin container: 'sm_90' for a cubin, 'compute_90' for PTX."""
+    """Targets of the entries of one fatbin container: 'sm_90' for a cubin, 'compute_90' for PTX, with 'a' for
+    code built for the arch-specific target ('sm_90a', which loads on sm_90 alone)."""
     out, pos = [], start
     while pos + 64 <= stop:
         kind, _, header_size, size = struct.unpack_from("<HHIQ", buf, pos)
         arch, = struct.unpack_from("<I", buf, pos + 28)
+        flags, = struct.unpack_from("<Q", buf, pos + 40)
         if header_size < 64 or pos + header_size + size > stop or not 10 <= arch < 1000:
             raise Unparseable(f"fatbin entry at {pos} is not of the known layout")
+        suffix = "a" if flags & ARCH_SPECIFIC_FLAG else ""
         if kind in (2, 0x10):
-            out.append(f"sm_{arch}")
+            out.append(f"sm_{arch}{suffix}")
         elif kind == 1:
-            out.append(f"compute_{arch}")
+            out.append(f"compute_{arch}{suffix}")
         pos += header_size + size
     return out
 

@@ -5,6 +5,7 @@ cubins on an sm_90 device, unreadable compressed bundles with no decoder install
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -75,11 +76,12 @@ def make_ccob(inner: bytes, version: int = 3, method: int = fmt.ZLIB) -> bytes:
     return fmt.CCOB_MAGIC + head + comp + bytes(-(4 + len(head) + len(comp)) % 4096)
 
 
-def make_fatbin(entries: list[tuple[int, int]]) -> bytes:
-    """A fatbin container of (kind, arch) entries: kind 2 = cubin, 1 = PTX."""
+def make_fatbin(entries: list[tuple[int, ...]]) -> bytes:
+    """A fatbin container of (kind, arch[, flags]) entries: kind 2 = cubin, 1 = PTX."""
     body = b""
-    for kind, arch in entries:
-        head = struct.pack("<HHIQIIHHI", kind, 0x0101, 64, len(CODE), 0, 0, 7, 1, arch).ljust(64, b"\0")
+    for kind, arch, *flags in entries:
+        head = struct.pack("<HHIQIIHHIIIQ", kind, 0x0101, 64, len(CODE), 0, 0, 7, 1, arch, 0, 0,
+                           flags[0] if flags else 0x11).ljust(64, b"\0")
         body += head + CODE
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
@@ -238,6 +240,28 @@ def test_fatbins_are_read_when_cuobjdump_is_missing(tmp_path, no_tools):
     assert got.source == "nv_fatbin scan" and "cuobjdump not installed" in got.notes
     assert got.targets == {"sm_80": 1, "sm_90": 2, "compute_90": 1} and got.containers == 2
     assert not isa.verdict([(torch_lib("x", "cuda"), got)], "sm_90", None).problems
+
+
+REAL_FATBINS = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "cuda-fatbins" / \
+    "vllm-0.26.0-hopper.json"
+
+
+@pytest.mark.parametrize("library", ["_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so",
+                                     "_vllm_fa3_C.abi3.so"])
+def test_the_fatbin_reader_reads_what_cuobjdump_lists_in_vllm_s_real_libraries(library, tmp_path, no_tools):
+    """vLLM 0.26.0's CUDA libraries (the wheel the H200 ran): every fatbin entry's kind, arch and flags, and
+    cuobjdump 13.4's --list-elf/--list-ptx of the same file. Without cuobjdump the in-process reader finds the
+    same targets with the same counts, sm_90a included (FA3 is sm_90a alone: read as sm_90 it would pass on a
+    device it cannot load on through PTX of the same arch)."""
+    recorded = json.loads(REAL_FATBINS.read_text())[library]
+    section = b"".join(make_fatbin([tuple(e) for e in entries]) for entries in recorded["containers"])
+    got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": section}), library)
+    assert got.source == "nv_fatbin scan" and not got.unread
+    assert got.targets == fmt.parse_cuobjdump_list(recorded["cuobjdump_list"])
+    if library.startswith("_vllm_fa3"):
+        assert set(got.targets) == {"sm_90a"}
+        assert not isa.verdict([(vllm_lib(library), got)], "sm_90", None).problems
+        assert isa.verdict([(vllm_lib(library), got)], "sm_100", None).problems
 
 
 def test_sm80_only_build_is_rejected_on_sm90_but_ptx_is_enough(tmp_path, no_tools):
