@@ -251,8 +251,8 @@ REAL_FATBINS = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "
 def test_the_fatbin_reader_reads_what_cuobjdump_lists_in_vllm_s_real_libraries(library, tmp_path, no_tools):
     """vLLM 0.26.0's CUDA libraries (the wheel the H200 ran): every fatbin entry's kind, arch and flags, and
     cuobjdump 13.4's --list-elf/--list-ptx of the same file. Without cuobjdump the in-process reader finds the
-    same targets with the same counts, sm_90a included (FA3 is sm_90a alone: read as sm_90 it would pass on a
-    device it cannot load on through PTX of the same arch)."""
+    same targets with the same counts, sm_90a included: arch-specific code read as portable would pass where it
+    cannot load (compute_90a PTX does not JIT to a later GPU, compute_90 does)."""
     recorded = json.loads(REAL_FATBINS.read_text())[library]
     section = b"".join(make_fatbin([tuple(e) for e in entries]) for entries in recorded["containers"])
     got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": section}), library)
@@ -261,7 +261,11 @@ def test_the_fatbin_reader_reads_what_cuobjdump_lists_in_vllm_s_real_libraries(l
     if library.startswith("_vllm_fa3"):
         assert set(got.targets) == {"sm_90a"}
         assert not isa.verdict([(vllm_lib(library), got)], "sm_90", None).problems
-        assert isa.verdict([(vllm_lib(library), got)], "sm_100", None).problems
+        flags = recorded["containers"][0][0][2]  # FA3's own entry flags, on a PTX entry of the same arch
+        ptx = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": make_fatbin([(1, 90, flags)])}, "ptx.so"))
+        assert ptx.targets == {"compute_90a": 1}
+        assert isa.verdict([(vllm_lib("ptx.so"), ptx)], "sm_100", None).problems
+        assert not isa.verdict([(vllm_lib("ptx.so"), ptx)], "sm_90", None).problems
 
 
 def test_sm80_only_build_is_rejected_on_sm90_but_ptx_is_enough(tmp_path, no_tools):
