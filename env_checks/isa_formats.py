@@ -235,7 +235,8 @@ class FatbinScan:
 
 
 # The entry flag of code built for an arch-specific target (sm_90a): read against cuobjdump 13.4 on vLLM 0.26.0's
-# CUDA libraries (_C: 24 of its 74 sm_90 cubins, _moe_C 3 of 10, FA3 all 192; tests/env_checks/test_env_checks_isa.py).
+# CUDA libraries (_C: 24 of its 74 sm_90 cubins, _moe_C 3 of 10, FA3 all 192) and torch 2.11.0's (sm_100a, sm_103a,
+# sm_120a, sm_121a): fixtures/recorded/cuda-fatbins, tests/env_checks/test_env_checks_isa.py.
 ARCH_SPECIFIC_FLAG = 0x100000
 
 

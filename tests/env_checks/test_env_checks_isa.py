@@ -5,6 +5,7 @@ cubins on an sm_90 device, unreadable compressed bundles with no decoder install
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -242,18 +243,21 @@ def test_fatbins_are_read_when_cuobjdump_is_missing(tmp_path, no_tools):
     assert not isa.verdict([(torch_lib("x", "cuda"), got)], "sm_90", None).problems
 
 
-REAL_FATBINS = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "cuda-fatbins" / \
-    "vllm-0.26.0-hopper.json"
+REAL_FATBINS = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "cuda-fatbins"
+REAL_LIBRARIES = {"_C_stable_libtorch.abi3.so": "vllm-0.26.0-hopper", "_moe_C_stable_libtorch.abi3.so":
+                  "vllm-0.26.0-hopper", "_vllm_fa3_C.abi3.so": "vllm-0.26.0-hopper",
+                  "libtorch_cuda.so": "torch-2.11.0", "libtorch_cuda_linalg.so": "torch-2.11.0"}
 
 
-@pytest.mark.parametrize("library", ["_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so",
-                                     "_vllm_fa3_C.abi3.so"])
-def test_the_fatbin_reader_reads_what_cuobjdump_lists_in_vllm_s_real_libraries(library, tmp_path, no_tools):
-    """vLLM 0.26.0's CUDA libraries (the wheel the H200 ran): every fatbin entry's kind, arch and flags, and
-    cuobjdump 13.4's --list-elf/--list-ptx of the same file. Without cuobjdump the in-process reader finds the
-    same targets with the same counts, sm_90a included: arch-specific code read as portable would pass where it
-    cannot load (compute_90a PTX does not JIT to a later GPU, compute_90 does)."""
-    recorded = json.loads(REAL_FATBINS.read_text())[library]
+@pytest.mark.parametrize("library", sorted(REAL_LIBRARIES))
+def test_the_fatbin_reader_reads_what_cuobjdump_lists_in_real_libraries(library, tmp_path, no_tools):
+    """The CUDA libraries of vLLM 0.26.0 (the wheel the H200 ran) and torch 2.11.0 (PyPI's, the H200's torch):
+    every fatbin entry's kind, arch and flags, and cuobjdump 13.4's --list-elf/--list-ptx of the same file. Without
+    cuobjdump the in-process reader finds the same targets with the same counts, the arch-specific ones (sm_90a,
+    sm_100a, sm_103a, sm_120a, sm_121a) included: arch-specific code read as portable would pass where it cannot
+    load (compute_90a PTX does not JIT to a later GPU, compute_90 does)."""
+    with gzip.open(REAL_FATBINS / f"{REAL_LIBRARIES[library]}.json.gz", "rt") as f:
+        recorded = json.load(f)[library]
     section = b"".join(make_fatbin([tuple(e) for e in entries]) for entries in recorded["containers"])
     got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": section}), library)
     assert got.source == "nv_fatbin scan" and not got.unread
