@@ -50,12 +50,8 @@ def _device_memory_bytes() -> int:
 
 def _probe_prompts(prompts, model_under_test, engine_max_len: int, decode_steps: int, long_prompt: int):
     """The prompt set plus one long prompt past 1024 positions where the engine's max_model_len allows."""
-    import random
-
-    vocab = int(model_under_test.config["vocab_size"])
     length = min(long_prompt, engine_max_len - decode_steps - 1)
-    rng = random.Random(4096)
-    return [*prompts.prompts, [rng.randrange(vocab - 8) for _ in range(length)]]
+    return settings.layer_probe_prompts(prompts.prompts, int(model_under_test.config["vocab_size"]), length)
 
 
 def _layer_blocks(engine, engines, reference, target, limits, prompts, model_under_test, call_timeout_s,

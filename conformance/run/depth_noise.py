@@ -28,7 +28,6 @@ check's own verdict and figures with the twin as the engine (what tolerances.tom
 from __future__ import annotations
 
 import argparse
-import random
 import re
 import sys
 import tempfile
@@ -87,8 +86,7 @@ def measure_layers(layers: int, seed: int, engine: str, dtype: str, logs: Path,
     model = tiny_gpt_oss(with_spec(num_hidden_layers=layers, seed=seed))
     prompts, _ = settings.tiny_prompts(model.spec.vocab_size)
     decode_steps, long_prompt = settings.layer_probe_settings()
-    long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
-    probe_prompts = [*prompts, [long.randrange(model.spec.vocab_size - 8) for _ in range(long_prompt)]]
+    probe_prompts = settings.layer_probe_prompts(prompts, model.spec.vocab_size, long_prompt)
     probe_options = dict(run_target.data()["cpu"].get("probe_options", {}).get(engine, {}))
     probes = _on_engine(engine, model.path, dtype, fault, logs / f"engine-{engine}-L{layers}-s{seed}-layers.log",
                         "components:layer_io", probe_prompts, decode_steps, None, extra=probe_options)
@@ -162,8 +160,7 @@ def _probe_sequences(config: dict) -> tuple[list[list[int]], list[int]]:
     vocab = int(config["vocab_size"])
     prompts, _ = settings.tiny_prompts(vocab)
     decode_steps, long_prompt = settings.layer_probe_settings()
-    long = random.Random(4096)  # the check's long probe prompt (checks/test_logit_parity.py _probe_prompts)
-    prompts = [*prompts, [long.randrange(vocab - 8) for _ in range(long_prompt)]]
+    prompts = settings.layer_probe_prompts(prompts, vocab, long_prompt)
     draw = random.Random(0)
     return [p + [draw.randrange(vocab - 8) for _ in range(decode_steps)] for p in prompts], [len(p) for p in prompts]
 

@@ -27,6 +27,13 @@ def layer_probe_settings() -> tuple[int, int]:
     return int(table["decode_steps"]), int(table["long_prompt"])
 
 
+def layer_probe_prompts(prompts: list[list[int]], vocab_size: int, long_length: int) -> list[list[int]]:
+    """The per-layer check's probe prompts: the prompt set and one long prompt of `long_length` tokens (past 1024
+    positions where the engine allows), drawn with the check's own seed."""
+    rng = random.Random(4096)
+    return [*prompts, [rng.randrange(vocab_size - 8) for _ in range(long_length)]]
+
+
 def layers_probed_at_p0(config: dict) -> list[int] | None:
     """The layers P0's per-layer check probes on this model (tolerances.toml [layers] p0_*): None for every layer,
     else at each depth anchor the nearest layer of each type (sliding, full), in order."""
