@@ -189,6 +189,9 @@ def test_layer_check_judges_near_ties_by_their_nearest_routing_and_fails_a_route
         assert 0.9 * flipped <= figures.values["layer_moe_rerouted"] <= flipped  # the rest: flips of equal experts
         # each flip swapped two logits, so its weights differ a little from the nearest routing's: a third of the max
         assert figures.values["layer_worst_ratio_to_limit"] < 1.0 and figures.values["layer_rel_err_max"] < 0.05
+        # each block's own maximum is recorded, and the larger of the two is the largest of all
+        assert max(figures.values["layer_attn_max"], figures.values["layer_moe_max"]) == figures.values[
+            "layer_rel_err_max"]
     else:
         with pytest.raises(FAILED, match="moe blocks of"):
             _run_layer_check(FlippedRouter(tiny.path, flip), reference, bf16)

@@ -220,6 +220,7 @@ def test_layer_blocks_judge_the_twin_as_the_engine_with_the_checks_own_verdict(d
     assert out["content_hash"] == tiny.content_hash and out["verdict"] == "pass" and out["problems"] == []
     figures = out["figures"]
     assert 0 < figures["layer_worst_ratio_to_limit"] < 0.5
+    assert max(figures["layer_attn_max"], figures["layer_moe_max"]) == figures["layer_rel_err_max"]
     assert figures["layer_moe_router_ties"] > figures["layer_moe_rerouted"] > 0
     assert any(g.startswith("moe ") and "at a router near-tie" in g for g in out["groups"])
     assert {g.split()[0] for g in out["groups"]} == {"attn", "moe"}

@@ -295,6 +295,9 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
         every = [v for values in strata.values() for v in values]
         report.measured["layer_rel_err_median"] = statistics.median(every)
         report.measured["layer_rel_err_max"] = max(every)
+        for block in ("attn", "moe"):  # each block's largest error over every position
+            report.measured[f"layer_{block}_max"] = max((v for key, values in strata.items() if key[0] == block
+                                                         for v in values), default=float("nan"))
     if tol.source:
         report.details.append(f"limits: {tol.source}")
     return report
