@@ -15,8 +15,9 @@ Pure functions over bytes (or an mmap) and text; the I/O and the verdict are in 
   GrigoryEvko/nvopen-tools fatbin/FORMAT_SPECIFICATION.md): a 16-byte header (u32 magic 0xBA55ED50, u16 version 1,
   u16 header size 16, u64 size of what follows), then entries of u16 kind (1 PTX, 2 ELF/cubin), u16, u32 entry
   header size, u64 payload size, ..., u32 arch at byte 28 (90 for sm_90), the next entry at header size + payload
-  size. Verified here only on bytes built to that layout, not on a real libtorch_cuda.so: where cuobjdump is
-  installed it is asked first. An arch-specific cubin (sm_90a) may read as sm_90 here; both run on an H100/H200.
+  size; an arch-specific entry (sm_90a) carries the flag ARCH_SPECIFIC_FLAG. Read against cuobjdump 13.4's
+  listings of vLLM 0.26.0's and torch 2.11.0's real CUDA libraries (fixtures/recorded/cuda-fatbins): the same
+  targets with the same counts. Where a container does not read, cuobjdump is asked (`env_checks.isa`).
 
 And `code_runs_on`: whether code built for one target loads on a device of another.
 """

@@ -238,7 +238,7 @@ def test_missing_primary_library_fails(tmp_path):
 def test_fatbins_are_read_when_cuobjdump_is_missing(tmp_path, no_tools):
     section = make_fatbin([(2, 80), (2, 90), (1, 90)]) + make_fatbin([(2, 90)])
     got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": section}), "torch/lib/libtorch_cuda.so")
-    assert got.source == "nv_fatbin scan" and "cuobjdump not installed" in got.notes
+    assert got.source == "nv_fatbin scan" and not got.notes
     assert got.targets == {"sm_80": 1, "sm_90": 2, "compute_90": 1} and got.containers == 2
     assert not isa.verdict([(torch_lib("x", "cuda"), got)], "sm_90", None).problems
 
@@ -287,18 +287,23 @@ def test_damaged_fatbin_is_unknown(tmp_path, no_tools):
     assert got.unknown
 
 
-def test_cuobjdump_is_asked_first(tmp_path, no_tools, fake_tool):
+def test_cuobjdump_reads_only_what_the_fatbin_reader_cannot(tmp_path, no_tools, fake_tool):
     fake_tool("cuobjdump", 'case "$1" in --list-elf) echo "ELF file    1: libtorch_cuda.1.sm_90.cubin";; '
                            '*) echo "PTX file    1: libtorch_cuda.1.sm_90.ptx";; esac')
     got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": make_fatbin([(2, 80)])}))
+    assert got.source == "nv_fatbin scan" and got.targets == {"sm_80": 1}  # the reader read it all: no tool run
+    broken = bytearray(make_fatbin([(2, 80)]))
+    struct.pack_into("<I", broken, 16 + 4, 4096)  # entry header size past the container: the reader cannot
+    got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": bytes(broken)}, "odd.so"))
     assert got.source == "cuobjdump" and got.targets == {"sm_90": 1, "compute_90": 1}
-    fake_tool("cuobjdump", 'echo "cuobjdump info    : File \'$2\' does not contain device code" >&2; exit 255')
+    assert "the fatbin reader left 1 container(s) unread" in got.notes
     got = isa.scan_cuda(lib(tmp_path, {".text": b"x"}, "plain.so"))
-    assert got.source == "cuobjdump" and not got.targets and not got.unknown
+    assert got.source == "nv_fatbin scan" and not got.targets and not got.unknown
     fake_tool("cuobjdump", 'echo "cuobjdump fatal: unsupported fatbin version" >&2; exit 1')
-    got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": make_fatbin([(2, 90)])}, "new.so"))
-    assert got.source == "nv_fatbin scan" and got.targets == {"sm_90": 1}
+    got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": bytes(broken)}, "new.so"))
+    assert got.source == "nv_fatbin scan" and got.unknown  # neither could read it: the verdict fails closed
     assert any("unsupported fatbin version" in n for n in got.notes)
+    assert isa.verdict([(vllm_lib("new.so"), got)], "sm_90", None).problems
 
 
 @pytest.mark.parametrize("code, device, runs", [
