@@ -864,6 +864,25 @@ def test_the_per_layer_check_passes_its_near_tie_rule_and_tight_moe_max_on_vllm_
     assert figures["layer_moe_rerouted"] == 353 and h200["layer_rel_err_max"] > 0.6
 
 
+def test_a_second_h100_reproduces_the_per_layer_figures_and_reads_every_cuda_library_in_process():
+    """Round seventeen: the same narrowed run on another H100 node, after the ISA check came to read CUDA fatbins
+    in-process first (env_checks/isa.py scan_cuda), with the ISA check beside the per-layer check (`-k`, never a
+    platform result). The per-layer figures are round sixteen's to the digit, and the new block maxima are
+    recorded: attention 0.0138, MoE 0.0164. All eight libraries were read by the reader, none by cuobjdump. The
+    ISA check's 32.2 s is the device engine's start that it waits for (31.1 s, first in this run), not the scan."""
+    record = _record("layers8-h100-isa-reader")
+    assert record["engine"] == "vllm" and record["complete"] and record["evidence"] is False
+    assert record["profile"] == "h100-gpt-oss-120b" and "H100" in json.dumps(record["fingerprint"])
+    assert record["model"]["content_hash"] == _record(H100_LAYERS)["model"]["content_hash"]
+    isa = _check(record, "test_device_isa_in_build")
+    assert isa["outcome"] == "passed" and isa["figures"]["isa_from_scan"] == 8 and isa["figures"]["isa_from_tool"] == 0
+    assert isa["duration_s"] - record["phases"]["engine: device engine #1"] < 2.0
+    figures = _check(record, "test_layer_blocks_match_reference")["figures"]
+    before = _check(_record(H100_LAYERS), "test_layer_blocks_match_reference")["figures"]
+    assert {k: v for k, v in figures.items() if k in before} == before
+    assert figures["layer_moe_max"] == figures["layer_rel_err_max"] > figures["layer_attn_max"] > 0.01
+
+
 @pytest.mark.parametrize("run_id", sorted(H100_DRILL))
 def test_the_8_layer_drill_on_an_h100_catches_the_two_sampler_faults_round_fifteen_did_not_reach(run_id):
     """Round sixteen: `conformance drill --first-catch` at 8 layers in bf16 on the H100 (h100-gpt-oss-120b): a
