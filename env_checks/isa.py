@@ -266,7 +266,7 @@ def scan_cuda(path: str, label: str = "", tool_dirs: Iterable[str] = CUDA_TOOL_D
     """The sm_/compute_ targets of a library's fatbins: the in-process `.nv_fatbin` reader, then cuobjdump where
     the reader left a container unread or could not read the file. The reader lists what cuobjdump 13.4 lists in
     vLLM 0.26.0's and torch 2.11.0's CUDA libraries (fixtures/recorded/cuda-fatbins), in 0.01 s where cuobjdump
-    took 7.3 s on libtorch_cuda.so (about 20 s of a GPU P0 for the eight libraries)."""
+    took 7.3 s on libtorch_cuda.so."""
     label = label or path
     if not Path(path).exists():
         return ProbeFailure(path, ABSENT, f"{path} does not exist")
