@@ -316,8 +316,8 @@ def _read_fatbins(path: str, label: str) -> CodeObjects | ProbeFailure:
 
 def scan_installed(kind: str, timeout_s: float = 120.0) -> tuple[list[tuple[Library, CodeObjects | ProbeFailure]],
                                                                  list[str]]:
-    """Every installed library's scan, in `find_libraries` order. The scans run side by side: each is mostly a tool
-    run (cuobjdump, clang-offload-bundler), and one after another the H200's eight took 13 s of P0."""
+    """Every installed library's scan, in `find_libraries` order. The scans run side by side: a HIP scan is mostly a
+    tool run (clang-offload-bundler, roc-obj-ls), and so is a CUDA scan the fatbin reader cannot read (cuobjdump)."""
     from concurrent.futures import ThreadPoolExecutor
 
     libs, facts = find_libraries(kind)

@@ -297,6 +297,11 @@ def test_cuobjdump_reads_only_what_the_fatbin_reader_cannot(tmp_path, no_tools, 
     got = isa.scan_cuda(lib(tmp_path, {".nv_fatbin": bytes(broken)}, "odd.so"))
     assert got.source == "cuobjdump" and got.targets == {"sm_90": 1, "compute_90": 1}
     assert "the fatbin reader left 1 container(s) unread" in got.notes
+    not_elf = tmp_path / "not-elf.so"
+    not_elf.write_bytes(b"\x7fXYZ" + bytes(124))
+    got = isa.scan_cuda(str(not_elf))
+    assert got.source == "cuobjdump" and got.targets == {"sm_90": 1, "compute_90": 1}
+    assert any(n.startswith("the fatbin reader could not read the file") for n in got.notes)
     got = isa.scan_cuda(lib(tmp_path, {".text": b"x"}, "plain.so"))
     assert got.source == "nv_fatbin scan" and not got.targets and not got.unknown
     fake_tool("cuobjdump", 'echo "cuobjdump fatal: unsupported fatbin version" >&2; exit 1')
