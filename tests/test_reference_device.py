@@ -24,6 +24,20 @@ def test_device_path_on_cpu_is_the_cpu_reference(tiny, reference, tiny_prompts):
     assert 0 < on_device.worst_rel < device.SPOT_RTOL / 1000, "the CPU recomputation differs only in rounding"
 
 
+def test_a_device_reference_says_where_its_time_goes(tiny, monkeypatch):
+    """The split `reference: device` / `CPU checks` / `device wait` (run phases): each of a scored path's layers and
+    its head adds to the three, the CPU's spot rows to their own, and a per-layer block (the layer check's) too."""
+    spent = dict.fromkeys(device.SPENT, 0.0)
+    monkeypatch.setattr(device, "SPENT", spent)
+    ref = DeviceReference(tiny.path, device="cpu")
+    ref.logprobs(IDS)
+    assert spent["device"] > 0 and spent["CPU checks"] > 0 and spent["device wait"] >= 0
+    before = dict(spent)
+    x = torch.randn(len(IDS), int(ref.cfg["hidden_size"]), dtype=torch.float64)
+    ref.moe(0, x)
+    assert spent["device"] > before["device"] and spent["CPU checks"] > before["CPU checks"]
+
+
 class ShiftedLayer(Reference):
     """A "device" whose layer `layer` comes out `delta` (relative to the row's largest entry) off at one entry."""
 

@@ -461,9 +461,10 @@ def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Iterator[A
     `reference` phase: its set-up plus every result the run computed (not those read from the cache or a pack;
     the computes happen inside the checks, so the phase overlaps their durations)."""
     from conformance.reference import cache as reference_cache
-    from conformance.reference.device import reference_for
+    from conformance.reference.device import SPENT, reference_for
 
     started, computed_before = time.perf_counter(), reference_cache.counts.compute_s
+    spent_before = dict(SPENT)
     cfg = model_under_test.config
     resident = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"]) * 8  # embeddings + lm_head in fp64
     host = _host_memory_bytes()
@@ -475,6 +476,9 @@ def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Iterator[A
     set_up_s = time.perf_counter() - started
     yield ref
     phases.record("reference", set_up_s + reference_cache.counts.compute_s - computed_before)
+    for what, seconds in SPENT.items():
+        if seconds > spent_before[what]:
+            phases.record(f"reference: {what}", seconds - spent_before[what])
 
 
 @pytest.fixture(scope="session")
