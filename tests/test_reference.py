@@ -43,6 +43,19 @@ def test_mxfp4_dequant_nibble_order_and_scale():
     assert out[:4].tolist() == [1.0, 2.0, 12.0, -12.0]
 
 
+def test_dequant_mxfp4_is_every_nibble_times_its_block_s_power_of_two():
+    """Every byte value, low nibble first, at the extreme scales: the same bits as the OCP MX formula element by
+    element (the one-lookup-per-byte dequantization the CPU's spot checks spend their time in)."""
+    from conformance.reference.gpt_oss import FP4_VALUES
+
+    blocks = torch.arange(256, dtype=torch.uint8).reshape(1, 16, 16).repeat(3, 1, 1)  # [rows, nblocks, 16]
+    scales = torch.tensor([[0] * 16, [127] * 16, [255] * 16], dtype=torch.uint8)
+    want = torch.tensor([[FP4_VALUES[(int(b) >> (4 * half)) & 0x0F] * 2.0 ** (int(scales[r, k]) - 127)
+                          for k in range(16) for b in blocks[r, k] for half in (0, 1)] for r in range(3)],
+                        dtype=torch.float64)
+    assert torch.equal(dequant_mxfp4(blocks, scales), want)
+
+
 def test_reference_agrees_with_transformers_fp32(tiny, reference, tiny_prompts):
     """transformers is a second implementation (not the reference): it must agree to fp32 noise."""
     from transformers import AutoModelForCausalLM

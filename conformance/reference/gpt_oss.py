@@ -62,12 +62,17 @@ MUTATIONS: dict[str, Math] = {
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
+# Each byte's two E2M1 values (low nibble first): one lookup per byte, not one per nibble and a stack.
+FP4_PAIRS = torch.tensor([[FP4_VALUES[b & 0x0F], FP4_VALUES[b >> 4]] for b in range(256)], dtype=torch.float64)
+
+
 def dequant_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """OCP MX: 32 E2M1 values per block (low nibble = even element) times 2^(scale-127)."""
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float64, device=blocks.device)
-    lo, hi = blocks & 0x0F, blocks >> 4
-    vals = torch.stack([lut[lo.long()], lut[hi.long()]], dim=-1).flatten(-2)  # [..., nblocks, 32]
-    vals = vals * torch.pow(2.0, scales.to(torch.float64) - 127.0).unsqueeze(-1)
+    """OCP MX: 32 E2M1 values per block (low nibble = even element) times 2^(scale-127). Exact in fp64. The CPU's
+    spot checks of the device reference spend most of their time here at gpt-oss-120b's dimensions (the routed
+    experts of their rows); one lookup per byte halves it (0.16 s to 0.08 s for a [5760, 2880] matrix on two
+    cores), to the same bits."""
+    vals = FP4_PAIRS.to(blocks.device)[blocks.int()].flatten(-2)  # [..., nblocks, 32]
+    vals.mul_(torch.pow(2.0, scales.to(torch.float64) - 127.0).unsqueeze(-1))
     return vals.flatten(-2)
 
 
