@@ -216,6 +216,22 @@ def test_the_server_starts_with_the_options_and_environment_of_the_engines(tiny,
     assert server.options == engine_options and engine_options["dtype"] == dtype
     kept = {k: v for k, v in started["env"].items() if k not in serving_fixtures.NOT_FOR_SERVER}
     assert kept.items() <= server.env.items()
+    # and vLLM's torch.compile cache key sees the same variables: the server reads what the engine compiled
+    assert _compile_factors(server.env, monkeypatch) == _compile_factors(started["env"], monkeypatch)
+
+
+def _compile_factors(env: dict[str, str], monkeypatch) -> dict:
+    """What vLLM hashes of a process environment into its torch.compile cache key (vllm.envs.compile_factors)."""
+    import os
+
+    from vllm import envs
+
+    with monkeypatch.context() as m:
+        for key in [k for k in os.environ if k.startswith("VLLM_")]:
+            m.delenv(key)
+        for key, value in env.items():
+            m.setenv(key, value)
+        return envs.compile_factors()
 
 
 class _FakeProcess:
