@@ -22,6 +22,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -33,16 +34,19 @@ from conformance.reference.longref import LongReference
 SPOT_ROWS = 2  # positions per layer recomputed on the CPU besides the last (which sees the most keys)
 SPOT_RTOL = 1e-10  # |device - CPU| allowed per entry, relative to the largest |CPU| entry of its row
 # Where a device reference's time goes, summed over every DeviceReference of the process (the run's phases
-# "reference: device", "reference: CPU checks", "reference: device wait"; run/fixtures.py): the host's time reading
-# weights, dequantizing and launching the device's work; the CPU's fp64 spot rows (the device computes meanwhile);
-# and the wait for the device after them. At gpt-oss-120b's dimensions the reference took 5.5 s a layer on the H200
-# (round eighteen) while the device alone ran a 2-layer sequence in 2.4 s and the spot-checked reference in 8.9 s.
-SPENT: dict[str, float] = {"device": 0.0, "CPU checks": 0.0, "device wait": 0.0}
+# "reference: device", "reference: CPU checks", "reference: CPU checks waited"; run/fixtures.py): the device's work
+# (reading and dequantizing weights, computing, fetching the rows to check); the CPU's fp64 spot rows, which a scored
+# path's layers recompute in a worker thread beside the device's next layer; and the time the device's side waited
+# for them. At gpt-oss-120b's dimensions the reference took 5.5 s a layer on the H200 (round eighteen) while the
+# device alone ran a 2-layer sequence in 2.4 s and the spot-checked reference, checking in turn, in 8.9 s.
+SPENT: dict[str, float] = {"device": 0.0, "CPU checks": 0.0, "CPU checks waited": 0.0}
 
 
-def _spent(what: str, since: float) -> float:
+def _spent(since: float, *what: str) -> float:
+    """Add the seconds since `since` to each of `what`; now."""
     now = time.perf_counter()
-    SPENT[what] += now - since
+    for name in what:
+        SPENT[name] += now - since
     return now
 
 
@@ -114,38 +118,59 @@ class DeviceReference(Reference):
     @torch.no_grad()
     def logprobs_many(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """`logprobs` of each sequence, run layer-major on the device; at each layer the spot rows of one sequence
-        (taken in turn) and, at the end, of the final norm and lm_head, are recomputed on the CPU."""
+        (taken in turn) and, at the end, of the final norm and lm_head, are recomputed on the CPU. A layer's rows are
+        recomputed in a worker thread while the device runs the next layer (torch's kernels release the GIL): the
+        wall is about each layer's larger of the two, not their sum, and a disagreement still stops the pass at
+        the first layer that has one."""
         dev, cpu = self.on_device, self.checker
         tables = [self.rope_tables(torch.arange(len(ids))) for ids in seqs]
         on_dev = [(cos.to(dev.w.device), sin.to(dev.w.device)) for cos, sin in tables]
         xs = [dev.embed(ids) for ids in seqs]
-        for i in range(int(self.cfg["num_hidden_layers"])):
-            s = i % len(seqs)
-            n = len(seqs[s])
+
+        def cpu_rows(i: int, x_in: torch.Tensor, s: int, rows: torch.Tensor) -> torch.Tensor:
             t = time.perf_counter()
-            rows, x_in = spot_rows(n, i), xs[s].cpu()
-            xs = dev.layer_many(i, xs, on_dev) if len(xs) > 1 else [dev.layer(i, xs[0], *on_dev[0])]
-            t = _spent("device", t)
-            want = cpu.layer_rows(i, x_in, *tables[s], rows)
-            t = _spent("CPU checks", t)
-            got = xs[s][rows.to(xs[s].device)].cpu()
-            _spent("device wait", t)
-            self._checked(f"layer {i}" + (f" (path {s})" if len(seqs) > 1 else ""), got, want, rows, "hidden")
-            dev.w.done_with(f"model.layers.{i}.")
-            cpu.w.done_with(f"model.layers.{i}.")
+            try:
+                with torch.no_grad():  # grad mode is per thread
+                    return cpu.layer_rows(i, x_in, *tables[s], rows)
+            finally:
+                cpu.w.done_with(f"model.layers.{i}.")
+                _spent(t, "CPU checks")
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            checking = None
+            for i in range(int(self.cfg["num_hidden_layers"])):
+                t = time.perf_counter()
+                s = i % len(seqs)
+                rows, x_in = spot_rows(len(seqs[s]), i), xs[s].cpu()
+                xs = dev.layer_many(i, xs, on_dev) if len(xs) > 1 else [dev.layer(i, xs[0], *on_dev[0])]
+                got = xs[s][rows.to(xs[s].device)].cpu()
+                dev.w.done_with(f"model.layers.{i}.")
+                _spent(t, "device")
+                if checking is not None:
+                    self._finish(*checking)
+                where = f"layer {i}" + (f" (path {s})" if len(seqs) > 1 else "")
+                checking = (where, pool.submit(cpu_rows, i, x_in, s, rows), got, rows, "hidden")
+            if checking is not None:
+                self._finish(*checking)
         out = []
         for s, x in enumerate(xs):
             t = time.perf_counter()
             lp = dev.head(x)
-            t = _spent("device", t)
+            out.append(lp.cpu())
+            t = _spent(t, "device")
             if s == len(xs) - 1:
                 rows = spot_rows(len(seqs[s]), -1)
                 want = cpu.head(x[rows.to(x.device)].cpu())
-                t = _spent("CPU checks", t)
-                self._checked("the final norm and lm_head", lp[rows.to(x.device)], want, rows, "token")
-            out.append(lp.cpu())
-            _spent("device wait", t)
+                _spent(t, "CPU checks", "CPU checks waited")
+                self._checked("the final norm and lm_head", out[-1][rows], want, rows, "token")
         return out
+
+    def _finish(self, where: str, pending: Future, got: torch.Tensor, rows: torch.Tensor, column: str) -> None:
+        """Wait for a layer's CPU rows (the wait is `CPU checks waited`) and hold the device's rows to them."""
+        t = time.perf_counter()
+        want = pending.result()
+        _spent(t, "CPU checks waited")
+        self._checked(where, got, want, rows, column)
 
     # The per-layer checks feed one block at a time the engine's own input: at gpt-oss-120b's dimensions the CPU took
     # about 8 minutes for 8 layers' blocks (fixtures/device_runs/20261204T202034-bench-p0-L8-0). Each block runs on
@@ -177,13 +202,13 @@ class DeviceReference(Reference):
             got = on_device(x).cpu()
         finally:
             self.on_device.w.release()
-        t = _spent("device", t)
+        t = _spent(t, "device")
         rows = spot_rows(x.shape[0], i)
         try:
             want = on_cpu(x, rows)
         finally:
             self.checker.w.done_with(f"model.layers.{i}.")
-            _spent("CPU checks", t)
+            _spent(t, "CPU checks", "CPU checks waited")
         self._checked(f"layer {i} {what}", got[rows], want, rows, "hidden")
         return got
 
