@@ -52,16 +52,11 @@ def test_sampling_check_fails_on_planted_sampler_faults(fault, match, tiny, refe
 
 def test_sampling_check_fails_when_the_engine_s_logprobs_are_not_the_model_s(tiny, reference, prompts):
     """An engine whose logits are not the model's (the reference with its attention sinks dropped answers the
-    one-token greedy request, prompt logprobs included) fails the check at its logprob bound, before a draw: the
-    distribution the draws would be judged against is not the model's."""
+    one-token greedy request) fails the check at its logprob bound, before a draw: the distribution the draws would
+    be judged against is not the model's."""
     dropped = Reference(tiny.path, "sinks_dropped")
-
-    def greedy(ps, max_tokens, top_k, prompt_logprobs=False):
-        assert prompt_logprobs, "the check compares the prompt's positions too"
-        return [dropped.score(p, dropped.generate_greedy([p], max_tokens, top_k)[0].token_ids, top_k) for p in ps]
-
-    engine = ScriptedEngine({"generate_greedy": greedy})
-    with pytest.raises(FAILED, match="raw logprobs at the sampled prompt are not the fp64 reference's.*exceeds"):
+    engine = ScriptedEngine({"generate_greedy": lambda ps, n, k: dropped.generate_greedy(ps, n, k)})
+    with pytest.raises(FAILED, match="raw logprobs at the sampled position are not the fp64 reference's.*exceeds"):
         _distribution(engine, reference, prompts)
     assert [m for m, _ in engine.calls] == ["generate_greedy"]
 
@@ -91,7 +86,7 @@ def test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin(shar
     with pytest.raises(FAILED, match="exceeds the tolerance 0.001"):
         checks.test_sampled_tokens_follow_the_requested_distribution(
             engine, ref, deep_prompts, (replace(tight, noise_dtype=None), top_k), 120.0, Figures())
-    (clean,) = engine.call("generate_greedy", deep_prompts.prompts[:1], 1, 20, prompt_logprobs=True, timeout_s=120.0)
+    (clean,) = engine.call("generate_greedy", deep_prompts.prompts[:1], 1, 20, timeout_s=120.0)
     step = clean.steps[0]
     clean.steps[0] = StepLogprobs(step.token, {t: v - 30.0 for t, v in step.top.items()})
     off = ScriptedEngine({"generate_greedy": lambda *a, **k: [clean]})

@@ -25,8 +25,8 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
     """At the first generated position of a prompt, 6,000 draws at temperature 0.7 and 2,000 per truncation (top_k,
     min_p and top_p at 1.0, each cut in the widest gap of the position's top logprobs) follow the distribution vLLM's
     sampling parameters define, computed from the engine's own raw logprobs of that position — which must agree
-    with the fp64 reference (the prompt and that position, top-20: greedy parity's rule and its largest-error
-    bound, widened at depth to the noise twin as greedy parity is). Chi-square goodness of fit at a false-failure
+    with the fp64 reference at that position (top-20: greedy parity's rule and its largest-error bound, widened
+    at depth to the noise twin as greedy parity is). Chi-square goodness of fit at a false-failure
     rate of 1e-6 per case, rare tokens pooled; one draw outside a truncated support fails.
 
     Catches: a sampler that ignores the request's temperature, a nucleus (top_p) or min_p not applied, top_k off by
@@ -38,8 +38,7 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
       tests/test_sampling_controls.py::test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin
     """
     prompt = prompts.prompts[0]
-    (greedy,) = call_or_fail(engine, "generate_greedy", [prompt], 1, 20, prompt_logprobs=True,
-                             timeout_s=call_timeout_s)
+    (greedy,) = call_or_fail(engine, "generate_greedy", [prompt], 1, 20, timeout_s=call_timeout_s)
     if not greedy.steps:
         fail("the engine returned no token for a one-token greedy request: there is no position to sample")
     _raw_logprobs_are_the_model_s(greedy, reference, tolerance[0], record_figure)
@@ -64,18 +63,18 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
 
 def _raw_logprobs_are_the_model_s(greedy, reference, tol, record_figure) -> None:
     """The distribution the draws are judged against is the engine's own: it must be the model's. Greedy parity's
-    verdict (compare.greedy_parity) on this one path, judged by its largest error alone (the catastrophe bound;
-    the distribution limits are greedy parity's own check), widened to noise_ratio x the noise twin's where the
-    engine exceeds it: at 24 layers of gpt-oss-120b's dimensions a healthy H200 in bf16 put a token of its top-5
-    outside the fp64 reference's top-25 (docs/verdicts.md "Sampling")."""
+    verdict (compare.greedy_parity) on the sampled position (the prompt's are greedy parity's own check), judged
+    by its largest error alone (the catastrophe bound), widened to noise_ratio x the noise twin's where the engine
+    exceeds it: at 24 layers of gpt-oss-120b's dimensions a healthy H200 in bf16 put a token of its top-5 outside
+    the fp64 reference's top-25 (docs/verdicts.md "Sampling")."""
     figures: dict[str, float] = {}
     bound = replace(tol, p99=None, median=None, stratum_median=None, widen_by_band=False)
-    report = compare.greedy_parity([greedy], reference, bound, 20, figures.__setitem__)
+    report = compare.greedy_parity([greedy], reference, bound, 20, figures.__setitem__, prefill=False)
     record_figure("raw_logprob_max_abs_err", figures.get("max_abs_dlogprob", float("inf")))
     if "noise_twin_max_abs_dlogprob" in figures:
         record_figure("raw_logprob_noise_twin_max_abs_err", figures["noise_twin_max_abs_dlogprob"])
     if not report.ok:
-        fail("the engine's raw logprobs at the sampled prompt are not the fp64 reference's: the distribution the "
+        fail("the engine's raw logprobs at the sampled position are not the fp64 reference's: the distribution the "
              "sampler draws from is not the model's: " + "; ".join(report.problems[:3]))
 
 

@@ -241,18 +241,23 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
 
 
 def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobTolerance, top_k: int,
-                  record_figure: Callable[[str, float], Any]) -> ParityReport:
+                  record_figure: Callable[[str, float], Any], prefill: bool = True) -> ParityReport:
     """Greedy parity's verdict (checks/test_logit_parity.py::test_greedy_logprobs_match_reference; the run's
     depth-noise measurement, conformance/run/depth_noise.py): the engine's paths scored by the fp64 reference.
     Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to noise_ratio x the twin's
-    figures on the same paths (docs/verdicts.md "Greedy parity at depth"). Figures recorded, problems reported."""
-    want = reference.score_all(outputs, top_k + 5)
+    figures on the same paths (docs/verdicts.md "Greedy parity at depth"). Figures recorded, problems reported.
+    `prefill=False`: the generated steps alone (outputs asked without prompt logprobs)."""
+    def scored(ref: Any, k: int) -> list[Completion]:
+        got = ref.score_all(outputs, k)
+        return got if prefill else [replace(c, prompt_steps=[]) for c in got]
+
+    want = scored(reference, top_k + 5)
     report = logprobs_close(outputs, want, tol)
     if not report.ok and tol.noise_dtype:
         from conformance.reference.device import noise_twin
 
         twin = noise_twin(reference, tol.noise_dtype)
-        noise = logprobs_close(twin.score_all(outputs, top_k), want, tol, greedy_rule=False).figures()
+        noise = logprobs_close(scored(twin, top_k), want, tol, greedy_rule=False).figures()
         noise["stratum_median_abs_dlogprob"] = largest_stratum_median(noise)
         # every band's median too: bf16 widens each band by the twin's same band (widen_by_band), and whether fp16
         # could (docs/verdicts.md "Greedy parity at depth") rests on these figures from GPU runs
