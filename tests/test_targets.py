@@ -48,3 +48,14 @@ def test_auto_picks_the_visible_gpu_else_cpu():
 
 def test_missing_torch_is_a_problem_not_a_crash():
     assert "torch cannot be imported" in run_target.resolve("cpu", {"error": "torch cannot be imported (x)"}).sentence()
+
+
+def test_every_target_s_engines_carry_the_server_s_date():
+    """vLLM hashes VLLM_SYSTEM_START_DATE into its torch.compile cache key: engines and the suite's server of every
+    target carry the same one, or the server compiles again (19 s of a 132-s start on the H200)."""
+    from conformance.run.serving_fixtures import SERVER_DATE
+
+    targets = {name: row for name, row in run_target.data().items() if isinstance(row, dict) and "env" in row}
+    assert {"cpu", "cuda", "rocm"} <= set(targets)
+    assert {name: row["env"].get("VLLM_SYSTEM_START_DATE") for name, row in targets.items()} == \
+        dict.fromkeys(targets, SERVER_DATE)
