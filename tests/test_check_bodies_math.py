@@ -151,6 +151,28 @@ def _run_layer_check(engine_ref, reference, limits, figures=None):
         figures if figures is not None else Figures())
 
 
+class MoeOffOnTheDevice(Reference):
+    """A "device" whose MoE blocks come out 1e-8 (of the row's largest entry) off at the last position."""
+
+    def moe(self, i, x):
+        out = super().moe(i, x)
+        out[-1, 3] += 1e-8 * out[-1].abs().max()
+        return out
+
+
+def test_layer_check_stops_at_the_device_reference_s_disagreement_before_judging_the_engine(tiny, reference):
+    """The per-layer check on a GPU runs its blocks on a device reference whose CPU rows are recomputed beside the
+    device (reference/device.py checked_beside): with the device's MoE off, the check stops with the device's
+    sentence, raised before any stratum judges the (healthy) engine."""
+    from conformance.reference.device import DeviceMismatch, DeviceReference
+
+    ref = DeviceReference(tiny.path, device="cpu")
+    ref.on_device = MoeOffOnTheDevice(tiny.path, streaming=True)
+    with pytest.raises(DeviceMismatch, match=r"^layer 0 moe: .* hidden 3, .*not trusted\.$"):
+        _run_layer_check(reference, ref, limits_for("bfloat16"))
+    _run_layer_check(reference, DeviceReference(tiny.path, device="cpu"), limits_for("bfloat16"))  # a sound device
+
+
 @pytest.mark.parametrize("where", ["near_ties", "decided"])
 def test_layer_check_judges_near_ties_by_their_nearest_routing_and_fails_a_router_that_flips_decided_tokens(
         where, tiny, reference):

@@ -216,18 +216,25 @@ class ShiftedBlocks(Reference):
         return self._shift(out) if self.block == "moe (given routing)" else out
 
 
+@pytest.mark.parametrize("beside", [False, True])
 @pytest.mark.parametrize("block", ["attention", "moe", "moe (given routing)"])
-def test_a_block_off_on_the_device_is_caught(tiny, reference, block):
+def test_a_block_off_on_the_device_is_caught(tiny, reference, block, beside):
+    """At once, or (`checked_beside`, the per-layer check's way) on leaving, after the blocks that ran beside its
+    CPU rows: the caller had the device's result meanwhile, and the first disagreement is the one raised."""
     ref = DeviceReference(tiny.path, device="cpu")
     ref.on_device = ShiftedBlocks(tiny.path, block)
     x, cos, sin = _block_inputs(reference)
     top = torch.topk(reference.router_logits(1, x), int(reference.cfg["num_experts_per_tok"]), dim=-1).indices
-    call = {"attention": lambda: ref.attention(1, x, cos, sin), "moe": lambda: ref.moe(1, x),
-            "moe (given routing)": lambda: ref.moe_routed(1, x, top)}[block]
+    calls = {"attention": lambda r: r.attention(1, x, cos, sin), "moe": lambda r: r.moe(1, x),
+             "moe (given routing)": lambda r: r.moe_routed(1, x, top)}
     where = re.escape(block)
     with pytest.raises(DeviceMismatch, match=rf"^layer 1 {where}: .* at position {len(IDS) - 1}, hidden 3, .*not "
                                              r"trusted\.$"):
-        call()
+        if not beside:
+            calls[block](ref)
+        with ref.checked_beside():
+            assert torch.equal(calls[block](ref), calls[block](ref.on_device))  # the device's result, at once
+            ref.attention(0, x, cos, sin), ref.moe(0, x)  # later blocks, agreeing, still run
 
 
 def test_the_noise_twin_is_the_same_reference_with_its_activations_rounded(tiny, reference):

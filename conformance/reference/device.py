@@ -21,8 +21,9 @@ import argparse
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -193,9 +194,28 @@ class DeviceReference(Reference):
                            lambda x: self.on_device.moe_routed(i, x.to(on), top_idx.to(on)),
                            lambda x, rows: self.checker.moe_routed(i, x[rows], top_idx[rows]))
 
+    @contextmanager
+    def checked_beside(self) -> Iterator[None]:
+        """Within it, each block's CPU spot rows run in a worker thread while the caller goes on with the device's
+        result (the per-layer check's blocks: mathcheck.layers_close judges the engine only after leaving); on
+        leaving, every check has run and the first disagreement, in the order the blocks ran, is raised."""
+        pool, pending = ThreadPoolExecutor(max_workers=1), []
+        self._beside = (pool, pending)
+        try:
+            yield
+        finally:
+            self._beside = None
+            pool.shutdown(wait=True)
+        for args in pending:
+            self._finish(*args)
+
+    _beside: tuple[ThreadPoolExecutor, list] | None = None
+    BESIDE_QUEUE = 16  # blocks whose CPU rows may wait their turn at once (each holds its input, ~25 MB at 120b)
+
     def _block(self, what: str, i: int, x: torch.Tensor, on_device: Callable[[torch.Tensor], torch.Tensor],
                on_cpu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Block `what` of layer i on the device, its spot rows again on the CPU; neither keeps the layer."""
+        """Block `what` of layer i on the device, its spot rows again on the CPU (beside, in `checked_beside`);
+        neither keeps the layer."""
         x = x.to(torch.float64)
         t = time.perf_counter()
         try:
@@ -204,12 +224,26 @@ class DeviceReference(Reference):
             self.on_device.w.release()
         t = _spent(t, "device")
         rows = spot_rows(x.shape[0], i)
-        try:
-            want = on_cpu(x, rows)
-        finally:
-            self.checker.w.done_with(f"model.layers.{i}.")
-            _spent(t, "CPU checks", "CPU checks waited")
-        self._checked(f"layer {i} {what}", got[rows], want, rows, "hidden")
+
+        def cpu_rows(*also: str) -> torch.Tensor:
+            t = time.perf_counter()
+            try:
+                with torch.no_grad():  # grad mode is per thread
+                    return on_cpu(x, rows)
+            finally:
+                self.checker.w.done_with(f"model.layers.{i}.")
+                _spent(t, "CPU checks", *also)
+
+        if self._beside is None:
+            want = cpu_rows("CPU checks waited")
+            self._checked(f"layer {i} {what}", got[rows], want, rows, "hidden")
+            return got
+        pool, pending = self._beside
+        waiting = [p[1] for p in pending if not p[1].done()]
+        if len(waiting) >= self.BESIDE_QUEUE:
+            waiting[0].result()  # an error surfaces on leaving, in order
+            _spent(t, "CPU checks waited")
+        pending.append((f"layer {i} {what}", pool.submit(cpu_rows), got[rows], rows, "hidden"))
         return got
 
     @torch.no_grad()

@@ -4,6 +4,7 @@ reports print both sides, the figure and the tolerance, and raise only via `rais
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import statistics
@@ -247,28 +248,31 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
                     tied_in[key] = tied_in.get(key, 0) + 1
                 row += 1
 
-    for n, probe in enumerate(probes):
-        positions, prefill = list(probe["positions"]), int(probe["prefill_len"])
-        count = len(positions)
-        if count == 0 or positions != list(range(count)):
-            report.problems.append(f"prompt {n}: the engine ran positions {positions[:6]}... not 0..{count - 1} in "
-                                   f"order: the probe cannot line them up with the reference")
-            continue
-        if count <= prefill and probe.get("decode_expected", True):
-            report.problems.append(f"prompt {n}: no decode step was captured (only the {prefill}-token prefill)")
-        cos, sin = reference.rope_tables(list(range(count)))
-        for block in ("attn", "moe"):
-            for i, (x, y) in zip(probe.get("layers", range(len(probe[block]))), probe[block]):
-                if x.shape[0] != count or y.shape != x.shape:
-                    report.problems.append(f"prompt {n}: {block} of layer {i} saw {x.shape[0]} positions, "
-                                           f"not {count}")
-                elif block == "attn":  # causal over the prompt's own positions: one prompt at a time
-                    judge("attn", i, x, y, reference.attention(i, x, cos, sin), [(prefill, count)])
-                else:
-                    moe_at.setdefault(i, []).append((prefill, x, y, count))
-    for i, rows in moe_at.items():  # a MoE is per token: one call a layer for every prompt, its experts read once
-        x, y = torch.cat([r[1] for r in rows]), torch.cat([r[2] for r in rows])
-        judge("moe", i, x, y, reference.moe(i, x), [(r[0], r[3]) for r in rows])
+    # a device reference recomputes its blocks' rows on the CPU beside the device and raises a disagreement on
+    # leaving (reference/device.py checked_beside): before any stratum below judges the engine
+    with getattr(reference, "checked_beside", contextlib.nullcontext)():
+        for n, probe in enumerate(probes):
+            positions, prefill = list(probe["positions"]), int(probe["prefill_len"])
+            count = len(positions)
+            if count == 0 or positions != list(range(count)):
+                report.problems.append(f"prompt {n}: the engine ran positions {positions[:6]}... not 0..{count - 1} in "
+                                       f"order: the probe cannot line them up with the reference")
+                continue
+            if count <= prefill and probe.get("decode_expected", True):
+                report.problems.append(f"prompt {n}: no decode step was captured (only the {prefill}-token prefill)")
+            cos, sin = reference.rope_tables(list(range(count)))
+            for block in ("attn", "moe"):
+                for i, (x, y) in zip(probe.get("layers", range(len(probe[block]))), probe[block]):
+                    if x.shape[0] != count or y.shape != x.shape:
+                        report.problems.append(f"prompt {n}: {block} of layer {i} saw {x.shape[0]} positions, "
+                                               f"not {count}")
+                    elif block == "attn":  # causal over the prompt's own positions: one prompt at a time
+                        judge("attn", i, x, y, reference.attention(i, x, cos, sin), [(prefill, count)])
+                    else:
+                        moe_at.setdefault(i, []).append((prefill, x, y, count))
+        for i, rows in moe_at.items():  # a MoE is per token: one call a layer for every prompt, its experts read once
+            x, y = torch.cat([r[1] for r in rows]), torch.cat([r[2] for r in rows])
+            judge("moe", i, x, y, reference.moe(i, x), [(r[0], r[3]) for r in rows])
     worst = 0.0
     for key in sorted(strata):
         block, kind, band, phase = key
