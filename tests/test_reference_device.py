@@ -232,6 +232,7 @@ def test_a_block_off_on_the_device_is_caught(tiny, reference, block, beside):
                                              r"trusted\.$"):
         if not beside:
             calls[block](ref)
+        ref.BESIDE_QUEUE = 1  # each block waits for the one before it to be checked: the queue's bound
         with ref.checked_beside():
             assert torch.equal(calls[block](ref), calls[block](ref.on_device))  # the device's result, at once
             ref.attention(0, x, cos, sin), ref.moe(0, x)  # later blocks, agreeing, still run

@@ -22,7 +22,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -241,7 +241,7 @@ class DeviceReference(Reference):
         pool, pending = self._beside
         waiting = [p[1] for p in pending if not p[1].done()]
         if len(waiting) >= self.BESIDE_QUEUE:
-            waiting[0].result()  # an error surfaces on leaving, in order
+            wait(waiting[:1])  # its result, or its error, is read on leaving, in order
             _spent(t, "CPU checks waited")
         pending.append((f"layer {i} {what}", pool.submit(cpu_rows), got[rows], rows, "hidden"))
         return got
