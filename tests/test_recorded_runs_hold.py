@@ -921,7 +921,7 @@ def test_p0_at_24_layers_on_the_h200_passed_every_verdict_of_depth_and_false_fai
     limit, 11,211 router near-ties); the exact float32 twin ran on a 2-layer slice (max 2e-4). The one failure was
     the sampling check's own anchor: a token of the engine's top-5 at the sampled position outside the fp64
     reference's top-25 (recorded as inf), on a stack every verdict of depth passed. The anchor is now greedy
-    parity's verdict on that path, widened at depth as greedy parity is
+    parity's verdict at that position, widened at depth as greedy parity is
     (tests/test_sampling_controls.py::test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin)."""
     record = _record(REALDIM_24)
     assert record["engine"] == "vllm" and record["complete"] and record["evidence"] and record["narrowed_by"] is None
