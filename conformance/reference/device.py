@@ -18,6 +18,7 @@ layer on a sampled sequence, and the wall time of each (no engine, no server: to
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -128,15 +129,6 @@ class DeviceReference(Reference):
         on_dev = [(cos.to(dev.w.device), sin.to(dev.w.device)) for cos, sin in tables]
         xs = [dev.embed(ids) for ids in seqs]
 
-        def cpu_rows(i: int, x_in: torch.Tensor, s: int, rows: torch.Tensor) -> torch.Tensor:
-            t = time.perf_counter()
-            try:
-                with torch.no_grad():  # grad mode is per thread
-                    return cpu.layer_rows(i, x_in, *tables[s], rows)
-            finally:
-                cpu.w.done_with(f"model.layers.{i}.")
-                _spent(t, "CPU checks")
-
         with ThreadPoolExecutor(max_workers=1) as pool:
             checking = None
             for i in range(int(self.cfg["num_hidden_layers"])):
@@ -150,7 +142,8 @@ class DeviceReference(Reference):
                 if checking is not None:
                     self._finish(*checking)
                 where = f"layer {i}" + (f" (path {s})" if len(seqs) > 1 else "")
-                checking = (where, pool.submit(cpu_rows, i, x_in, s, rows), got, rows, "hidden")
+                rows_on_cpu = functools.partial(cpu.layer_rows, i, x_in, *tables[s], rows)
+                checking = (where, pool.submit(self._cpu_rows, i, rows_on_cpu), got, rows, "hidden")
             if checking is not None:
                 self._finish(*checking)
         out = []
@@ -224,18 +217,9 @@ class DeviceReference(Reference):
             self.on_device.w.release()
         t = _spent(t, "device")
         rows = spot_rows(x.shape[0], i)
-
-        def cpu_rows(*also: str) -> torch.Tensor:
-            t = time.perf_counter()
-            try:
-                with torch.no_grad():  # grad mode is per thread
-                    return on_cpu(x, rows)
-            finally:
-                self.checker.w.done_with(f"model.layers.{i}.")
-                _spent(t, "CPU checks", *also)
-
+        rows_on_cpu = functools.partial(on_cpu, x, rows)
         if self._beside is None:
-            want = cpu_rows("CPU checks waited")
+            want = self._cpu_rows(i, rows_on_cpu, "CPU checks waited")
             self._checked(f"layer {i} {what}", got[rows], want, rows, "hidden")
             return got
         pool, pending = self._beside
@@ -243,8 +227,19 @@ class DeviceReference(Reference):
         if len(waiting) >= self.BESIDE_QUEUE:
             wait(waiting[:1])  # its result, or its error, is read on leaving, in order
             _spent(t, "CPU checks waited")
-        pending.append((f"layer {i} {what}", pool.submit(cpu_rows), got[rows], rows, "hidden"))
+        pending.append((f"layer {i} {what}", pool.submit(self._cpu_rows, i, rows_on_cpu), got[rows], rows, "hidden"))
         return got
+
+    def _cpu_rows(self, i: int, compute: Callable[[], torch.Tensor], *also: str) -> torch.Tensor:
+        """`compute()`, the CPU's spot rows of a layer-i result (in the caller's thread or a worker's), timed as
+        `CPU checks` and `also`; the CPU's copy of layer i dropped after it."""
+        t = time.perf_counter()
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                return compute()
+        finally:
+            self.checker.w.done_with(f"model.layers.{i}.")
+            _spent(t, "CPU checks", *also)
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
