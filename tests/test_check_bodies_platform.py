@@ -47,6 +47,26 @@ def test_pins_check_fails_when_the_vllm_version_cannot_be_read():
         identity.test_stack_pins_hold(target_of("cpu"), fp, Figures())
 
 
+def test_pins_check_names_the_missing_manifest_on_a_card_without_one():
+    """Round nineteen's first H100 P0 failed with `manifest None: no pin was evaluated`; the sentence now says what
+    is missing. (h100.toml exists since: the recorded H100 fingerprint passes below.)"""
+    fp = {"platform": {"accelerator": "nvidia", "gpu_names": ["NVIDIA L4"], "compute_caps": ["8.9"]},
+          "packages": {"torch": "2.11.0+cu130", "vllm": "0.26.0"}}
+    with pytest.raises(FAILED, match="no pin manifest matches this platform: add one under env_checks/pins/"):
+        identity.test_stack_pins_hold(target_of("cuda"), fp, Figures())
+
+
+def test_the_recorded_h100_fingerprint_holds_the_h100_pins():
+    import json
+    from pathlib import Path
+
+    fp = json.loads(Path("fixtures/device_runs/20261205T162601-bench-p0-L16-second-node-1/fingerprint.json")
+                    .read_text())
+    figures = Figures()
+    identity.test_stack_pins_hold(target_of("cuda"), fp, figures)
+    assert figures.values["pins_checked"] == 9 and figures.values["pins_failed"] == 0
+
+
 # ------------------------------------------------------------------ device
 
 

@@ -187,3 +187,18 @@ def test_the_gate_merges_into_a_profile_s_own_tables_and_leaves_the_tiny_model_a
     assert few.engine_options()["max_num_seqs"] == 64
     tiny = profiles.profile("h200-tiny")
     assert tiny.for_gate(table) is tiny and tiny.record()["gate"] == {}
+
+
+def test_the_gate_leaves_the_device_reference_room_beside_the_engine():
+    """Round nineteen: P0 on an H100 at 16 of gpt-oss-120b's layers ran out of device memory in the fp64 reference
+    and the server, beside an engine holding the profile's 0.95. A gate-only run takes at most
+    [gate] gpu_memory_utilization_at_most (0.9) and records it; a share already below stays, and P1 keeps 0.95."""
+    h100 = profiles.profile("h100-gpt-oss-120b")
+    assert h100.engine_options()["gpu_memory_utilization"] == 0.95
+    gated = h100.for_gate()
+    assert gated.engine_options()["gpu_memory_utilization"] == 0.9
+    assert gated.record()["gate"]["gpu_memory_utilization"] == 0.9
+    h200 = profiles.profile("h200-gpt-oss-120b").for_gate()
+    assert h200.engine_options()["gpu_memory_utilization"] == 0.9 and "gpu_memory_utilization" not in h200.gate
+    low = profiles.data() | {"gate": profiles.data()["gate"] | {"gpu_memory_utilization_at_most": 0.5}}
+    assert profiles.profile("h200-gpt-oss-120b").for_gate(low).engine_options()["gpu_memory_utilization"] == 0.5

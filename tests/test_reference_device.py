@@ -287,3 +287,40 @@ def test_several_paths_run_layer_by_layer_at_once_and_agree_with_one_at_a_time(t
     bad.on_device = ShiftedMany(tiny.path, layer=2, position=last, column=5, delta=1e-8)
     with pytest.raises(DeviceMismatch, match=rf"^layer 2 \(path 2\): .* at position {last}, hidden 5,"):
         bad.score_all(paths, 5)
+
+
+def test_tied_router_logits_route_to_the_lower_expert_on_every_device(tiny):
+    """The noise twin rounds router logits to bf16, where a tie at the k-th place is common; the device's fp64 and the
+    CPU's must break it alike, or the spot check sees two different experts' outputs (round nineteen's
+    DeviceMismatch on an H100). top_experts puts the lower index first; the reference's MoE routes by it."""
+    from conformance.reference.gpt_oss import top_experts
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 0.5], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]], dtype=torch.float64)
+    assert top_experts(logits, 3).tolist() == [[1, 3, 2], [0, 1, 2]]
+    ref = Reference(tiny.path)
+    k, n = int(ref.cfg["num_experts_per_tok"]), int(ref.cfg["num_local_experts"])
+    x = torch.randn(2, int(ref.cfg["hidden_size"]), dtype=torch.float64)
+    tied = torch.zeros(2, n, dtype=torch.float64)  # every expert tied: the first k must take the row
+    ref.router_logits = lambda i, x: tied
+    by_index = ref.moe_routed(0, x, torch.arange(k).expand(2, k))
+    assert torch.equal(ref.moe(0, x), by_index)
+    assert not torch.allclose(ref.moe_routed(0, x, torch.arange(n - k, n).expand(2, k)), by_index)
+
+
+def test_a_device_out_of_memory_beside_the_engine_is_one_sentence(tiny, monkeypatch):
+    """Round nineteen: beside an engine holding 0.95 of an H100, the reference's layer ran out of device memory and the
+    check failed with torch's paragraph. It is now a DeviceOutOfMemory naming the layer and what to change, and the
+    store holds nothing after it."""
+    ref = DeviceReference(tiny.path, device="cpu")
+
+    def no_room(*args, **kwargs):
+        ref.on_device.w.cache["held"] = torch.zeros(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 360.00 MiB.")
+
+    monkeypatch.setattr(ref.on_device, "layer", no_room)
+    with pytest.raises(device.DeviceOutOfMemory, match=r"during layer 0: .*gpu_memory_utilization"):
+        ref.logprobs(IDS)
+    assert not ref.on_device.w.cache
+    monkeypatch.setattr(ref.on_device, "moe", no_room)
+    with pytest.raises(device.DeviceOutOfMemory, match="during layer 1 moe"):
+        ref.moe(1, torch.zeros(3, int(ref.cfg["hidden_size"]), dtype=torch.float64))

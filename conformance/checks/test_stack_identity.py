@@ -73,5 +73,6 @@ def test_stack_pins_hold(target, fingerprint, record_figure):
     record_figure("pins_failed", len(report.problems))
     record_figure("pins_advisory", len(report.advisories))
     if not report.checked:
-        fail(f"manifest {report.manifest}: no pin was evaluated")
+        fail("; ".join(report.problems) if report.manifest is None else
+             f"manifest {report.manifest}: no pin was evaluated")
     report.raise_if_failed()

@@ -77,6 +77,25 @@ def check_agreement(where: str, got: torch.Tensor, want: torch.Tensor, rows: tor
     return rel
 
 
+class DeviceOutOfMemory(RuntimeError):
+    """The device had too little memory free beside the engine for the reference's layer."""
+
+
+@contextmanager
+def room_on(store, what: str) -> Iterator[None]:
+    """Turn the device running out of memory during `what` into one sentence, the store's tensors released."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        store.release()
+        free = (f" ({torch.cuda.mem_get_info(store.device)[0] / 2**30:.2f} GiB free now)"
+                if store.device.type == "cuda" else "")
+        raise DeviceOutOfMemory(
+            f"the fp64 reference ran out of memory on {store.device} during {what}{free}: it needs a few GB free "
+            "beside the engine; give the engine a smaller gpu_memory_utilization (data/profiles.toml) or run the "
+            "reference on the CPU (no reference_device in data/targets.toml)") from None
+
+
 class DeviceReference(Reference):
     """`Reference` whose `logprobs` (so `score` and `generate_greedy`) and single blocks (`attention`, `moe`: the
     per-layer checks) run on `device`, spot-checked on the CPU. `router_logits` (one small matmul) stays on the CPU."""
@@ -135,7 +154,8 @@ class DeviceReference(Reference):
                 t = time.perf_counter()
                 s = i % len(seqs)
                 rows, x_in = spot_rows(len(seqs[s]), i), xs[s].cpu()
-                xs = dev.layer_many(i, xs, on_dev) if len(xs) > 1 else [dev.layer(i, xs[0], *on_dev[0])]
+                with room_on(dev.w, f"layer {i}"):
+                    xs = dev.layer_many(i, xs, on_dev) if len(xs) > 1 else [dev.layer(i, xs[0], *on_dev[0])]
                 got = xs[s][rows.to(xs[s].device)].cpu()
                 dev.w.done_with(f"model.layers.{i}.")
                 _spent(t, "device")
@@ -149,7 +169,8 @@ class DeviceReference(Reference):
         out = []
         for s, x in enumerate(xs):
             t = time.perf_counter()
-            lp = dev.head(x)
+            with room_on(dev.w, "the final norm and lm_head"):
+                lp = dev.head(x)
             out.append(lp.cpu())
             t = _spent(t, "device")
             if s == len(xs) - 1:
@@ -212,7 +233,8 @@ class DeviceReference(Reference):
         x = x.to(torch.float64)
         t = time.perf_counter()
         try:
-            got = on_device(x).cpu()
+            with room_on(self.on_device.w, f"layer {i} {what}"):
+                got = on_device(x).cpu()
         finally:
             self.on_device.w.release()
         t = _spent(t, "device")

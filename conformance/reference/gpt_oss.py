@@ -129,6 +129,14 @@ def host_memory_available() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def top_experts(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The k experts of each row's largest router logits; of equal logits the lower expert index first, on every
+    device. torch.topk leaves the order of ties to the device's kernel: the noise twin rounds its router logits to
+    bf16, where a tie at the k-th place is common, and a CUDA and a CPU topk that broke one differently sent the
+    device's and the CPU's fp64 rows to different experts (a DeviceMismatch at 16 layers on an H100, round nineteen)."""
+    return torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -349,8 +357,7 @@ class Reference:
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The MoE block of layer i on normalised hidden states x [T, H]; only routed experts run."""
         x = x.to(torch.float64)
-        return self.moe_routed(i, x, torch.topk(self.router_logits(i, x), int(self.cfg["num_experts_per_tok"]),
-                                                dim=-1).indices)
+        return self.moe_routed(i, x, top_experts(self.router_logits(i, x), int(self.cfg["num_experts_per_tok"])))
 
     def moe_routed(self, i: int, x: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
         """The MoE block of layer i with each row of x [T, H] sent to the experts top_idx [T, k], weighted by the

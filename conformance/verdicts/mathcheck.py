@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from conformance.reference.gpt_oss import top_experts
 from conformance.verdicts.compare import LayerTolerance, VerdictReport, position_band
 
 MANTISSA_BITS = {"float32": (23, -126), "bfloat16": (7, -126), "float16": (10, -14)}
@@ -121,7 +122,7 @@ def admissible_routings(logits: torch.Tensor, k: int, margin: float, widest: int
     unchosen, so at least the k-th) and the unchosen ones within `margin` of the weakest chosen; every expert above the
     zone is kept, and any of the zone's fill the rest. A decided position has one, the router's own. The zone is cut to
     the `widest` places nearest the k-th."""
-    vals, idx = torch.sort(logits, descending=True)
+    vals, idx = torch.sort(logits, descending=True, stable=True)
     near = range(max(0, k - widest // 2), min(len(vals), k + widest // 2))
     zone = [j for j in near if (j < k and float(vals[j] - vals[k]) <= margin)
             or (j >= k and float(vals[k - 1] - vals[j]) <= margin)]
@@ -141,7 +142,7 @@ def rerouted_errors(reference: Any, layer: int, x: torch.Tensor, y: torch.Tensor
     logits = (reference.router_logits(layer, x) if logits is None else logits).cpu()
     sets, owner, own = [], [], []
     for r in range(len(x)):
-        mine = set(torch.topk(logits[r], k).indices.tolist())
+        mine = set(top_experts(logits[r], k).tolist())
         for routing in admissible_routings(logits[r], k, margin * float(logits[r].abs().max())):
             sets.append(routing)
             owner.append(r)

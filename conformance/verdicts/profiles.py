@@ -65,6 +65,9 @@ class Profile:
         merged = dict(self.vllm)
         for key, value in extra.items():
             merged[key] = dict(merged.get(key, {})) | value if isinstance(value, dict) else value
+        cap = gate.get("gpu_memory_utilization_at_most")
+        if cap is not None and float(merged.get("gpu_memory_utilization", 0.0)) > cap:
+            merged["gpu_memory_utilization"] = extra["gpu_memory_utilization"] = cap
         return replace(self, vllm=merged, gate=extra)
 
     def engine_env(self) -> dict[str, str]:
