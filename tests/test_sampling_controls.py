@@ -3,6 +3,7 @@ each planted fault of vLLM's sampler and stop rule (conformance/engines/faults.p
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -179,3 +180,26 @@ def test_seed_and_sampling_checks_fail_on_an_engine_that_returns_nothing(prompts
         checks.test_seeded_requests_reproduce_alone_and_in_a_batch(empty, prompts, limits_for("float32").logprobs,
                                                                    120.0, Figures())
 
+
+
+def test_a_min_p_cut_in_a_flat_tail_is_neither_chosen_nor_judged_blind():
+    """Round nineteen, 16 of gpt-oss-120b's layers on an H100: the lone greedy request's top-20 put min_p's widest
+    gap 3.2 nats down, the batch of 2,000 draws computed flatter logits, the support reached past the top-20 they
+    returned, and 1,313 healthy draws were called impossible. The cut now stays MIN_P_COVER above the last listed
+    token, and a draw whose support reaches past its returned list is conditioned out, never called impossible;
+    a case left with too few judged draws fails, and a sampler that ignores min_p is still caught."""
+    greedy = [-1.0, -1.1, -1.3, -1.4, -1.45, -1.5, -1.6, -4.7] + [-4.8 - 0.02 * i for i in range(12)]
+    cases = sampling.cases_for([(1000 + i, lp) for i, lp in enumerate(greedy)])
+    min_p = next(c for c in cases if c.name == "min_p")
+    assert math.log(min_p.min_p) + greedy[0] - greedy[-1] >= sampling.MIN_P_COVER
+    assert math.log(min_p.min_p) > -3.0, "not the widest gap (3.1 nats down, 0.3 above the flat tail)"
+    flat = {2000 + i: -3.0 - 0.05 * i for i in range(20)}  # a batch's draws: 20 tokens within 1 nat of the top
+    rng = random.Random(3)
+    deep = sampling.Case("min_p", 1.0, min_p=math.exp(-3.2))
+    healthy = sampling.judge(_draws(sampling.expected(sampling.top(flat, 20), deep), flat, 2000, rng), deep)
+    assert healthy.impossible == 0 and healthy.support_unseen == 2000 and not healthy.ok
+    assert "support reached past the top-20 returned" in healthy.failure_message()
+    peaked = {3000 + i: (-0.2 if i == 0 else -4.0 - 0.05 * i) for i in range(20)}
+    ignored = sampling.expected(sampling.top(peaked, 20), sampling.Case("x", 1.0))
+    report = sampling.judge(_draws(ignored, peaked, 2000, rng), sampling.Case("min_p", 1.0, min_p=math.exp(-2.0)))
+    assert report.impossible > 100 and not report.ok
