@@ -103,15 +103,16 @@ def test_vllm_on_the_h200_passes_todays_greedy_parity_limits(run_id: str) -> Non
 def test_first_contact_failures_are_what_today_s_data_answers(run_id: str) -> None:
     """Every vLLM engine of the first H200 run died importing FlashInfer's sampler; targets.toml now turns that
     sampler off where flashinfer is not installed, and keeps it where it is."""
+    from conformance.engines import forkserver
     from conformance.run import run_target
 
     record = json.loads((RUNS / run_id / "results.json").read_text())
     starts = [c for c in record["checks"] if c["id"].endswith("test_engine_starts_and_generates")]
     assert starts and FIRST_CONTACT[run_id] in starts[0]["message"]
     row = run_target.data()["cuda"]
-    absent = run_target.environment(row | {"env_without_modules": {"no_such_module_here": {"X": "1"}}})
+    absent = forkserver.environment(row | {"env_without_modules": {"no_such_module_here": {"X": "1"}}})
     assert absent["X"] == "1"
-    present = run_target.environment(row | {"env_without_modules": {"json": {"X": "1"}}})
+    present = forkserver.environment(row | {"env_without_modules": {"json": {"X": "1"}}})
     assert "X" not in present
 
 

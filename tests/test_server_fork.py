@@ -229,3 +229,17 @@ def test_a_forked_child_dies_with_the_run_that_launched_it_though_the_forkserver
     finally:
         if child.poll() is None:
             os.kill(child.pid, 9)
+
+
+def test_a_cuda_server_forks_where_flashinfer_is_absent(monkeypatch):
+    """Round nineteen: on the H100 (no FlashInfer) the engines' forkserver ran with [cuda.env] plus
+    VLLM_USE_FLASHINFER_SAMPLER=0 ([cuda.env_without_modules.flashinfer]), the server compared the bare [cuda.env]
+    with it, and every server started as a fresh process. It now compares the engines' own environment."""
+    cuda = run_target.data()["cuda"] | {"env_without_modules": {"no_such_module_here": {"VLLM_X": "0"}}}
+    engines = forkserver.environment(cuda)
+    assert engines["VLLM_X"] == "0"
+    monkeypatch.setattr(forkserver, "_env", {k: str(v) for k, v in engines.items()})
+    ctx, _ = server_fork.context_for(cuda)
+    assert ctx is not None
+    monkeypatch.setattr(forkserver, "_env", {k: str(v) for k, v in cuda["env"].items()})
+    assert server_fork.context_for(cuda) == (None, {})

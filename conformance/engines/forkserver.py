@@ -14,7 +14,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance import datafiles
@@ -29,6 +29,19 @@ imports_vllm = False  # whether it imports vLLM (forkserver.start(vllm=...))
 
 SKIP_ENV = "CONFORMANCE_PRELOAD_SKIP"  # preload.py: the stacks it leaves out (comma-separated import names)
 MORE_ENV = "CONFORMANCE_PRELOAD_MORE"  # preload.py: modules it imports too (comma-separated), the target's data
+
+
+def environment(row: Mapping[str, Any]) -> dict[str, str]:
+    """The engines' environment of a targets.toml table, the forkserver's among them: [<target>.env], plus
+    [<target>.env_without_modules.MODULE] where MODULE is not installed (found, not imported): vLLM's default path on
+    CUDA imports FlashInfer's sampler, which a node may lack."""
+    import importlib.util
+
+    env = dict(row.get("env", {}))
+    for module, extra in row.get("env_without_modules", {}).items():
+        if importlib.util.find_spec(module) is None:
+            env |= dict(extra)
+    return env
 
 
 def start(env: dict[str, str], vllm: bool = True, more: Sequence[str] = ()) -> None:

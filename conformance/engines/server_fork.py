@@ -158,7 +158,9 @@ def context_for(target: dict[str, Any], start: str = "server_start") -> tuple[An
         return None, {}
     from conformance.engines import forkserver
 
-    ctx = forkserver.context(dict(target.get("env", {})))
+    # the engines' environment, as the run started the forkserver with it: round nineteen's H100 servers compared
+    # the table's bare [env] with it, missed FlashInfer's fallback variable, and started as fresh processes
+    ctx = forkserver.context(forkserver.environment(target))
     if ctx is None:
         return None, {}
     return ctx, {k: str(v) for k, v in target.get("server_env", {}).items()}

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from conformance.datafiles import DATA, DataError, load_toml
+from conformance.engines.forkserver import environment
 
 if TYPE_CHECKING:
     from conformance.run.targets import TargetReport
@@ -190,18 +191,6 @@ def resolve(requested: str, facts: dict[str, Any] | None = None) -> TargetReport
             f"--{resolved} was requested and torch {facts['torch_version']} is a {resolved} build, but it sees "
             f"no GPU: check the driver, device nodes and *_VISIBLE_DEVICES.")
     return report
-
-
-def environment(row: Mapping[str, Any]) -> dict[str, str]:
-    """The engines' environment: [<target>.env], plus [<target>.env_without_modules.MODULE] where MODULE is not
-    installed (found, not imported): vLLM's default path on CUDA imports FlashInfer's sampler, which a node may lack."""
-    import importlib.util
-
-    env = dict(row.get("env", {}))
-    for module, extra in row.get("env_without_modules", {}).items():
-        if importlib.util.find_spec(module) is None:
-            env |= dict(extra)
-    return env
 
 
 class RunRefused(ValueError):
