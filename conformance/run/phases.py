@@ -44,6 +44,8 @@ from typing import Any
 
 import pytest
 
+from conformance.run import compile_cache
+
 _lock = threading.Lock()
 _phases: dict[str, float] = {}
 _marks: dict[str, float] = {}  # perf_counter stamps
@@ -76,6 +78,7 @@ T0 = time.perf_counter() - (_age if _age is not None else 0.0)
 
 
 def reset() -> None:
+    compile_cache.forget_keys()
     with _lock:
         _phases.clear()
         _marks.clear()
@@ -105,6 +108,7 @@ def add_vllm_start(log_path: Path) -> None:
         text = log_path.read_text(errors="replace")
     except OSError:
         return
+    compile_cache.note_start(log_path.name, text)
     with _lock:
         for name, seconds in vllm_start_breakdown(text).items():
             _phases[name] = _phases.get(name, 0.0) + seconds

@@ -79,6 +79,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "phases": phases.snapshot(ctx.startups),
         "reference_results": reference_cache.run_summary(),
         "compile_cache": compile_cache.summary(),  # --compile-cache: whether the run found a fleet's kernels there
+        "compile_keys": compile_cache.keys(),  # each vLLM start's torch.compile key and what it hashed
         **machine_health.results_fields(),
     }
 
