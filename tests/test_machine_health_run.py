@@ -55,4 +55,5 @@ def test_a_planted_gpu_reset_fails_the_run_with_its_signature(tmp_path):
     proc, record = run(tmp_path, "default")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert record["machine_health"]["verdict"] == "recorded" and "verdict: PASS" in proc.stdout
+    assert "not a platform result: the run was narrowed (-k 'torch_build')" in proc.stdout and not record["evidence"]
     assert f"machine fault {expected}" in proc.stdout

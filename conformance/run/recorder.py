@@ -169,6 +169,10 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         tr.write_line(f"not a pass: {shortfall}", red=True)
     if not records:  # a -k / -m that selects none is refused before this (preflight.selection)
         tr.write_line("no check ran: nothing was judged", red=True)
+    narrowed = getattr(ctx, "narrowed_by", None)
+    if narrowed:  # recorded with evidence false; the console says it too, beside a verdict that reads like any other
+        tr.write_line(f"not a platform result: the run was narrowed ({narrowed}); its verdict judges the checks "
+                      "that ran", yellow=True)
     verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 and not machine_health.failed() \
         and not shortfall else "FAIL"
     tr.write_line(f"verdict: {verdict}   run written to {ctx.run_dir}/", bold=True,
