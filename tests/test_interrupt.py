@@ -153,3 +153,23 @@ def test_an_interrupt_on_a_frame_without_a_line_is_still_reported(monkeypatch):
         excinfo.getrepr(funcargs=True)  # what pytest's terminal reporter calls
     plugin.pytest_keyboard_interrupt(excinfo)
     assert "KeyboardInterrupt" in str(excinfo.getrepr(funcargs=True)) and plugin._STOPPING["taken"] == 1.0
+
+
+def test_ctrl_c_right_after_the_header_still_writes_an_incomplete_run(tmp_path):
+    """A clean-clone CI run on a loaded host: Ctrl-C landed while pytest's session was starting (the header printed,
+    nothing collected), pytest never called sessionfinish, and the run wrote nothing while nox said "the run is
+    written with complete: false". The interrupt now waits for collection to begin and the run is written."""
+    proc = start_run(tmp_path, "--tier", "p0")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("conformance: run "):
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    out = "".join(lines) + proc.stdout.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 2, out[-3000:]
+    (results,) = tmp_path.glob("*/results.json")
+    record = json.loads(results.read_text())
+    validate(record)
+    assert record["complete"] is False and record["exit_status"] == 2 and record["evidence"] is False

@@ -42,7 +42,8 @@ def _new_run_id(target: str) -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{target}-{secrets.token_hex(3)}"
 
 
-# When the run was first interrupted (SIGINT or SIGTERM; "at"), whether pytest has the KeyboardInterrupt ("taken"),
+# When the run was first interrupted (SIGINT or SIGTERM; "at"), whether the session is still starting ("starting":
+# an interrupt waits for collection), whether pytest has the KeyboardInterrupt ("taken"),
 # and how long a repeat is taken for the same one: Ctrl-C signals the whole process group and `nox` passes its own
 # signal on, so the run gets it twice at once.
 _STOPPING: dict[str, float] = {}
@@ -54,6 +55,11 @@ def _interrupt(signum: int, frame: Any) -> None:
     (exit 2). A repeat within REPEAT_S is ignored, so that it cannot cut the record short."""
     now = time.monotonic()
     if now - _STOPPING.get("at", -REPEAT_S) < REPEAT_S:
+        return
+    if _STOPPING.get("starting") and "at" not in _STOPPING:
+        # pytest writes nothing for an interrupt inside its session start (its sessionfinish never comes): taken at
+        # the start of collection instead; a second one, past REPEAT_S, stops it at once
+        _STOPPING["at"] = now
         return
     _STOPPING["at"] = now
     from conformance.engines import worker
@@ -67,6 +73,7 @@ _HANDLERS: dict[int, Any] = {}  # the handlers before the run's, put back at its
 
 def _catch_interrupts() -> None:
     _STOPPING.clear()  # a new session in this process (tests call `conformance run` in-process)
+    _STOPPING["starting"] = 1.0
     _HANDLERS[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started with SIGINT ignored keeps it so
         _HANDLERS[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
@@ -301,6 +308,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             raise pytest.UsageError(str(exc)) from None
     if not hasattr(session.config, "workerinput"):  # before/after snapshots and telemetry: machine_health.py
         machine_health.start(ctx_of(session.config).target.name, session.config.option.health_policy)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """The session has begun (pytest now writes the run whatever ends it): an interrupt that came during its start
+    is taken here, so the run is written, incomplete (exit 2), as one that came later."""
+    if _STOPPING.pop("starting", None) and "at" in _STOPPING:
+        from conformance.engines import worker
+
+        worker.CLOSE_TIMEOUT_S = 2.0
+        raise KeyboardInterrupt("signal during the run's start")
 
 
 @pytest.hookimpl(trylast=True)
