@@ -23,7 +23,8 @@ SEED = 20261203  # the draws are reproducible run to run; tests/test_sampling_co
 def test_sampled_tokens_follow_the_requested_distribution(engine, reference, prompts, tolerance, call_timeout_s,
                                                           record_figure):
     """At the first generated position of a prompt, 6,000 draws at temperature 0.7 and 2,000 per truncation (top_k,
-    min_p and top_p at 1.0, each cut in the widest gap of the position's top logprobs) follow the distribution vLLM's
+    min_p and top_p at 1.0, each cut in the widest gap of the position's top logprobs, min_p's 2 nats clear of the
+    20th) follow the distribution vLLM's
     sampling parameters define, computed from the engine's own raw logprobs of that position — which must agree
     with the fp64 reference at that position (top-20: greedy parity's rule and its largest-error bound, widened
     at depth to the noise twin as greedy parity is). Chi-square goodness of fit at a false-failure
