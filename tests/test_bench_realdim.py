@@ -121,10 +121,10 @@ def test_format_fit_compares_the_extrapolation_with_the_goal():
 def test_from_runs_tables_the_h200_realdim_runs_per_layer_count(capsys):
     assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in REALDIM_2_LAYERS)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("P0 bfloat16 · transformers at 2 layers: 1 run(s)")  # one table per dtype: their walls differ
-    assert "\nP0 float16 · transformers at 2 layers: 2 run(s)" in out
+    assert out.startswith("P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)")  # one table per dtype: their walls differ
+    assert "\nP0 float16 · transformers · NVIDIA H200 at 2 layers: 2 run(s)" in out
     assert "check: test_exact_float32_logprobs_match_reference" in out
-    assert "P0 float16 · transformers: runs at one layer count (2): no fit of wall against layers" in out
+    assert "P0 float16 · transformers · NVIDIA H200: runs at one layer count (2): no fit of wall against layers" in out
 
 
 def written_sizes(layer_counts, variant, python):
@@ -163,11 +163,11 @@ def test_realdim_bench_writes_each_checkpoint_once_runs_it_and_fits(tmp_path, mo
     assert all(extra[0] == "--cuda" for _, _, extra in runs)
     assert not list(root.iterdir()), "the checkpoints the bench wrote are removed after their runs"
     out = capsys.readouterr().out
-    head = "P0 bfloat16 · transformers at {} layers: 2 run(s)"
+    head = "P0 bfloat16 · transformers · NVIDIA H200 at {} layers: 2 run(s)"
     two = out[out.index(head.format(2)):out.index(head.format(8))]
     assert next(line for line in two.splitlines() if line.startswith("generate")).split()[1:4] == ["60.00s"] * 3
     assert next(line for line in two.splitlines() if line.startswith("reference")).split()[1] == "20.00s"
-    assert "P0 bfloat16 · transformers wall against layers (4 runs at [2, 8] layers, r2 " in out
+    assert "P0 bfloat16 · transformers · NVIDIA H200 wall against layers (4 runs at [2, 8] layers, r2 " in out
     assert "101.0 s + 20.00 s x layers; at 36 layers 821 s = 13.7 min, over the 10-minute goal" in out
 
 
@@ -244,9 +244,20 @@ def test_from_runs_never_fits_runs_of_other_options_together(capsys):
     runs = ["20261204T163955-bench-p0-L2-0", "20261204T202034-bench-p0-L8-0"]
     assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in runs)]) == 0
     out = capsys.readouterr().out
-    assert "P0 bfloat16 · vllm at 2 layers: 1 run(s)" in out
-    assert "P0 bfloat16 · vllm · gate options at 8 layers: 1 run(s)" in out
+    assert "P0 bfloat16 · vllm · NVIDIA H200 at 2 layers: 1 run(s)" in out
+    assert "P0 bfloat16 · vllm · gate options · NVIDIA H200 at 8 layers: 1 run(s)" in out
     assert " layers (2 runs at" not in out and out.count("runs at one layer count") == 2
+
+
+def test_from_runs_never_fits_an_h100_run_with_the_h200_s(capsys):
+    """Round nineteen's 16-layer first node ran on an H100, every earlier count on the H200 (the same gate options):
+    the H100's run is tabled under its card and joins no fit of the H200's."""
+    runs = ["20261205T142355-bench-p0-L2-0", "20261205T141217-bench-p0-L24-0", "20261205T161856-bench-p0-L16-0"]
+    assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in runs)]) == 0
+    out = capsys.readouterr().out
+    assert "P0 bfloat16 · vllm · gate options · NVIDIA H100 80GB HBM3 at 16 layers: 1 run(s)" in out
+    assert "gate options · NVIDIA H200 wall against layers (2 runs at [2, 24] layers" in out
+    assert out.count("runs at one layer count") == 1
 
 
 def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apart(tmp_path, monkeypatch, capsys):
@@ -274,8 +285,8 @@ def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apar
         ("", pack, False), ("-second-node", pack, True)]
     assert not Path(runs[1][2]["CONFORMANCE_CACHE"]).exists(), "the second node's cache is removed after its run"
     out = capsys.readouterr().out
-    first = out[out.index("P0 bfloat16 · transformers at 2 layers: 1 run(s)"):]
-    second = out[out.index("P0 bfloat16 · transformers · second node at 2 layers: 1 run(s)"):]
+    first = out[out.index("P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)"):]
+    second = out[out.index("P0 bfloat16 · transformers · NVIDIA H200 · second node at 2 layers: 1 run(s)"):]
     assert next(line for line in first.splitlines() if line.startswith("reference")).split()[1] == "200.00s"
     assert next(line for line in second.splitlines() if line.startswith("reference")).split()[1] == "1.00s"
 
@@ -300,5 +311,5 @@ def test_a_second_node_that_found_the_fleets_compile_cache_is_tabled_as_such(tmp
                        "--", "--cuda", "--reference-pack", str(tmp_path / "packs"),
                        "--compile-cache", str(tmp_path / "cc")]) == 0
     out = capsys.readouterr().out
-    assert "P0 bfloat16 · transformers at 2 layers: 1 run(s)" in out
-    assert "P0 bfloat16 · transformers · fleet's compile cache · second node at 2 layers: 1 run(s)" in out
+    assert "P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)" in out
+    assert "P0 bfloat16 · transformers · fleet's compile cache · NVIDIA H200 · second node at 2 layers: 1 run(s)" in out

@@ -155,14 +155,16 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
 def _key(record: dict[str, Any], tier: str | None = None) -> tuple[str, int | None]:
     """What a run is tabulated under: its tier, dtype, engine and whether it took profiles.toml [gate] ('p0
     bfloat16 · vllm · gate options'), whether it loaded a fleet's compiled kernels (--compile-cache found filled),
-    and its real-dimension layer count: a fit never mixes engines or options."""
+    the card it ran on, and its real-dimension layer count: a fit never mixes engines, options or cards (round
+    nineteen ran 16 layers on an H100, the earlier counts on the H200)."""
     from conformance.tooling.bench_realdim import layers_of
 
     name = tier or ",".join(record.get("tiers", [])) or "?"
     gate = ((record.get("profile_settings") or {}).get("gate"))
     warm = (record.get("compile_cache") or {}).get("warm")  # --compile-cache that held a first node's kernels
+    cards = ((record.get("fingerprint") or {}).get("platform") or {}).get("gpu_names") or []
     parts = [name, record.get("dtype"), record.get("engine") and f"· {record['engine']}", gate and "· gate options",
-             warm and "· fleet's compile cache"]
+             warm and "· fleet's compile cache", cards and "· " + ", ".join(sorted(set(cards)))]
     return " ".join(p for p in parts if p), layers_of(record)
 
 
