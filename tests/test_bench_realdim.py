@@ -120,8 +120,8 @@ def test_format_fit_compares_the_extrapolation_with_the_goal():
 
 def test_from_runs_tables_the_h200_realdim_runs_per_layer_count(capsys):
     assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in REALDIM_2_LAYERS)]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)")  # one table per dtype: their walls differ
+    out = capsys.readouterr().out  # one table per dtype: their walls differ
+    assert out.startswith("P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)")
     assert "\nP0 float16 · transformers · NVIDIA H200 at 2 layers: 2 run(s)" in out
     assert "check: test_exact_float32_logprobs_match_reference" in out
     assert "P0 float16 · transformers · NVIDIA H200: runs at one layer count (2): no fit of wall against layers" in out
