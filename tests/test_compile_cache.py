@@ -101,3 +101,15 @@ def test_each_vllm_start_s_compile_key_is_recorded_with_what_differs(tmp_path, m
     assert phases._phases["vllm start: compile"] == pytest.approx(2 * 16.94)
     compile_cache.forget_keys()
     assert compile_cache.keys() == []
+
+
+def test_the_compile_keys_of_round_nineteen_s_logs_are_read():
+    """The H100's own logs (factor files not kept): the engine's and the server's keys, which differ."""
+    logs = (Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h100"
+            / "p0-realdim-16-layers-round-nineteen-vllm-0.26.0")
+    compile_cache.forget_keys()
+    for name in ("fixes/engine-vllm-0.log", "fixes/vllm-server.log"):
+        compile_cache.note_start(name, (logs / name).read_text())
+    assert [(k["process"], k["key"]) for k in compile_cache.keys()] == [
+        ("fixes/engine-vllm-0.log", "0fecc1a111"), ("fixes/vllm-server.log", "8385f6e0eb")]
+    compile_cache.forget_keys()
