@@ -89,7 +89,8 @@ def test_forked_server_on_a_bad_model_dies_with_its_log(tmp_path: Path):
     the start fails with the fresh process's error (its log holds both)."""
     (tmp_path / "empty").mkdir()
     server = _forked_server(str(tmp_path / "empty"), tmp_path / "bad.log")
-    with pytest.raises(ServerError, match=r"vllm serve died while starting \(exit code 1\); log .*bad\.log"):
+    died = r"vllm serve died while starting \(exit code 1\): \S*(Error|Exception): .*; log .*bad\.log"
+    with pytest.raises(ServerError, match=died):  # the cause first, then where to read more
         server.start()
     log = (tmp_path / "bad.log").read_text()
     assert log.count("Traceback") >= 2  # the children's own errors landed in the log, the fork's and the fresh one's
@@ -243,3 +244,17 @@ def test_a_cuda_server_forks_where_flashinfer_is_absent(monkeypatch):
     assert ctx is not None
     monkeypatch.setattr(forkserver, "_env", {k: str(v) for k, v in cuda["env"].items()})
     assert server_fork.context_for(cuda) == (None, {})
+
+
+def test_a_dying_server_s_root_cause_is_read_from_its_log():
+    """Round nineteen's H100 server (0.95 of the card beside the suite): its log ends in the API server's generic
+    "Engine core initialization failed. See root cause above"; the cause, 70 lines up, now leads the message."""
+    from conformance.engines.vllm_server import root_cause
+
+    log = (Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h100"
+           / "p0-realdim-16-layers-round-nineteen-vllm-0.26.0" / "first-node" / "vllm-server.log").read_text()
+    assert "Engine core initialization failed" in log.splitlines()[-1]
+    cause = root_cause(log)
+    assert cause.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB.")
+    assert "RuntimeError: CUDA out of memory occurred when warming up sampler" in cause
+    assert "initialization failed" not in cause and root_cause("INFO all well\n") is None

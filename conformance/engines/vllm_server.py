@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -161,6 +162,35 @@ def _group_alive(pgid: int) -> bool:
     return _signal_group(pgid, 0)
 
 
+# An exception's line in a vLLM log, past its process and logger prefixes: "(EngineCore pid=2402) ERROR 12-05
+# 16:25:53 [core.py:1330] torch.OutOfMemoryError: CUDA out of memory. ..."
+_RAISED = re.compile(r"(?:^|[\s\]])((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+_GENERIC = ("Engine core initialization failed", "See root cause above")
+
+
+def root_cause(log_text: str, most: int = 2, width: int = 300) -> str | None:
+    """The exceptions a dying vLLM logged, in the order they first appear, without the API server's generic
+    "Engine core initialization failed. See root cause above" (round nineteen's H100 server: its last lines were
+    that traceback, the cause 70 lines up: CUDA out of memory while warming up the sampler)."""
+    found: list[str] = []
+    for line in log_text.splitlines():
+        m = _RAISED.search(line)
+        if m is None or any(g in m.group(2) for g in _GENERIC):
+            continue
+        cause = f"{m.group(1)}: {m.group(2)}"[:width]
+        if cause not in found:
+            found.append(cause)
+    return "; ".join(found[:most]) or None
+
+
+def _why(path: Path) -> str:
+    try:
+        cause = root_cause(path.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return f": {cause}" if cause else ""
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -256,8 +286,8 @@ class VllmServer:
             code = self._proc.poll() if self._proc else None
             if code is not None:
                 how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                raise ServerDiedStarting(f"vllm serve died while starting ({how}); log {self.log_path}, its last "
-                                         f"lines:\n{_tail(self.log_path)}")
+                raise ServerDiedStarting(f"vllm serve died while starting ({how}){_why(self.log_path)}; log "
+                                         f"{self.log_path}, its last lines:\n{_tail(self.log_path)}")
             try:
                 if client.get("/health").status == 200:
                     return
