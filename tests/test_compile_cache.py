@@ -99,6 +99,9 @@ def test_each_vllm_start_s_compile_key_is_recorded_with_what_differs(tmp_path, m
         ("engine-vllm-0.log", "0fecc1a111", "c1", {"VLLM_B": "x"}),
         ("vllm-server.log", "8385f6e0eb", "c2", {"VLLM_B": "y"})]
     assert phases._phases["vllm start: compile"] == pytest.approx(2 * 16.94)
+    (line,) = compile_cache.recompiled()
+    assert line == ("compile: vllm-server.log compiled again under key 8385f6e0eb, not engine-vllm-0.log's "
+                    "0fecc1a111, for the same config: code_hash, VLLM_B ('x' against 'y')")
     compile_cache.forget_keys()
     assert compile_cache.keys() == []
 

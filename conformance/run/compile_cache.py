@@ -123,6 +123,22 @@ def keys() -> list[dict[str, Any]]:
     return entries
 
 
+def recompiled() -> list[str]:
+    """One line per start that compiled under another key than an earlier start of the same config (config_hash
+    equal): what differed, of the code, the compiler and the vLLM variables (the console's summary)."""
+    lines, seen = [], {}
+    for e in keys():
+        first = seen.setdefault(e.get("config_hash"), e) if e.get("config_hash") else None
+        if first is None or first is e or first["key"] == e["key"]:
+            continue
+        differ = [name for name in ("code_hash", "compiler_hash") if first.get(name) != e.get(name)]
+        differ += [f"{name} ({first['env'].get(name)!r} against {value!r})" for name, value in e["env"].items()
+                   if first["env"].get(name) != value]
+        lines.append(f"compile: {e['process']} compiled again under key {e['key']}, not {first['process']}'s "
+                     f"{first['key']}, for the same config: {', '.join(differ) or 'no factor vLLM wrote differs'}")
+    return lines
+
+
 def forget_keys() -> None:
     with _keys_lock:
         _keys.clear()

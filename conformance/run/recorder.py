@@ -160,6 +160,8 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         tr.write_line(f"compile cache: {shared['path']} held {shared['files_at_start']} file(s) at the start"
                       + (" (a fleet's kernels, loaded where they match this stack)" if shared["warm"] else
                          " (this run filled it)") + f", {shared['files_at_end']} now")
+    for line in compile_cache.recompiled():
+        tr.write_line(line, yellow=True)
     for u in ctx.unmatched_expectations:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
     for line, bad in machine_health.summary_lines():
