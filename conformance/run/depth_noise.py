@@ -220,6 +220,7 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
     import torch
 
     from conformance.reference.device import noise_twin, reference_for
+    from conformance.reference.gpt_oss import top_experts
 
     config, about = _about(model_dir, dtype, device)
     k = int(config["num_experts_per_tok"])
@@ -240,7 +241,8 @@ def router_ties(model_dir: Path, dtype: str, device: str) -> dict[str, object]:
                 want, got = reference.router_logits(i, x_in), twin.router_logits(i, x_in)
                 top = torch.topk(want, k + 1, dim=-1)
                 gaps.append(((top.values[:, k - 1] - top.values[:, k]) / want.abs().amax(dim=-1) / eps).cpu())
-                same = torch.topk(got, k, dim=-1).indices.sort().values == top.indices[:, :k].sort().values
+                # as the twin and the reference route: top_experts (ties to the lower index)
+                same = top_experts(got, k).sort().values == top_experts(want, k).sort().values
                 moved.append((~same.all(dim=-1)).cpu())
 
             xs = twin.layer_many(i, xs, tables, observe=routes)

@@ -62,10 +62,15 @@ def _interrupt(signum: int, frame: Any) -> None:
         _STOPPING["at"] = now
         return
     _STOPPING["at"] = now
+    _stop(f"signal {signum}")
+
+
+def _stop(why: str) -> None:
+    """Stop the run now: engines get a short close, and pytest the KeyboardInterrupt it writes the run after."""
     from conformance.engines import worker
 
     worker.CLOSE_TIMEOUT_S = 2.0
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise KeyboardInterrupt(why)
 
 
 _HANDLERS: dict[int, Any] = {}  # the handlers before the run's, put back at its end
@@ -315,10 +320,7 @@ def pytest_collection(session: pytest.Session) -> None:
     """The session has begun (pytest now writes the run whatever ends it): an interrupt that came during its start
     is taken here, so the run is written, incomplete (exit 2), as one that came later."""
     if _STOPPING.pop("starting", None) and "at" in _STOPPING:
-        from conformance.engines import worker
-
-        worker.CLOSE_TIMEOUT_S = 2.0
-        raise KeyboardInterrupt("signal during the run's start")
+        _stop("signal during the run's start")
 
 
 @pytest.hookimpl(trylast=True)
