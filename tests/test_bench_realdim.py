@@ -140,7 +140,7 @@ def test_realdim_bench_writes_each_checkpoint_once_runs_it_and_fits(tmp_path, mo
         written.append(ckpt.layers)
         return 30.0 * ckpt.layers
 
-    def run_once(tier, index, reports_dir, nox, extra, label=""):
+    def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
         model = Path(extra[extra.index("--model") + 1])
         assert model.is_dir() and label == f"-L{len(written) and written[-1]}"
         layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
@@ -177,7 +177,7 @@ def test_realdim_bench_keeps_and_reuses_checkpoints(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(bench_realdim, "generate", lambda *a: pytest.fail("a complete checkpoint is rewritten"))
     monkeypatch.setattr(bench_realdim, "sizes", written_sizes)
 
-    def run_once(tier, index, reports_dir, nox, extra, label=""):
+    def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
         record = copy.deepcopy(realdim_record())
         return record, record["phases"]["wall"], 0.0
 
@@ -268,22 +268,28 @@ def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apar
     runs = []
 
     def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
-        if env:
+        second = label.endswith("second-node")
+        if second:
             assert set(env) == {"CONFORMANCE_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"}
             for cache in map(Path, env.values()):
                 assert cache.is_dir() and not list(cache.iterdir()), "the second node starts with empty caches"
+        else:  # the first node fills the suite's cache at the path the second node will find empty
+            assert set(env) == {"CONFORMANCE_CACHE"}
+            Path(env["CONFORMANCE_CACHE"]).mkdir(parents=True)
+            (Path(env["CONFORMANCE_CACHE"]) / "slice").write_text("")
         record = copy.deepcopy(realdim_record())
-        record["phases"] |= {"wall": 300.0 if env else 500.0, "reference": 1.0 if env else 200.0}
-        runs.append((label, extra, env))
+        record["phases"] |= {"wall": 300.0 if second else 500.0, "reference": 1.0 if second else 200.0}
+        runs.append((label, extra, dict(env)))
         return record, record["phases"]["wall"], 0.5
 
     monkeypatch.setattr(bench, "run_once", run_once)
     pack = str(tmp_path / "packs")
     assert bench.main(["--tiers", "p0", "--runs", "1", "--second-node", "--reports-dir", str(tmp_path / "runs"),
                        "--", "--cuda", "--reference-pack", pack]) == 0
-    assert [(label, extra[-1], env is not None) for label, extra, env in runs] == [
-        ("", pack, False), ("-second-node", pack, True)]
-    assert not Path(runs[1][2]["CONFORMANCE_CACHE"]).exists(), "the second node's cache is removed after its run"
+    assert [(label, extra[-1]) for label, extra, env in runs] == [("", pack), ("-second-node", pack)]
+    # one path for the suite's cache on both nodes, as on a fleet (the twin's slice path is in vLLM's compile key)
+    assert runs[0][2]["CONFORMANCE_CACHE"] == runs[1][2]["CONFORMANCE_CACHE"]
+    assert not Path(runs[1][2]["CONFORMANCE_CACHE"]).exists(), "the nodes' caches are removed after the runs"
     out = capsys.readouterr().out
     first = out[out.index("P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)"):]
     second = out[out.index("P0 bfloat16 · transformers · NVIDIA H200 · second node at 2 layers: 1 run(s)"):]
@@ -302,7 +308,8 @@ def test_a_second_node_that_found_the_fleets_compile_cache_is_tabled_as_such(tmp
     tabled as before."""
     def run_once(tier, index, reports_dir, nox, extra, label="", env=None):
         record = copy.deepcopy(realdim_record())
-        record["compile_cache"] = {"path": extra[-1], "warm": env is not None, "files_at_start": 9 if env else 0,
+        warm = label.endswith("second-node")
+        record["compile_cache"] = {"path": extra[-1], "warm": warm, "files_at_start": 9 if warm else 0,
                                    "files_at_end": 9}
         return record, 100.0, 0.5
 

@@ -4,6 +4,7 @@ engine writing there is shown end to end in tests/test_run_end_to_end.py.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -116,3 +117,29 @@ def test_the_compile_keys_of_round_nineteen_s_logs_are_read():
     assert [(k["process"], k["key"]) for k in compile_cache.keys()] == [
         ("fixes/engine-vllm-0.log", "0fecc1a111"), ("fixes/vllm-server.log", "8385f6e0eb")]
     compile_cache.forget_keys()
+
+
+def test_a_secret_in_vllm_s_factors_is_kept_as_a_digest(tmp_path):
+    """Round twenty: vLLM 0.26.0 writes VLLM_API_KEY into its factors in plain text, and the server's key differed
+    from the engine's by it alone. results.json and the console keep a digest: the difference shows, the key not."""
+    compile_cache.forget_keys()
+    for name, key, env in (("engine-vllm-1.log", "83c1b194a5", {"VLLM_API_KEY": None}),
+                           ("vllm-server.log", "9a35432acf", {"VLLM_API_KEY": "e0d2d912"})):
+        compile_cache.note_start(name, _start(tmp_path, name, key, env).read_text())
+    (line,) = compile_cache.recompiled()
+    assert "e0d2d912" not in json.dumps(compile_cache.keys()) + line
+    assert line.endswith("for the same config: VLLM_API_KEY (None against 'sha256:"
+                         f"{hashlib.sha256(b'e0d2d912').hexdigest()[:12]}')")
+    compile_cache.forget_keys()
+
+
+@pytest.mark.parametrize("run", ["20261205T181030-bench-p0-L16-0", "20261205T182524-bench-p0-L2-0"])
+def test_round_twenty_s_server_compiled_again_for_its_api_key_alone(run):
+    """The H100's first nodes: the server's config, code and compiler hashes equal the engine's; only the API key
+    the suite handed the server differs (the key recorded as a digest)."""
+    data = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "device_runs" / run
+                       / "results.json").read_text())
+    engine, _twin, server = data["compile_keys"]
+    assert server["process"] == "vllm-server.log" and engine["key"] != server["key"]
+    assert all(engine[f] == server[f] for f in compile_cache.FACTORS)
+    assert engine["env"] == {"VLLM_API_KEY": None} and server["env"]["VLLM_API_KEY"].startswith("sha256:")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.engines import forkserver, server_fork
-from conformance.engines.vllm_server import ServerError, VllmServer
+from conformance.engines.vllm_server import ServerClient, ServerError, VllmServer
 from conformance.run import run_target
 from conformance.verdicts import perf
 from tests.conftest import start_cpu_server
@@ -157,6 +158,9 @@ def test_forked_server_serves_with_no_worker_process_and_stops_as_a_group(tmp_pa
         pgid = server._proc.pid
         res = server.client().post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
         assert res.status == 200, res.body[:300]
+        # the API server keeps its key although the processes it forks drop it (keep_key_in_api_server)
+        bare = ServerClient(server.base_url).post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        assert bare.status == 401, bare.body[:300]
         assert os.getpgid(pgid) == pgid  # its own process group, as for a subprocess
     log = (tmp_path / "server.log").read_text()
     assert "(EngineCore pid=" in log and "(Worker pid=" not in log  # engine core in-process, no worker
@@ -258,3 +262,37 @@ def test_a_dying_server_s_root_cause_is_read_from_its_log():
     assert cause.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB.")
     assert "RuntimeError: CUDA out of memory occurred when warming up sampler" in cause
     assert "initialization failed" not in cause and root_cause("INFO all well\n") is None
+
+
+KEY_PROBE = """
+import multiprocessing, os, sys
+
+def probe(q):
+    q.put(os.environ.get("VLLM_API_KEY"))
+
+if __name__ == "__main__":
+    os.environ["VLLM_API_KEY"] = "k1"
+    from conformance.engines.vllm_server import keep_key_in_api_server
+    keep_key_in_api_server()
+    for method in ("fork", "spawn"):
+        ctx = multiprocessing.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=probe, args=(q,))
+        p.start()
+        print(method, q.get(timeout=60))
+        p.join()
+    print("server", os.environ.get("VLLM_API_KEY"))
+"""
+
+
+def test_the_server_s_forked_children_drop_its_api_key(tmp_path: Path):
+    """Round twenty's H100: vLLM 0.26.0 hashes VLLM_API_KEY into the engine core's torch.compile key, so the suite's
+    fresh key per server compiled the server again beside an engine of the same config. The API server keeps the
+    key; the engine core it forks never sees it; a spawned child (vLLM's extra API servers) still has it."""
+    script = tmp_path / "probe.py"
+    script.write_text(KEY_PROBE)
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": root}, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:3] == ["fork None", "spawn k1", "server k1"]

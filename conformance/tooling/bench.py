@@ -14,7 +14,8 @@ The 1-minute load average before each run is shown as `load_1m`: on a shared mac
 `host_mops`, the host's single-thread speed the run's fingerprint measured (env_checks.host.single_thread_mops),
 explains the spread between nodes that fingerprint alike (engine starts follow the host).
 --second-node (with `-- --reference-pack DIR`) adds, per layer count, one run per tier as a second node of a
-fleet would make it: the suite's cache empty, so its fp64 results come from the pack the first runs wrote, and
+fleet would make it: the suite's cache empty (at the path the first runs used, as on a fleet's nodes; both start
+it empty), so its fp64 results come from the pack the first runs wrote, and
 vLLM's, Triton's and Inductor's caches empty too (only the OS's page cache stays warm); it is tabled apart
 (`· second node`). Give the runs `--compile-cache DIR` too (after --) and the second node shares the compilers' caches
 the first runs filled, as a fleet that copies or mounts them does (vLLM documents copying its torch.compile cache
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -215,20 +217,27 @@ def bench_runs(ns: argparse.Namespace) -> None:
                 bench_realdim.check_disk(ckpt, bench_realdim.free_bytes(ckpt.path.parent))
                 generated[ckpt.layers] = {"generate": bench_realdim.generate(ckpt, ns.variant, sys.executable)}
             extra, label = [*extra, "--model", str(ckpt.path)], f"-L{ckpt.layers}"
+        nodes = tempfile.TemporaryDirectory(prefix="bench-nodes-") if ns.second_node else None
         try:
+            # with --second-node both nodes keep the suite's cache at one path, as a fleet's nodes do: the twin's
+            # slice lives there and vLLM keys its compiled graph on the model's path (round twenty's simulated second
+            # node compiled the twin again for its other path alone); the first node starts it empty
+            suite_cache = {"CONFORMANCE_CACHE": os.path.join(nodes.name, "conformance_cache")} if nodes else None
             for index in range(ns.runs):
                 for tier in tiers:
-                    record, wall, load = run_once(tier, index, reports, nox, extra, label)
+                    record, wall, load = run_once(tier, index, reports, nox, extra, label, suite_cache)
                     results.setdefault(_key(record, tier), []).append(record | {"_outer": (wall, load)})
-            for tier in tiers if ns.second_node else ():
+            for tier in tiers if nodes else ():
                 # a node that shares only the pack: the suite's cache (its fp64 results among it) starts empty, and
                 # so do the compiled kernels and graphs a fresh node would build again
-                with tempfile.TemporaryDirectory(prefix="bench-second-node-") as fresh:
+                with tempfile.TemporaryDirectory(prefix="bench-second-node-", dir=nodes.name) as fresh:
                     record, wall, load = run_once(tier, ns.runs, reports, nox, extra, label + "-second-node",
-                                                  fresh_node_env(fresh))
+                                                  fresh_node_env(fresh, suite_cache))
                 name, layers = _key(record, tier)
                 results.setdefault((f"{name} · second node", layers), []).append(record | {"_outer": (wall, load)})
         finally:
+            if nodes is not None:
+                nodes.cleanup()
             if ckpt is not None and not ckpt.present and not ns.keep_checkpoints:
                 bench_realdim.remove(ckpt)  # room for the next, deeper one
     print_tables(results, "venv" if nox else "exit", generated, ns.variant)
@@ -240,10 +249,12 @@ def bench_runs(ns: argparse.Namespace) -> None:
 FRESH_NODE_CACHES = ("CONFORMANCE_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
 
-def fresh_node_env(root: str) -> dict[str, str]:
-    """Each of FRESH_NODE_CACHES pointed at an empty folder under `root`."""
-    env = {var: os.path.join(root, var.lower()) for var in FRESH_NODE_CACHES}
+def fresh_node_env(root: str, same_paths: dict[str, str] | None = None) -> dict[str, str]:
+    """Each of FRESH_NODE_CACHES pointed at an empty folder: at its path in `same_paths` (emptied first), else under
+    `root`."""
+    env = {var: os.path.join(root, var.lower()) for var in FRESH_NODE_CACHES} | (same_paths or {})
     for path in env.values():
+        shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path)
     return env
 
