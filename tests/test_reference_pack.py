@@ -93,10 +93,15 @@ def test_a_pack_for_another_key_is_refused_in_one_sentence(tiny, tmp_path: Path,
     other.write()
     before = other.path.read_bytes()
     with pytest.raises(pack.PackRefused) as exc:
+        # another prompt set or version: before anything runs; another model: where the run first needs the pack
+        # (its key needs the checkpoint's hash, which the run does not wait for at its start)
         _open(other.path, tiny, read=True)
+        assert field == "model", "refused at once"
+        score_all(tiny.path)
     msg = str(exc.value)
     assert f"was made for another {field} than this run's ({field} 000000000000 against {getattr(key, field)[:12]})" \
         in msg and msg.endswith("or a directory of packs.") and "\n" not in msg
+    cache.disable()
     assert cache.pack() is None and other.path.read_bytes() == before
 
 
@@ -173,14 +178,23 @@ def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
     assert json.loads(record.read_text())["reference_results"]["pack_paths_parted"] == [1]
 
     data = json.loads(written.read_text())
-    data["key"]["model"] = "f" * 64
+    data["key"]["prompts"] = "f" * 64
     written.write_text(json.dumps(data))
     before = written.read_bytes()
     refused = run_plugin(checks, "--reference-pack", str(written))
     assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout[-2000:] + refused.stderr[-2000:]
-    assert f"ERROR: --reference-pack {written} was made for another model than this run's" in refused.stderr
+    assert f"ERROR: --reference-pack {written} was made for another prompts than this run's" in refused.stderr
     assert "Traceback" not in refused.stdout + refused.stderr and written.read_bytes() == before
     assert len(list((tmp_path / "reports" / "runs").iterdir())) == 4, "the refused run left no record"
+    # another model's pack: its key waits for the checkpoint's hash, so the check that first asks fails with the
+    # sentence, and the pack is left as it was
+    data["key"] |= {"prompts": _key(tiny.path).prompts, "model": "f" * 64}
+    written.write_text(json.dumps(data))
+    before = written.read_bytes()
+    other_model = run_plugin(checks, "--reference-pack", str(written))
+    assert other_model.returncode == 1, other_model.stdout[-2000:] + other_model.stderr[-2000:]
+    assert f"--reference-pack {written} was made for another model than this run's" in other_model.stdout
+    assert written.read_bytes() == before
 
 
 def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_path: Path, no_cache):
@@ -206,8 +220,9 @@ def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_
 
 
 def test_a_directory_s_pack_is_keyed_when_the_run_first_needs_it(tiny, tmp_path: Path, monkeypatch, no_cache):
-    """A directory's pack does not make the run wait for the checkpoint's hash at its start (the run reads it in the
-    background: 12 s at 8 layers of gpt-oss-120b on the H200); a FILE is keyed, and refused, before anything runs.
+    """No pack makes the run wait for the checkpoint's hash at its start (the run reads it in the background: 12 s at
+    8 layers of gpt-oss-120b on the H200; round twenty's 16-layer runs with a FILE pack waited for it); a FILE is
+    read at once, and refused then for another prompt set or version, but keyed by the model when first needed.
     A damaged file in the directory is refused in the check that first asks, and the run's end leaves it as it was."""
     hashed, model = [], _key(tiny.path).model
     monkeypatch.setattr(pack, "content_hash", lambda d: hashed.append(d) or model)
@@ -217,8 +232,10 @@ def test_a_directory_s_pack_is_keyed_when_the_run_first_needs_it(tiny, tmp_path:
     assert hashed == [tiny.path] and lazy.added == len(CALLS)
     cache.disable()
     (written,) = tmp_path.glob("reference-*.json")
-    _open(written, tiny, read=True)
-    assert hashed == [tiny.path] * 2, "a FILE is keyed at once"
+    again = _open(written, tiny, read=True)
+    assert hashed == [tiny.path], "a FILE is keyed when first needed, as a directory's pack is"
+    score_all(tiny.path)
+    assert hashed == [tiny.path] * 2 and again.hits == len(CALLS)
     cache.disable()
 
     written.write_text("{damaged")

@@ -4,9 +4,11 @@ A pack is keyed by the model's content hash, the run's prompt set and the refere
 source and torch's version, reference/cache.py); inside, each result is keyed as in the result cache (checkpoint,
 variant, call), so a pack can only ever stand in for the very result a run asks for. `--reference-pack FILE|DIR`:
 a run reads the pack where it exists, adds what it computed (or read from its cache), and writes it at its end. In a
-directory each model, prompt set and version has its own file, opened when the run first needs it (so the run does
-not wait for the checkpoint's hash); a FILE made for another key is refused in one sentence before anything runs,
-and left as it was.
+directory each model, prompt set and version has its own file. Every pack is opened when the run first needs it, so
+the run does not wait for the checkpoint's hash (with a FILE pack, a 16-layer P0 on an H100 took 46 s to its
+first check, against 13 s at 2 layers without one, round twenty; about a minute at 36 layers); an existing FILE that is no pack, or was made for another prompt set or reference
+version, is refused in one sentence before anything runs, one made for another model in the check that first asks,
+and either is left as it was.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ class PackKey:
 
 def run_key(model_dir: Path, prompts: Any) -> PackKey:
     """The key of a run of the checkpoint in `model_dir` with the prompt set `prompts` (JSON-serialisable)."""
-    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
-    return PackKey(content_hash(model_dir), digest, cache._source_digest())
+    return PackKey(content_hash(model_dir), _prompts_digest(prompts), cache._source_digest())
+
+
+def _prompts_digest(prompts: Any) -> str:
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
 
 
 @dataclass
@@ -100,29 +105,39 @@ def open_pack(where: Path, key: PackKey, read: bool = True) -> Pack:
     path = where / key.file_name() if where.is_dir() else where
     if not path.exists():
         return Pack(path, key, read=read)
+    theirs, results = _read(path)
+    _refuse_if_made_for_another(path, theirs, asdict(key))
+    return Pack(path, key, results, read=read)
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pack file's key and results, or the sentence that refuses it."""
     try:
         data = json.loads(path.read_text())
         theirs, results = data["key"], data["results"]
-        if data["format"] != FORMAT or not isinstance(results, dict):
+        if data["format"] != FORMAT or not isinstance(results, dict) or not isinstance(theirs, dict):
             raise ValueError(f"format {data['format']!r}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PackRefused(f"--reference-pack {path} is not a reference pack of this suite ({exc}): pass one a run "
                           "wrote, or a directory.") from None
-    differ = [name for name, ours in asdict(key).items() if theirs.get(name) != ours]
+    return theirs, results
+
+
+def _refuse_if_made_for_another(path: Path, theirs: dict[str, Any], ours: dict[str, str]) -> None:
+    differ = [name for name, value in ours.items() if theirs.get(name) != value]
     if differ:
-        figures = ", ".join(f"{n} {str(theirs.get(n))[:12]} against {getattr(key, n)[:12]}" for n in differ)
+        figures = ", ".join(f"{n} {str(theirs.get(n))[:12]} against {ours[n][:12]}" for n in differ)
         raise PackRefused(f"--reference-pack {path} was made for another {' and '.join(differ)} than this run's "
                           f"({figures}): pass the pack of this model, prompt set and reference version, or a "
                           "directory of packs.")
-    return Pack(path, key, results, read=read)
 
 
 class LazyPack:
-    """A directory's pack, opened when the run first touches it (the reference's first result, or the run's end).
-    Its file is named by the key, and the key needs the checkpoint's content hash, which the run reads in the
+    """The run's pack, opened when the run first touches it (the reference's first result, or the run's end). Its
+    key (and a directory's file name) needs the checkpoint's content hash, which the run reads in the
     background from collection on (a minute at gpt-oss-120b's size): opened at the session's start, the pack made
-    every run wait for it (12 s at 8 layers on the H200, round fifteen). A damaged file found then is refused in
-    the same sentence, in the check that asked."""
+    every run wait for it (12 s at 8 layers on the H200, round fifteen). A pack refused then (damaged, or made for
+    another model) is refused in the same sentence, in the check that asked."""
 
     def __init__(self, opener: Callable[[], Pack]) -> None:
         self._opener, self._pack = opener, None
@@ -146,17 +161,20 @@ class LazyPack:
             self._pack.write()
 
 
-def open_for_run(where: Path, model_dir: Path, prompts: Callable[[int], Any], read: bool) -> Pack | LazyPack:
+def open_for_run(where: Path, model_dir: Path, prompts: Callable[[int], Any], read: bool) -> LazyPack:
     """Open the run's pack for the checkpoint in `model_dir` and the prompt set `prompts(vocab_size)` gives, and
-    hand it to the result cache. A FILE is opened (and one made for another key refused) here, before anything
-    runs; a directory's pack when the run first touches it (LazyPack)."""
+    hand it to the result cache. An existing FILE that is no pack, or was made for another prompt set or reference
+    version, is refused here, before anything runs; the model's part of the key (the checkpoint's content hash, which
+    the run reads in the background) is compared when the run first touches the pack, as a directory's pack is
+    found then."""
     if not (model_dir / "config.json").is_file():
         raise PackRefused(f"--reference-pack needs the run's checkpoint, and {model_dir} holds no config.json.")
     config = json.loads((model_dir / "config.json").read_text())
-
-    def opener() -> Pack:
-        return open_pack(where, run_key(model_dir, prompts(int(config["vocab_size"]))), read)
-
-    pack = LazyPack(opener) if where.is_dir() else opener()
+    asked = prompts(int(config["vocab_size"]))
+    if where.is_file():
+        theirs, _ = _read(where)
+        _refuse_if_made_for_another(where, theirs, {"prompts": _prompts_digest(asked),
+                                                    "reference": cache._source_digest()})
+    pack = LazyPack(lambda: open_pack(where, run_key(model_dir, asked), read))
     cache.use_pack(pack)
     return pack

@@ -74,7 +74,9 @@ OPTIONS: tuple[Option, ...] = (
                                  "from the cache", action="store_true"),
     _option("--reference-pack", "fp64 reference results keyed by model, prompt set and reference version: read where "
                                 "the pack exists, written at the run's end, so another node skips computing them; a "
-                                "FILE made for another key is refused", metavar="FILE|DIR"),
+                                "FILE made for another prompt set or reference version is refused before anything "
+                                "runs, one made for another model in the check that first needs it",
+            metavar="FILE|DIR"),
     _option("--compile-cache", "a fleet's shared compiler caches (vLLM's torch.compile artifacts, Inductor's and "
                                "Triton's kernels) in DIR/vllm, DIR/inductor, DIR/triton: a node that finds them filled "
                                "loads the kernels the first node built; the run records whether it did", metavar="DIR"),

@@ -300,7 +300,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     cache.reset_counts()
     if not session.config.option.fresh_reference:
         cache.enable(datafiles.cache_root() / "reference-results")
-    if session.config.option.reference_pack:  # a pack for another model or version: refused before anything runs
+    if session.config.option.reference_pack:  # a pack for another prompt set or version: refused before anything runs
         from conformance.checkpoints.models import tiny_gpt_oss
         from conformance.reference import pack
         from conformance.verdicts import settings
