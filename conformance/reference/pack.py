@@ -5,10 +5,10 @@ source and torch's version, reference/cache.py); inside, each result is keyed as
 variant, call), so a pack can only ever stand in for the very result a run asks for. `--reference-pack FILE|DIR`:
 a run reads the pack where it exists, adds what it computed (or read from its cache), and writes it at its end. In a
 directory each model, prompt set and version has its own file. Every pack is opened when the run first needs it, so
-the run does not wait for the checkpoint's hash (with a FILE pack, a 16-layer P0 on an H100 took 46 s to its
-first check, against 13 s at 2 layers without one, round twenty; about a minute at 36 layers); an existing FILE that is no pack, or was made for another prompt set or reference
-version, is refused in one sentence before anything runs, one made for another model in the check that first asks,
-and either is left as it was.
+the run does not wait for the checkpoint's hash (with a FILE pack, a 16-layer P0 on an H100 took 46 s to its first
+check, against 13 s at 2 layers without one, round twenty; about a minute at 36 layers). An existing FILE that is no
+pack, or was made for another prompt set or reference version, is refused in one sentence before anything runs; one
+made for another model in the check that first asks; either is left as it was.
 """
 
 from __future__ import annotations
