@@ -5,6 +5,7 @@ the lineage's verdict as it was; a combo with only such runs shows "not enough e
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 
@@ -64,9 +65,15 @@ def test_every_combination_names_a_verdict_and_its_reasons(site: _Server, watche
 
 
 def test_a_run_id_opens_its_page_with_checks_limits_and_logs(site: _Server, watched: Watched) -> None:
+    """The runs list links the newest runs (older ones are in the history store), and every run keeps its page: an
+    older run's, opened from its address, holds its checks, limits and logs."""
     page = watched.open(site.url).page
-    page.locator('#runs a.run[href="runs/20261201T112918-cuda-45f576.html"]').click()
+    newest = max((p for p in DEVICE_RUNS.iterdir() if (p / "results.json").is_file()),
+                 key=lambda p: json.loads((p / "results.json").read_text())["started_at"])
+    page.locator(f'#runs a.run[href="runs/{newest.name}.html"]').click()
     page.wait_for_selector("body[data-ready='1']", state="attached")
+    assert newest.name in page.locator("h1").inner_text()
+    page = watched.open(site.url + "runs/20261201T112918-cuda-45f576.html").page
     assert page.locator("#run-checks > tbody > tr").count() == 25
     assert page.locator('tr[data-figure="max_abs_dlogprob"][data-limit="0.002"]').count() == 1
     assert "run.dtype" in page.locator("#changes").inner_text()
