@@ -283,12 +283,15 @@ def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apar
         return record, record["phases"]["wall"], 0.5
 
     monkeypatch.setattr(bench, "run_once", run_once)
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "home-cache" / "gpu-llm-conformance"))
     pack = str(tmp_path / "packs")
     assert bench.main(["--tiers", "p0", "--runs", "1", "--second-node", "--reports-dir", str(tmp_path / "runs"),
                        "--", "--cuda", "--reference-pack", pack]) == 0
     assert [(label, extra[-1]) for label, extra, env in runs] == [("", pack), ("-second-node", pack)]
-    # one path for the suite's cache on both nodes, as on a fleet (the twin's slice path is in vLLM's compile key)
+    # one path for the suite's cache on both nodes, as on a fleet (the twin's slice path is in vLLM's compile key),
+    # beside the user's own suite cache (the slice is 28 GB at 120b's dimensions: not in a GPU node's /tmp)
     assert runs[0][2]["CONFORMANCE_CACHE"] == runs[1][2]["CONFORMANCE_CACHE"]
+    assert all(Path(path).is_relative_to(tmp_path / "home-cache") for path in runs[1][2].values())
     assert not Path(runs[1][2]["CONFORMANCE_CACHE"]).exists(), "the nodes' caches are removed after the runs"
     out = capsys.readouterr().out
     first = out[out.index("P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)"):]

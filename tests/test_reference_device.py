@@ -41,6 +41,23 @@ def test_a_device_reference_says_where_its_time_goes(tiny, monkeypatch):
     assert grew["CPU checks"] == pytest.approx(grew["CPU checks waited"])
 
 
+def test_the_device_s_time_splits_into_weights_read_and_dequantize(tiny_prompts, monkeypatch):
+    """Round twenty's H100 ran the device reference at 5.5 s a layer, and its record could not say how much of it
+    was reading the checkpoint and widening MXFP4 experts: the device store's own reads and dequantizations are now
+    `reference: device weights read` and `device dequantize`, parts of `device` (a store on "cpu" stands in: on a GPU
+    each is timed between two synchronisations)."""
+    from conformance.checkpoints.crafted import mxfp4
+
+    spent = dict.fromkeys(device.SPENT, 0.0)
+    monkeypatch.setattr(device, "SPENT", spent)
+    ref = DeviceReference(mxfp4(), streaming=True, device="cpu")
+    ref.logprobs(tiny_prompts[0][0][:24])
+    assert 0 < spent["device dequantize"] and 0 < spent["device weights read"]
+    assert spent["device weights read"] + spent["device dequantize"] < spent["device"]
+    assert ref.on_device.w.spent == {"weights read": 0.0, "dequantize": 0.0}, "moved into SPENT"
+    assert ref.checker.w.spent["dequantize"] > 0, "the CPU's spot rows keep theirs: not the device's"
+
+
 class ShiftedLayer(Reference):
     """A "device" whose layer `layer` comes out `delta` (relative to the row's largest entry) off at one entry."""
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,7 +42,9 @@ SPOT_RTOL = 1e-10  # |device - CPU| allowed per entry, relative to the largest |
 # path's layers recompute in a worker thread beside the device's next layer; and the time the device's side waited
 # for them. At gpt-oss-120b's dimensions the reference took 5.5 s a layer on the H200 (round eighteen) while the
 # device alone ran a 2-layer sequence in 2.4 s and the spot-checked reference, checking in turn, in 8.9 s.
-SPENT: dict[str, float] = {"device": 0.0, "CPU checks": 0.0, "CPU checks waited": 0.0}
+# Of the device's work, "device weights read" and "device dequantize" are the device store's own (WeightStore.spent).
+SPENT: dict[str, float] = {"device": 0.0, "device weights read": 0.0, "device dequantize": 0.0, "CPU checks": 0.0,
+                           "CPU checks waited": 0.0}
 
 
 def _spent(since: float, *what: str) -> float:
@@ -50,6 +53,13 @@ def _spent(since: float, *what: str) -> float:
     for name in what:
         SPENT[name] += now - since
     return now
+
+
+def _collect(store: Any) -> None:
+    """Move what a device store spent reading and dequantizing into SPENT."""
+    for what, seconds in store.spent.items():
+        SPENT[f"device {what}"] += seconds
+        store.spent[what] = 0.0
 
 
 class DeviceMismatch(RuntimeError):
@@ -145,8 +155,10 @@ class DeviceReference(Reference):
         the first layer that has one."""
         dev, cpu = self.on_device, self.checker
         tables = [self.rope_tables(torch.arange(len(ids))) for ids in seqs]
+        t = time.perf_counter()
         on_dev = [(cos.to(dev.w.device), sin.to(dev.w.device)) for cos, sin in tables]
         xs = [dev.embed(ids) for ids in seqs]
+        _spent(t, "device")
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             checking = None
@@ -159,6 +171,7 @@ class DeviceReference(Reference):
                 got = xs[s][rows.to(xs[s].device)].cpu()
                 dev.w.done_with(f"model.layers.{i}.")
                 _spent(t, "device")
+                _collect(dev.w)
                 if checking is not None:
                     self._finish(*checking)
                 where = f"layer {i}" + (f" (path {s})" if len(seqs) > 1 else "")
@@ -173,6 +186,7 @@ class DeviceReference(Reference):
                 lp = dev.head(x)
             out.append(lp.cpu())
             t = _spent(t, "device")
+            _collect(dev.w)
             if s == len(xs) - 1:
                 rows = spot_rows(len(seqs[s]), -1)
                 want = cpu.head(x[rows.to(x.device)].cpu())
@@ -238,6 +252,7 @@ class DeviceReference(Reference):
         finally:
             self.on_device.w.release()
         t = _spent(t, "device")
+        _collect(self.on_device.w)
         rows = spot_rows(x.shape[0], i)
         rows_on_cpu = functools.partial(on_cpu, x, rows)
         if self._beside is None:

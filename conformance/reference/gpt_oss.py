@@ -13,7 +13,9 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,17 +171,37 @@ class WeightStore:
         self.device_free: Callable[[], int] | None = (
             (lambda: torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else None)
         self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
+        # seconds spent reading the checkpoint's bytes onto the store's device, and widening MXFP4 experts there
+        # (a device reference's "device weights read" and "device dequantize": round twenty's H100 ran it at 5.5 s a
+        # layer and its record could not say which part); on a GPU each is timed between two synchronisations, so
+        # that neither takes the time of the compute queued before it
+        self.spent = {"weights read": 0.0, "dequantize": 0.0}
         # whether whole tables (embeddings, lm_head) are held in fp64: on the CPU, not beside an engine on a GPU
         self.keeps_tables = self.device.type == "cpu"
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
+    @contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        """Add the seconds the block takes to `spent[what]`."""
+        gpu = self.device.type == "cuda"
+        if gpu:
+            torch.cuda.synchronize(self.device)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if gpu:
+                torch.cuda.synchronize(self.device)
+            self.spent[what] += time.perf_counter() - started
+
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.cache:
             if name not in self.where:
                 raise KeyError(f"the checkpoint has no tensor {name}")
-            self.cache[name] = self._wide(self.where[name].get_tensor(name).to(self.device))
+            with self.timed("weights read"):
+                self.cache[name] = self._wide(self.where[name].get_tensor(name).to(self.device))
             self.held += _nbytes(self.cache[name])
         return self.cache[name]
 
@@ -190,7 +212,8 @@ class WeightStore:
         if self.keeps_tables or name in self.cache:
             return self[name][torch.tensor(ids, device=self.device)]
         table, distinct = self.where[name].get_slice(name), sorted(set(ids))
-        rows = self._wide(torch.cat([table[i:i + 1] for i in distinct]).to(self.device))  # read row by row
+        with self.timed("weights read"):
+            rows = self._wide(torch.cat([table[i:i + 1] for i in distinct]).to(self.device))  # read row by row
         where = {token: n for n, token in enumerate(distinct)}
         return rows[torch.tensor([where[i] for i in ids], device=self.device)]
 
@@ -206,17 +229,23 @@ class WeightStore:
         if stored is None:
             size = _nbytes(table[:1]) * rows
             if self.device_free is not None and self.device_free() - size >= DEVICE_HEADROOM:
-                stored = self.cache[name + "#stored"] = self.where[name].get_tensor(name).to(self.device)
+                with self.timed("weights read"):
+                    stored = self.cache[name + "#stored"] = self.where[name].get_tensor(name).to(self.device)
                 self.held += size
         out = torch.empty(x.shape[0], rows, dtype=torch.float64, device=x.device)
         for start in range(0, rows, HEAD_CHUNK):
             end = min(rows, start + HEAD_CHUNK)
-            chunk = stored[start:end] if stored is not None else table[start:end]
-            out[:, start:end] = x @ self._wide(chunk.to(self.device)).T
+            if stored is not None:
+                chunk = stored[start:end]
+            else:
+                with self.timed("weights read"):
+                    chunk = table[start:end].to(self.device)
+            out[:, start:end] = x @ self._wide(chunk).T
         return out
 
     def _slice(self, name: str, e: int) -> torch.Tensor:
-        return self.where[name].get_slice(name)[e].to(self.device)
+        with self.timed("weights read"):
+            return self.where[name].get_slice(name)[e].to(self.device)
 
     def _wide(self, t: torch.Tensor) -> torch.Tensor:
         """t in fp64, as stored or (the noise twin) as an engine of `weights_dtype` holds it."""
@@ -231,8 +260,9 @@ class WeightStore:
         for stem in ("gate_up_proj", "down_proj"):
             name = prefix + "experts." + stem
             if name + "_blocks" in self.where:  # MXFP4, stored [out, in/32, 16]
-                mats.append(self._wide(dequant_mxfp4(self._slice(name + "_blocks", e),
-                                                     self._slice(name + "_scales", e))))
+                blocks, scales = self._slice(name + "_blocks", e), self._slice(name + "_scales", e)
+                with self.timed("dequantize"):
+                    mats.append(self._wide(dequant_mxfp4(blocks, scales)))
             else:  # plain HF layout [in, out]
                 mats.append(self._wide(self._slice(name, e)).T)
         b1 = self._wide(self._slice(prefix + "experts.gate_up_proj_bias", e))

@@ -217,7 +217,7 @@ def bench_runs(ns: argparse.Namespace) -> None:
                 bench_realdim.check_disk(ckpt, bench_realdim.free_bytes(ckpt.path.parent))
                 generated[ckpt.layers] = {"generate": bench_realdim.generate(ckpt, ns.variant, sys.executable)}
             extra, label = [*extra, "--model", str(ckpt.path)], f"-L{ckpt.layers}"
-        nodes = tempfile.TemporaryDirectory(prefix="bench-nodes-") if ns.second_node else None
+        nodes = tempfile.TemporaryDirectory(prefix="bench-nodes-", dir=_nodes_parent()) if ns.second_node else None
         try:
             # with --second-node both nodes keep the suite's cache at one path, as a fleet's nodes do: the twin's
             # slice lives there and vLLM keys its compiled graph on the model's path (round twenty's simulated second
@@ -247,6 +247,17 @@ def bench_runs(ns: argparse.Namespace) -> None:
 # results, the twin's slice, the content hashes), vLLM's (its torch.compile artifacts, its model inspection), and the
 # kernels Triton and Inductor compiled. The OS's page cache stays warm: the bench cannot empty it for one run.
 FRESH_NODE_CACHES = ("CONFORMANCE_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def _nodes_parent() -> Path:
+    """Where the bench keeps its nodes' caches: beside the suite's own cache, on the disk the user gave it (the twin's
+    float32 slice alone is 28 GB at gpt-oss-120b's dimensions, more than a GPU node's /tmp holds beside a 24-layer
+    checkpoint)."""
+    from conformance.datafiles import cache_root
+
+    parent = cache_root().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
 
 
 def fresh_node_env(root: str, same_paths: dict[str, str] | None = None) -> dict[str, str]:
