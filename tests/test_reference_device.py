@@ -45,7 +45,7 @@ def test_the_device_s_time_splits_into_weights_read_and_dequantize(tiny_prompts,
     """Round twenty's H100 ran the device reference at 5.5 s a layer, and its record could not say how much of it
     was reading the checkpoint and widening MXFP4 experts: the device store's own reads and dequantizations are now
     `reference: device weights read` and `device dequantize`, parts of `device` (a store on "cpu" stands in: on a GPU
-    each is timed between two synchronisations)."""
+    each is timed by events on the device's timeline, adding no synchronisation)."""
     from conformance.checkpoints.crafted import mxfp4
 
     spent = dict.fromkeys(device.SPENT, 0.0)

@@ -57,7 +57,7 @@ def _spent(since: float, *what: str) -> float:
 
 def _collect(store: Any) -> None:
     """Move what a device store spent reading and dequantizing into SPENT."""
-    for what, seconds in store.spent.items():
+    for what, seconds in store.settle().items():
         SPENT[f"device {what}"] += seconds
         store.spent[what] = 0.0
 

@@ -173,9 +173,10 @@ class WeightStore:
         self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
         # seconds spent reading the checkpoint's bytes onto the store's device, and widening MXFP4 experts there
         # (a device reference's "device weights read" and "device dequantize": round twenty's H100 ran it at 5.5 s a
-        # layer and its record could not say which part); on a GPU each is timed between two synchronisations, so
-        # that neither takes the time of the compute queued before it
+        # layer and its record could not say which part); on a GPU timed by events on the device's own timeline, so
+        # that the timing adds no synchronisation (`settle` reads them once the work is done)
         self.spent = {"weights read": 0.0, "dequantize": 0.0}
+        self._events: list[tuple[str, Any, Any]] = []
         # whether whole tables (embeddings, lm_head) are held in fp64: on the CPU, not beside an engine on a GPU
         self.keeps_tables = self.device.type == "cpu"
 
@@ -184,17 +185,27 @@ class WeightStore:
 
     @contextmanager
     def timed(self, what: str) -> Iterator[None]:
-        """Add the seconds the block takes to `spent[what]`."""
-        gpu = self.device.type == "cuda"
-        if gpu:
-            torch.cuda.synchronize(self.device)
-        started = time.perf_counter()
-        try:
+        """Add the seconds the block takes to `spent[what]`: on the host's clock for a CPU store; on a GPU from the
+        moment the device reaches the block's work (done with what was queued before it) to the end of that work,
+        read by `settle`."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
             yield
-        finally:
-            if gpu:
-                torch.cuda.synchronize(self.device)
-            self.spent[what] += time.perf_counter() - started
+            end.record()
+            self._events.append((what, start, end))
+            return
+        started = time.perf_counter()
+        yield
+        self.spent[what] += time.perf_counter() - started
+
+    def settle(self) -> dict[str, float]:
+        """`spent`, with the GPU's timed blocks so far read in (waiting for the last of them)."""
+        for what, start, end in self._events:
+            end.synchronize()
+            self.spent[what] += start.elapsed_time(end) / 1000.0
+        self._events.clear()
+        return self.spent
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.cache:

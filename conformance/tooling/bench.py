@@ -253,9 +253,8 @@ def _nodes_parent() -> Path:
     """Where the bench keeps its nodes' caches: beside the suite's own cache, on the disk the user gave it (the twin's
     float32 slice alone is 28 GB at gpt-oss-120b's dimensions, more than a GPU node's /tmp holds beside a 24-layer
     checkpoint)."""
-    from conformance.datafiles import cache_root
-
-    parent = cache_root().parent
+    suite_cache = os.environ.get("CONFORMANCE_CACHE")  # where the runs keep it (conformance/datafiles.py cache_root)
+    parent = Path(suite_cache).parent if suite_cache else Path.home() / ".cache"
     parent.mkdir(parents=True, exist_ok=True)
     return parent
 
