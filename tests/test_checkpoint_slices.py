@@ -99,3 +99,20 @@ def test_the_bf16_dequantization_equals_the_references_for_every_scale_and_byte(
     bf16_max = torch.finfo(torch.bfloat16).max
     assert torch.equal(~finite[:255], want[:255].abs() > bf16_max)  # only what overflows bf16 is refused
     assert bool(finite[:253].all()) and not bool(finite[255].any())  # E8M0 255 (NaN in OCP MX): refused whole
+
+
+def test_a_slice_left_half_written_by_a_stopped_run_is_removed_and_a_fresh_one_kept(tiny, tmp_path):
+    """The exact check's slice is written in the background (run/exact_slice.py); a run stopped meanwhile leaves its
+    temporary folder (15 GB at 120b's dimensions). The next slice written removes those over an hour old and leaves a
+    younger one, which another run may be writing."""
+    import os
+    import time
+
+    stale, fresh = tmp_path / ".slice-stopped", tmp_path / ".slice-writing"
+    for folder in (stale, fresh):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    old = time.time() - slices.STALE_S - 60
+    os.utime(stale, (old, old))
+    out = slices.slice_layers(tiny.path, 1, "k" * 16, root=tmp_path)
+    assert (out / "config.json").is_file() and not stale.exists() and fresh.is_dir()

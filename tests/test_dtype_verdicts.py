@@ -14,6 +14,7 @@ from conformance.checks import test_model_math as math_checks
 from conformance.datafiles import DataError
 from conformance.engines.worker import EngineProcess
 from conformance.reference import MUTATIONS, Reference
+from conformance.run import exact_slice
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures, target_of
 
@@ -46,7 +47,7 @@ def prompts(tiny_prompts):
 
 @pytest.fixture(scope="module")
 def model(reference):
-    return SimpleNamespace(config=reference.cfg, num_params=1)
+    return SimpleNamespace(config=reference.cfg, num_params=1, name="tiny-gpt-oss")
 
 
 def _layers(engine, reference, prompts, model, dtype="float32", max_model_len=1024):
@@ -247,7 +248,7 @@ def test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device(w
     model = SimpleNamespace(path=tiny.path, content_hash=content_hash(tiny.path), name="tiny-gpt-oss", config=cfg,
                             num_params=outside + total * per_layer)
     fits = 2.5 if why == "device" else total + 1  # layers the device holds in float32
-    monkeypatch.setattr(parity, "_device_memory_bytes", lambda: int((outside + fits * per_layer) * 4 / 0.8))
+    monkeypatch.setattr(exact_slice, "device_memory_bytes", lambda: int((outside + fits * per_layer) * 4 / 0.8))
     want_fit = 2 if why == "device" else total
     assert slices.layers_that_fit(cfg, model.num_params, (outside + fits * per_layer) * 4) == want_fit
     if why == "real_size":
@@ -290,7 +291,7 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
     ref = Reference(path)
     model = SimpleNamespace(path=path, content_hash=content_hash(path), name="tiny-mxfp4", config=ref.cfg,
                             num_params=1)
-    monkeypatch.setattr(parity, "_device_memory_bytes", lambda: 0)  # the whole model: no slice for the device
+    monkeypatch.setattr(exact_slice, "device_memory_bytes", lambda: 0)  # the whole model: no slice for the device
 
     target = target_of(target="rocm", dtype="bfloat16")
     figures, engines = Figures(), AskedFor(shared_engines)
@@ -314,12 +315,55 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
     outside, per_layer = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"]), 10_000
     model.num_params = outside + total * per_layer
     free = (outside + 2.5 * per_layer) * 2 / 0.9
-    monkeypatch.setattr(parity.shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
+    monkeypatch.setattr(exact_slice.shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
     figures, engines = Figures(), AskedFor(shared_engines)
     parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
                                                        600.0, figures)
     assert figures.values["exact_layers"] == 2 and json_config(engines.asked[0]["model"])["num_hidden_layers"] == 2
     assert figures.values["max_abs_dlogprob"] < 2e-3
+
+
+def test_the_exact_check_s_slice_is_written_in_the_background_and_the_check_runs_it(prompts, shared_engines,
+                                                                                   monkeypatch, tmp_path):
+    """Round twenty's H100 spent about 30-40 s of the exact check writing its slice (2 layers of 120b's dimensions
+    dequantized: 15 GB), on the critical path, on both nodes. A --model run that selected the check now writes it in
+    the background from collection on, after the model's hash (run/exact_slice.py); the check waits for that job and
+    runs the very slice it wrote (not one of its own), and still passes a clean engine and fails one that drops the
+    sinks. A run without the check, or without --model, writes none."""
+    from conformance.checkpoints import crafted
+    from conformance.datafiles import content_hash
+    from conformance.run import phases
+    from tests.check_fakes import run_ctx
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
+    monkeypatch.setattr(exact_slice, "device_memory_bytes", lambda: 0)  # the whole model: the slice dequantizes
+    path = crafted.mxfp4()
+    run = run_ctx(target="rocm", dtype="bfloat16", model_arg=str(path))
+    check = SimpleNamespace(name=exact_slice.CHECK, originalname=exact_slice.CHECK, fixturenames=["reference"])
+    jobs = dict(phases.build_jobs(run, [check]))
+    assert list(jobs) == ["model hash", exact_slice.JOB]
+    built = jobs[exact_slice.JOB]()
+    written = {f.name: f.stat().st_mtime_ns for f in built.iterdir()}
+    assert "quantization_config" not in json_config(built)
+
+    ref = Reference(path)
+    model = SimpleNamespace(path=path, content_hash=content_hash(path), name="tiny-mxfp4", config=ref.cfg,
+                            num_params=1)
+    engines = AskedFor(shared_engines)
+    parity.test_exact_float32_logprobs_match_reference(run.target, limits_for("float32"), engines, ref, prompts,
+                                                       model, 600.0, Figures())
+    assert engines.asked[0]["model"] == built and {f.name: f.stat().st_mtime_ns for f in built.iterdir()} == written
+    with pytest.raises(FAILED, match=r"engine \(float32, mxfp4 dequantized\) vs reference"):
+        parity.test_exact_float32_logprobs_match_reference(run.target, limits_for("float32"),
+                                                           AskedFor(shared_engines, "sinks_dropped"), ref, prompts,
+                                                           model, 600.0, Figures())
+
+    other = SimpleNamespace(name="test_greedy_logprobs_match_reference", fixturenames=["reference"])
+    assert list(dict(phases.build_jobs(run, [other]))) == ["model hash"]
+    assert not exact_slice.wanted(run_ctx(target="rocm", dtype="bfloat16"), [check])
+    exact_run = run_ctx(target="rocm", dtype="float32")  # a run in the exact dtype: greedy parity is the verdict
+    exact_run.model_arg = str(path)
+    assert not exact_slice.wanted(exact_run, [check])
 
 
 def json_config(model_dir) -> dict:

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from conformance.datafiles import DataError, cache_root
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 INDEX = "model.safetensors.index.json"
+STALE_S = 3600.0  # a slice being written older than this was left by a run that stopped (a build takes a minute)
 
 
 def _kept(name: str, layers: int) -> bool:
@@ -86,6 +88,9 @@ def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = Non
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(".slice-*"):  # a build stopped with its run (15 GB at 120b's dimensions)
+        if time.time() - stale.stat().st_mtime > STALE_S:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".slice-", dir=final.parent))
     try:
         for item in model_dir.iterdir():  # tokenizer, generation config, chat template: as they are

@@ -1,13 +1,11 @@
 """Greedy logit parity of the engine against the suite's independent fp64 reference."""
 
-import shutil
-
 import pytest
 
 from conformance.checkpoints import slices
-from conformance.checkpoints.quant.limits import format_not_served
-from conformance.datafiles import DataError, cache_root
+from conformance.datafiles import DataError
 from conformance.engines.worker import EngineError
+from conformance.run import exact_slice, phases
 from conformance.verdicts import compare, mathcheck, settings
 from conformance.verdicts.verdict import fail, record_figures
 
@@ -37,15 +35,6 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     outputs, _ = engine_greedy
     tol, top_k = tolerance
     compare.greedy_parity(outputs, reference, tol, top_k, record_figure).raise_if_failed()
-
-
-def _device_memory_bytes() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.mem_get_info()[1]) if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - no device memory figure: the check runs
-        return 0
 
 
 def _probe_prompts(prompts, model_under_test, engine_max_len: int, decode_steps: int, long_prompt: int):
@@ -150,33 +139,21 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         pytest.skip(f"targets.toml names no exact_dtype for {target.name}")
     if exact == target.dtype:
         pytest.skip(f"the run's dtype is {target.dtype}: test_greedy_logprobs_match_reference is the exact verdict")
-    total = int(model_under_test.config["num_hidden_layers"])
-    layers, have = total, _device_memory_bytes()
-    # the float32 engine's share of the device: its gpu_memory_utilization, at most 80%
-    budget = min(0.8, float(engines.options(dtype=exact).get("gpu_memory_utilization", 0.8))) * have
-    if have and model_under_test.num_params * 4 > budget:
-        layers = slices.layers_that_fit(model_under_test.config, model_under_test.num_params, budget)
-        if layers < 1:
-            pytest.skip(f"not even one layer of {model_under_test.name} fits the float32 engine's "
-                        f"{budget / 2**30:.0f} GiB of the device beside its embeddings and lm_head")
-    at_most = settings.exact_twin_layers_at_most(model_under_test.config)  # a real model: one layer of each type
-    layers = min(layers, at_most or layers)
-    fmt = format_not_served(model_under_test.config, target.engine, exact)
-    if fmt:  # its dequantized slice is written to disk in bf16: as many layers as the disk holds (9/10 of it free)
-        cache_root().mkdir(parents=True, exist_ok=True)
-        disk = 0.9 * shutil.disk_usage(cache_root()).free
-        layers = min(layers, slices.layers_that_fit(model_under_test.config, model_under_test.num_params, disk, 2))
-        if layers < 1:
-            pytest.skip(f"not even one layer of {model_under_test.name} dequantized from {fmt} fits the "
-                        f"{disk / 2**30:.0f} GiB free on the disk beside its embeddings and lm_head")
+    exact_plan = exact_slice.plan(model_under_test.config, model_under_test.num_params, target.engine, exact,
+                                  engines.options(dtype=exact), model_under_test.name)
+    if exact_plan.skip:
+        pytest.skip(exact_plan.skip)
+    layers, total, fmt = exact_plan.layers, exact_plan.total, exact_plan.dequantized_from
+    if fmt:
         record_figure("exact_weights_dequantized", 1.0)
     record_figure("exact_layers", float(layers))
     record_figure("exact_layers_of", float(total))
     engine_model, judge = None, reference
-    if layers < total or fmt:
+    if exact_plan.sliced:
         from conformance.reference.device import reference_for
         from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
+        phases.wait_built(exact_slice.JOB)  # written in the background from collection on (run/exact_slice.py)
         try:
             engine_model = slices.slice_layers(model_under_test.path, layers,
                                               model_under_test.content_hash or model_under_test.name,

@@ -28,7 +28,8 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
 Off the critical path (hooked in by the plugin, which registers this module):
 
 - the checkpoints and the vocabulary are built in a background thread from the end of collection on,
-  overlapping the first checks; a fixture that needs one waits for that build only (`wait_built`);
+  overlapping the first checks, and with --model the exact float32 check's slice after them; a fixture or check
+  that needs one waits for that build only (`wait_built`);
 - the checks that use the suite's own server run last, so the server (started in the background at
   collection, serving_fixtures.prestart_server) starts while every other check runs.
 """
@@ -180,7 +181,8 @@ def wait_built(name: str, timeout_s: float = 1800.0) -> None:
 
 def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[], Any]]]:
     """What the selected checks will need built: the tiny checkpoint (no --model), the o200k vocabulary
-    and the tiny model with the o200k tokenizer (tokenizer and server checks); with --model, its content hash."""
+    and the tiny model with the o200k tokenizer (tokenizer and server checks); with --model, its content hash, then
+    the slice the exact float32 check will run (run/exact_slice.py)."""
     names = {name for item in items for name in getattr(item, "fixturenames", ())}
     jobs: list[tuple[str, Callable[[], Any]]] = []
     if run.model_arg is None and names & {"model_under_test", "engine", "engines", "reference", "prompts"}:
@@ -201,6 +203,10 @@ def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[
 
         model_dir = Path(run.model_arg)  # a directory it cannot read is the model_under_test fixture's to report
         jobs.append(("model hash", lambda: content_hash(model_dir)))
+        from conformance.run import exact_slice
+
+        if exact_slice.wanted(run, items):  # the exact check's slice (15 GB at 120b's dimensions), keyed by the hash
+            jobs.append((exact_slice.JOB, lambda: exact_slice.prebuild(run, model_dir)))
     return jobs
 
 
