@@ -7,6 +7,7 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
   start to the first child it forks;
 - `checkpoints`: building (or, when cached, verifying) the tiny checkpoints and the o200k vocabulary, and with
   --model reading its content hash, all in the background from collection on;
+- `exact slice`: with --model, writing the exact float32 check's slice in the background (run/exact_slice.py);
 - `load`: the model under test made ready (the `model_under_test` fixture): the tiny checkpoint waited for, or
   --model's directory inspected; each engine's own weight load is part of its start;
 - `reference`: the fp64 reference's set-up and every result the run computed rather than read from the cache or a
