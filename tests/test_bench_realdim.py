@@ -289,7 +289,7 @@ def test_a_second_node_run_reads_the_pack_with_an_empty_cache_and_is_tabled_apar
                        "--", "--cuda", "--reference-pack", pack]) == 0
     assert [(label, extra[-1]) for label, extra, env in runs] == [("", pack), ("-second-node", pack)]
     # one path for the suite's cache on both nodes, as on a fleet (the twin's slice path is in vLLM's compile key),
-    # beside the user's own suite cache (the slice is 28 GB at 120b's dimensions: not in a GPU node's /tmp)
+    # beside the user's own suite cache (the exact check's slice is 15 GB at 120b's dimensions)
     assert runs[0][2]["CONFORMANCE_CACHE"] == runs[1][2]["CONFORMANCE_CACHE"]
     assert all(Path(path).is_relative_to(tmp_path / "home-cache") for path in runs[1][2].values())
     assert not Path(runs[1][2]["CONFORMANCE_CACHE"]).exists(), "the nodes' caches are removed after the runs"

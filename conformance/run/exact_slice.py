@@ -12,7 +12,6 @@ job ask `plan` the same question, so the check finds the slice the job built (`p
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,13 +85,8 @@ def prebuild(run: Any, model_dir: Path) -> Path | None:
                  target.process_options(target.engine, target.exact_dtype), str(info.path))
     if not exact.sliced:
         return None
-    key = content_hash(model_dir)  # the job before this one read it
-    started = time.perf_counter()
-    path = slices.slice_layers(model_dir, exact.layers, key, dequantize=exact.dequantized_from is not None)
-    from conformance.run import phases
-
-    phases.record(JOB, time.perf_counter() - started)  # the phase `exact slice`: 0 where an earlier run wrote it
-    return path
+    return slices.slice_layers(model_dir, exact.layers, content_hash(model_dir),  # the job before read the hash
+                               dequantize=exact.dequantized_from is not None)
 
 
 def wanted(run: Any, items: list[Any]) -> bool:

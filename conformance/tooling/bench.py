@@ -250,8 +250,8 @@ FRESH_NODE_CACHES = ("CONFORMANCE_CACHE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR",
 
 
 def _nodes_parent() -> Path:
-    """Where the bench keeps its nodes' caches: beside the suite's own cache, on the disk the user gave it (the twin's
-    float32 slice alone is 28 GB at gpt-oss-120b's dimensions, more than a GPU node's /tmp holds beside a 24-layer
+    """Where the bench keeps its nodes' caches: beside the suite's own cache, on the disk the user gave it (the exact
+    check's slice alone is 15 GB at gpt-oss-120b's dimensions, which a GPU node's /tmp may not hold beside a 24-layer
     checkpoint)."""
     suite_cache = os.environ.get("CONFORMANCE_CACHE")  # where the runs keep it (conformance/datafiles.py cache_root)
     parent = Path(suite_cache).parent if suite_cache else Path.home() / ".cache"
