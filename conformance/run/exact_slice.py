@@ -21,7 +21,8 @@ from conformance.checkpoints.quant.limits import format_not_served
 from conformance.datafiles import cache_root
 from conformance.verdicts import settings
 
-JOB = "exact slice"
+JOB = "exact slice"  # the background build (phases.build_jobs) and its phase
+CHECK = "test_exact_float32_logprobs_match_reference"  # the check that runs the slice
 
 
 @dataclass(frozen=True)
@@ -97,5 +98,3 @@ def wanted(run: Any, items: list[Any]) -> bool:
     target = run.target
     return not target.problems and bool(target.exact_dtype) and target.exact_dtype != target.dtype
 
-
-CHECK = "test_exact_float32_logprobs_match_reference"
