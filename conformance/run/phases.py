@@ -234,6 +234,8 @@ def forkserver_ready() -> threading.Event | None:
             return _forkserver_probe["event"]
         event = _forkserver_probe["event"] = threading.Event()
     started, ctx = forkserver.started_at, forkserver.context()
+    if forkserver.imports_vllm:
+        forkserver.expect_inspection(event)
 
     def probe() -> None:
         try:
@@ -241,8 +243,8 @@ def forkserver_ready() -> threading.Event | None:
             child.start()
             child.join(1800)
             record("imports", time.perf_counter() - started)
-            if forkserver.imports_vllm:  # vLLM's model inspection, cached for the engines (not waited for)
-                ctx.Process(target=forkserver.inspect_architectures, daemon=True, name="inspect-model").start()
+            if forkserver.imports_vllm:  # vLLM's model inspection, cached for the engines (they wait for it)
+                forkserver.inspect_ahead(ctx)
         except Exception:  # noqa: BLE001 - a missing figure, never a failed run
             pass
         finally:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conformance.checkpoints.tokenizer import vocab
-from conformance.engines import heartbeat, openai_api, server_fork
+from conformance.engines import forkserver, heartbeat, openai_api, server_fork
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
 from conformance.run import capabilities, phases
 from conformance.run.run_target import RunTarget
@@ -128,6 +128,7 @@ def prestart_server(run: RunContext) -> None:
             ready = phases.forkserver_ready()  # a forked server would wait for its imports anyway: so
             if ready is not None:              # its start_seconds is its own start, not theirs
                 ready.wait(run.target.timeouts.engine_start_s)
+                forkserver.wait_inspected()  # its engine core reads vLLM's model inspection from the cache
             vocab_path = vocab.ensure_o200k()
             with _PRESTART_LOCK:  # an interrupted run discards it first: then no server is launched at all
                 if _PRESTART.get("discarded"):
