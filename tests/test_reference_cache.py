@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.engines.base import Completion
+from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import cache
 from conformance.reference.gpt_oss import Reference
 from conformance.reference.longref import LongReference
@@ -138,3 +138,54 @@ def test_a_checkpoint_is_read_once_per_state_of_its_files(tmp_path: Path, monkey
     monkeypatch.setattr(datafiles, "_digests", {})
     assert datafiles.content_hash(model) == changed and len(reads) == 5  # a damaged memo: read again, replaced
     assert list(json.loads((tmp_path / "cache" / datafiles.HASH_MEMO).read_text()).values()) == [changed]
+
+
+def _close(a: Completion, b: Completion) -> float:
+    """The largest difference between two results of one path (each step's tokens and entries the same)."""
+    worst = 0.0
+    assert (a.prompt_ids, a.token_ids) == (b.prompt_ids, b.token_ids)
+    for sa, sb in zip(a.prompt_steps + a.steps, b.prompt_steps + b.steps, strict=True):
+        assert sa.token == sb.token and set(sa.top) == set(sb.top)
+        worst = max(worst, *(abs(sa.top[t] - sb.top[t]) for t in sa.top))
+    return worst
+
+
+def test_a_run_cuts_a_shorter_path_from_a_longer_one_through_the_same_prompt(tiny, monkeypatch):
+    """Within a run (here with the cache itself off, as --fresh-reference runs), a scored path answers the shorter
+    paths of the same prompt, model, variant and top-k that its tokens begin with: cut, not computed, and what the
+    reference computes for that path (the reference is causal). Another first token, a longer path, another top-k
+    or another variant is computed; outside a run nothing is cut."""
+    prompt = [5, 6, 7, 8]
+    cache.reset_counts()  # a run's start
+    try:
+        Reference(tiny.path).score(prompt, [9, 10, 11], 25)
+
+        def computed(*args):
+            raise AssertionError("computed a result a longer path of the run holds")
+
+        with monkeypatch.context() as m:
+            m.setattr(Reference, "_score", computed)
+            cut = Reference(tiny.path).score(prompt, [9], 25)
+            assert Reference(tiny.path).score(prompt, [9, 10], 25).token_ids == [9, 10]
+            assert Reference(tiny.path).score(prompt, [], 25).token_ids == []
+        assert cache.counts.derived == 3 and cache.counts.misses == 1 and cache.counts.hits == 0
+        for tokens, k, variant in (([10], 25, None), ([9, 10, 11, 12], 25, None), ([9], 20, None),
+                                   ([9], 25, "sinks_dropped")):
+            Reference(tiny.path, variant).score(prompt, tokens, k)
+        assert cache.counts.derived == 3 and cache.counts.misses == 5
+    finally:
+        cache.disable()
+    direct = Reference(tiny.path).score(prompt, [9], 25)  # outside a run: computed
+    assert cache.counts.derived == 3 and len(cut.steps) == 1 and _close(cut, direct) < 1e-12
+
+
+def test_a_step_cut_to_a_smaller_top_k_is_the_step_read_with_it(tiny):
+    """Greedy parity asks every path for compare.SCORED_TOP_K and cuts each side to its own top-k: the cut step is
+    the one the reference gives for that top-k, with the chosen token kept where it falls outside it."""
+    from conformance.verdicts.compare import SCORED_TOP_K
+
+    row = Reference(tiny.path).logprobs([5, 6, 7, 8])[-1]
+    order = row.argsort(descending=True).tolist()
+    for chosen in (order[0], order[7], order[-1]):
+        for k in (5, 10, 20):
+            assert StepLogprobs.from_row(row, SCORED_TOP_K, chosen).cut(k) == StepLogprobs.from_row(row, k, chosen)

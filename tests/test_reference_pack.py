@@ -213,8 +213,8 @@ def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_
     Reference(tiny.path).score([1, 2, 3], [4], 4)  # a prompt the pack does not hold
     Reference(tiny.path).score(*CALLS[1], 4)  # the first node's own path: read
     assert (second.hits, second.parted) == (1, [1])
-    assert cache.run_summary() | {"compute_s": 0} == {"computed": 2, "read": 1, "from_pack": 1, "compute_s": 0,
-                                                      "pack_paths_parted": [1]}
+    assert cache.run_summary() | {"compute_s": 0} == {"computed": 2, "read": 1, "from_pack": 1, "derived": 0,
+                                                      "compute_s": 0, "pack_paths_parted": [1]}
     assert second.parting(*CALLS[1]) is None and second.parting([5, 6, 7, 8], [8]) == 0
     assert second.parting([5, 6, 7, 8], [9, 10, 12]) == 2  # a longer path: it leaves where the pack's ends
 

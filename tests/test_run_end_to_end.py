@@ -79,6 +79,22 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_
     assert record["compile_cache"] is None  # a run without the option uses the node's own caches
 
 
+def test_the_sampling_check_s_reference_is_cut_from_greedy_parity_s_path(tmp_path):
+    """#38: the sampling check's fp64 result (its one-token path of the set's first prompt) is greedy parity's path
+    through that prompt cut at its first step, not another pass through the model (at depth, two: the reference
+    and its noise twin). Computed afresh (`--fresh-reference`), on real vLLM-CPU: both checks pass, one result is
+    cut, and the console says so."""
+    proc = conformance_run(tmp_path, "--tier", "p0", "--fresh-reference", "-k",
+                           "test_greedy_logprobs_match_reference or test_sampled_tokens_follow_the_requested")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    record = only_run(tmp_path)
+    assert [c["outcome"] for c in record["checks"]] == ["passed", "passed"]
+    done = record["reference_results"]
+    assert done["derived"] == 1 and done["read"] == 0 and done["computed"] >= 1, done
+    assert ("reference: 1 fp64 result(s) cut from a longer path of this run through the same prompt"
+            in proc.stdout), proc.stdout[-1500:]
+
+
 def assert_no_secret_in(runs: Path, output: str, work: Path) -> None:
     written = [p for p in runs.rglob("*") if p.is_file()]
     assert any(p.name == "fingerprint.json" for p in written) and any(p.name == "vllm-server.log" for p in written)

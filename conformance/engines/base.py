@@ -24,6 +24,13 @@ class StepLogprobs:
         ordered = sorted(self.top, key=lambda t: -self.top[t])
         return ordered.index(token) if token in self.top else None
 
+    def cut(self, top_k: int) -> StepLogprobs:
+        """This step as `from_row(row, top_k, chosen)` gives it, from a step read with a larger top-k: its top_k
+        largest entries, and the chosen token's."""
+        top = dict(sorted(self.top.items(), key=lambda kv: -kv[1])[:top_k])
+        top.setdefault(self.token, self.top[self.token])
+        return StepLogprobs(self.token, top)
+
 
 @dataclass
 class Completion:

@@ -8,6 +8,11 @@ long-context reference alone takes several seconds of both cores. An engine whos
 key, so a cached result can never stand in for one the engine did not ask for. A damaged entry is recomputed and
 rewritten; the suite's own tests construct references without it. A reference pack (reference/pack.py), where a run
 opened one, is read before the cache and receives every result the run computed or read.
+
+Within a run, a scored path also answers every shorter path of the same prompt that its tokens begin with: the
+reference is causal, so its rows up to a step depend on the tokens up to it alone, and a path cut at that step is the
+result the shorter call would compute (the sampling check's one-token path, from greedy parity's path through the same
+prompt: a whole pass through the model at every depth, twice where the noise twin is asked too).
 """
 
 from __future__ import annotations
@@ -46,11 +51,14 @@ class Pack(Protocol):
 class Counts:
     hits: int = 0
     misses: int = 0
+    derived: int = 0  # results cut from a longer path of this run through the same prompt (counted in neither)
     compute_s: float = 0.0  # seconds spent computing results, cached or not (the run's `reference` phase)
 
 
 _root: Path | None = None
 _pack: Pack | None = None
+# this run's scored paths, by model, variant, prompt and top-k (`_path_key`); None outside a run
+_paths: dict[str, list[Completion]] | None = None
 counts = Counts()
 
 
@@ -61,9 +69,11 @@ def enable(root: Path) -> None:
 
 
 def reset_counts() -> None:
-    """A run's start: nothing computed or read yet (whether or not the cache is on)."""
-    counts.hits = counts.misses = 0
+    """A run's start: nothing computed or read yet (whether or not the cache is on); no path scored yet."""
+    global _paths
+    counts.hits = counts.misses = counts.derived = 0
     counts.compute_s = 0.0
+    _paths = {}
 
 
 def run_summary() -> dict[str, Any]:
@@ -72,13 +82,14 @@ def run_summary() -> dict[str, Any]:
     the same prompt along another path of the engine's, the decode step at which each such path parted."""
     parted = sorted(_pack.parted) if _pack is not None else []
     return {"computed": counts.misses, "read": counts.hits, "from_pack": _pack.hits if _pack is not None else 0,
-            "compute_s": round(counts.compute_s, 3)} | ({"pack_paths_parted": parted} if parted else {})
+            "derived": counts.derived, "compute_s": round(counts.compute_s, 3)} | (
+        {"pack_paths_parted": parted} if parted else {})
 
 
 def disable() -> None:
     """The run's end: the cache off, the run's reference pack (if it opened one) written and closed."""
-    global _root, _pack
-    _root = None
+    global _root, _pack, _paths
+    _root = _paths = None
     if _pack is not None:
         _pack.write()
     _pack = None
@@ -129,17 +140,23 @@ def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]]
                 compute: Callable[[list[list[Any]]], list[Completion]]) -> list[Completion]:
     """The results of `calls`, each read from the run's pack or the cache where it holds it; the others computed
     together by one `compute(missing calls)` (a reference that runs them layer by layer at once), in order."""
-    if _root is None and _pack is None:
+    if _root is None and _pack is None and _paths is None:
         counts.misses += len(calls)
         return _timed(lambda: compute(calls))
-    keys = [hashlib.sha256(json.dumps([_source_digest(), content_hash(model_dir), variant, call],
+    model = content_hash(model_dir)
+    keys = [hashlib.sha256(json.dumps([_source_digest(), model, variant, call],
                                       sort_keys=True, default=repr).encode()).hexdigest() for call in calls]
+    paths = [_path_key(model, variant, call) for call in calls]
     results: list[Completion | None] = []
-    for key, call in zip(keys, calls):
-        found = _pack.get(key, call) if _pack is not None else None
+    for key, path, call in zip(keys, paths, calls):
+        found = _along(path, call[2]) if path is not None else None  # first: a pack that misses notes a parting
+        counts.derived += found is not None
+        if found is None and _pack is not None:
+            found = _pack.get(key, call)
+            counts.hits += found is not None
         if found is None and _root is not None:
             found = _cached(_root, key, call)
-        counts.hits += found is not None
+            counts.hits += found is not None
         results.append(found)
     missing = [n for n, r in enumerate(results) if r is None]
     if missing:
@@ -149,10 +166,29 @@ def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]]
             results[n] = result
             if _root is not None:
                 _store(_root, keys[n], result)
-    if _pack is not None:
-        for key, result in zip(keys, results):
+    for key, path, result in zip(keys, paths, results):
+        if _pack is not None:
             _pack.put(key, result)
+        if path is not None and _paths is not None:
+            _paths.setdefault(path, []).append(result)
     return results  # type: ignore[return-value]
+
+
+def _path_key(model: str, variant: dict[str, Any], call: list[Any]) -> str | None:
+    """What a scored path shares with the shorter paths it answers: model, variant, prompt and top-k (a `score`
+    call is ["score", prompt, tokens, top_k]); None for other calls."""
+    if call[0] != "score" or _paths is None:
+        return None
+    return json.dumps([model, variant, call[1], call[3]], sort_keys=True, default=repr)
+
+
+def _along(path: str, tokens: list[int]) -> Completion | None:
+    """The result for `tokens`, cut from a longer path of this run through the same prompt that begins with them:
+    its prompt steps, and its first len(tokens) decode steps (each a row of the tokens before it alone)."""
+    for c in (_paths or {}).get(path, ()):
+        if len(c.token_ids) > len(tokens) and c.token_ids[:len(tokens)] == tokens:
+            return Completion(list(c.prompt_ids), list(tokens), c.steps[:len(tokens)], c.prompt_steps)
+    return None
 
 
 def _timed(compute: Callable[[], Completion]) -> Completion:

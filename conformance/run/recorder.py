@@ -150,6 +150,9 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
                  "the cache")
         tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses} fp64 results read from {where} "
                       "(the same checkpoint, token ids and options); --fresh-reference computes them all")
+    if cached.derived:
+        tr.write_line(f"reference: {cached.derived} fp64 result(s) cut from a longer path of this run through the same "
+                      "prompt (its steps up to theirs), not computed again")
     parted = reference_cache.run_summary().get("pack_paths_parted")
     if parted:
         tr.write_line(f"reference: {len(parted)} result(s) not in the pack, which held their prompts along other "

@@ -17,6 +17,10 @@ from conformance.verdicts.verdict import Verdict, record_figures
 
 POSITION_BANDS = (0, 128, 256, 1024, 4096)  # the window, past 256 (bf16 positions), 1k, the 4k YaRN context
 MIN_STRATUM = 20  # |Δlogprob| values a stratum needs before its own median is judged
+# The top-k greedy parity asks the reference (and its noise twin) for on every path, each side then cut to its own:
+# greedy parity's paths (top-5 + 5) then also answer the sampling check's one-token path through the same prompt (top
+# 20 + 5) without another pass through the model (reference/cache.py)
+SCORED_TOP_K = 25
 
 
 @dataclass(frozen=True)
@@ -248,7 +252,8 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
     figures on the same paths (docs/verdicts.md "Greedy parity at depth"). Figures recorded, problems reported.
     `prefill=False`: the generated steps alone (outputs asked without prompt logprobs)."""
     def scored(ref: Any, k: int) -> list[Completion]:
-        got = ref.score_all(outputs, k)
+        got = [replace(c, steps=[s.cut(k) for s in c.steps], prompt_steps=[s.cut(k) for s in c.prompt_steps])
+               for c in ref.score_all(outputs, max(k, SCORED_TOP_K))]
         return got if prefill else [replace(c, prompt_steps=[]) for c in got]
 
     want = scored(reference, top_k + 5)
