@@ -148,7 +148,8 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         where = ("the reference pack" if from_pack == cached.hits else
                  f"the reference pack ({from_pack}) and the cache ({cached.hits - from_pack})" if from_pack else
                  "the cache")
-        tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses} fp64 results read from {where} "
+        tr.write_line(f"reference: {cached.hits} of {cached.hits + cached.misses + cached.derived} fp64 results read "
+                      f"from {where} "
                       "(the same checkpoint, token ids and options); --fresh-reference computes them all")
     if cached.derived:
         tr.write_line(f"reference: {cached.derived} fp64 result(s) cut from a longer path of this run through the same "
