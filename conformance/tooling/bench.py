@@ -45,7 +45,10 @@ from typing import Any
 
 # Row order of the table: the run's own phases first, then each check, then the totals.
 HEAD = ("load_1m", "host_mops", "generate", "venv", "startup", "imports", "checkpoints", "load")
-TAIL = ("reference", "parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio")
+TAIL = ("reference", "parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio",
+        "reference results computed", "reference results read", "reference results derived")
+COUNTS = ("floor_ratio", "load_1m", "host_mops", "reference results computed", "reference results read",
+          "reference results derived")  # plain numbers, not seconds
 
 
 class BenchError(RuntimeError):
@@ -78,6 +81,10 @@ def phases_of(record: dict[str, Any], outer_wall_s: float | None = None, load_1m
             out[outside] = max(0.0, outer_wall_s - out["wall"])
     if load_1m is not None:
         out["load_1m"] = load_1m
+    done = record.get("reference_results") or {}  # what the fp64 reference computed, read (cache, pack) and cut
+    for what in ("computed", "read", "derived"):
+        if isinstance(done.get(what), int):
+            out[f"reference results {what}"] = float(done[what])
     host = ((record.get("fingerprint") or {}).get("platform") or {}).get("host_single_thread_mops")
     if isinstance(host, (int, float)):
         out["host_mops"] = float(host)
@@ -117,7 +124,7 @@ def format_table(tier: str, stats: dict[str, Stat], runs: int, check_order: list
              f"{'phase':{width}s} {'median':>9s} {'min':>9s} {'max':>9s}  runs"]
     for name in names:
         st = stats[name]
-        unit = "" if name in ("floor_ratio", "load_1m", "host_mops") else "s"
+        unit = "" if name in COUNTS else "s"
         cells = " ".join(f"{v:8.2f}{unit or ' '}" for v in (st.median, st.low, st.high))
         lines.append(f"{name:{width}s} {cells}  {st.n}" + ("" if st.n == runs else f" of {runs}"))
     return "\n".join(lines)

@@ -202,8 +202,8 @@ def format_fit(tier: str, by_layers: dict[int, list[dict[str, float]]], target_l
              f"{wall.a:.1f} s + {wall.b:.2f} s x layers; at {target_layers} layers {at:.0f} s = {at / 60:.1f} min, "
              f"{verdict} the {goal_s / 60:.0f}-minute goal ({at / goal_s:.2f} x)"]
     every = set.intersection(*(set(s) for samples in by_layers.values() for s in samples))
-    skip = {"wall", "outer_wall", "load_1m", "floor", "floor_ratio", "generate"}
-    fits = [(name, fit(points(name))) for name in every - skip]
+    skip = {"wall", "outer_wall", "load_1m", "host_mops", "floor", "floor_ratio", "generate"}
+    fits = [(name, fit(points(name))) for name in every - skip if not name.startswith("reference results ")]
     fits.sort(key=lambda nf: -nf[1].at(target_layers))
     width = max([len(n) for n, _ in fits[:top]] + [len("phase")])
     lines.append(f"{'phase':{width}s} {'a (s)':>9s} {'s/layer':>9s} {f'at {target_layers}':>9s}")
