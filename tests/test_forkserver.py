@@ -74,6 +74,30 @@ def test_a_forked_child_fills_vllms_model_info_cache_as_vllm_itself_would(tmp_pa
     assert written["ahead"] == written["vllm"]
 
 
+@pytest.mark.slow
+def test_where_vllm_engines_spawn_a_fresh_interpreter_fills_the_same_cache(tmp_path, monkeypatch):
+    """ROCm's vLLM engines spawn and its forkserver leaves vLLM out: the inspection runs in a fresh interpreter of its
+    own from collection on (plugin.py), with the engines' environment, and writes the file vLLM's own writes; a vLLM
+    engine waits for it (`wait_inspected`); the run's end kills one still running."""
+    monkeypatch.setattr(forkserver, "_inspection", {})
+    root = tmp_path / "ahead"
+    forkserver.inspect_in_a_fresh_interpreter({"VLLM_CACHE_ROOT": str(root)})
+    forkserver.wait_inspected()
+    ahead = {p.name: json.loads(p.read_text()) for p in (root / "modelinfos").iterdir()}
+    ctx = forkserver.context(run_target.data()["cpu"]["env"])
+    child = ctx.Process(target=_vllms_own_inspection, args=({"VLLM_CACHE_ROOT": str(tmp_path / "vllm")},))
+    child.start()
+    child.join(300)
+    assert child.exitcode == 0
+    assert ahead == {p.name: json.loads(p.read_text()) for p in (tmp_path / "vllm" / "modelinfos").iterdir()}
+    assert any("GptOssForCausalLM" in name for name in ahead)
+
+    forkserver.inspect_in_a_fresh_interpreter({"VLLM_CACHE_ROOT": str(tmp_path / "stopped")})
+    proc = forkserver._inspection["child"].proc
+    forkserver.stop_inspection()
+    assert proc.poll() is not None and forkserver._inspection == {}
+
+
 def test_a_vllm_engine_waits_for_the_inspection_ahead_of_it(monkeypatch):
     """forkserver.wait_inspected: once the imports are done (the event), the inspecting child is joined before a vLLM
     engine forks; without a forkserver probe (spawned engines, no vLLM in the forkserver) nothing is waited for."""

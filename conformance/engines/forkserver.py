@@ -14,6 +14,8 @@ import multiprocessing as mp
 import multiprocessing.forkserver
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -74,8 +76,9 @@ def stop() -> None:
     damaged model dir, a refused target) would otherwise leave it importing vLLM for ~20 s more, holding the
     run's stdout and stderr open all that time (a pipe reader such as nox or `| tee` waits for it). Call it
     once the engines and the server are closed: its forked children are processes of their own, and a
-    forked server dies with it (engines/server_fork.py)."""
+    forked server dies with it (engines/server_fork.py). A fresh interpreter still inspecting is killed too."""
     global _env, started_at, imports_vllm
+    stop_inspection()
     if _env is None:
         return
     server = multiprocessing.forkserver._forkserver
@@ -87,6 +90,14 @@ def stop() -> None:
             server._stop()  # closes our end of its pipes, waits for it, removes its socket
     _env = started_at = None
     imports_vllm = False
+
+
+def stop_inspection() -> None:
+    """The run's end: a fresh interpreter still inspecting is killed; nothing is waited for any more."""
+    child = _inspection.get("child")
+    if isinstance(child, _Interpreter) and child.proc.poll() is None:
+        child.proc.kill()
+        child.proc.wait()
     _inspection.clear()
 
 
@@ -128,6 +139,31 @@ def inspect_ahead(ctx: Any) -> None:
     child = ctx.Process(target=inspect_architectures, daemon=True, name="inspect-model")
     child.start()
     _inspection["child"] = child
+
+
+class _Interpreter:
+    """A fresh interpreter running `inspect_architectures`, joined as a forked child is."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def join(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+
+
+def inspect_in_a_fresh_interpreter(env: dict[str, str]) -> None:
+    """Where vLLM engines spawn (targets.toml engine_start: ROCm), the forkserver does not import vLLM: the inspection
+    runs now in a fresh interpreter of its own, with the engines' environment (`env` on top of ours: their cache root),
+    while the first checks run; a spawned engine would import vLLM and then start vLLM's own fresh interpreter for
+    it. vLLM engines wait for it as for the forked child (`wait_inspected`)."""
+    code = "from conformance.engines.forkserver import inspect_architectures; inspect_architectures()"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ | _text(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ready = threading.Event()
+    ready.set()
+    _inspection.clear()
+    _inspection.update(ready=ready, child=_Interpreter(proc))
 
 
 def wait_inspected() -> None:

@@ -180,15 +180,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
     target = ctx.target
+    from conformance.engines import forkserver
     from conformance.run import phases
 
-    if not target.problems and target.forks_engines and phases.need_engines(items):
-        from conformance.engines import forkserver
-
+    engines = not target.problems and phases.need_engines(items)
+    if engines and target.forks_engines:
         # its imports (vLLM, transformers) overlap the checks that need no engine; a run whose checks
         # start no engine (platform checks alone) does not import vLLM a second time for nothing
         forkserver.start(dict(target.env), vllm=target.start_method("vllm") == "forkserver",
                          more=target.table.get("forkserver_preload", ()))
+    if engines and ctx.engine == "vllm" and target.start_method("vllm") != "forkserver":
+        forkserver.inspect_in_a_fresh_interpreter(dict(target.env))  # vLLM's model inspection, ahead of them
     prestart = bool(target.table.get("server_prestart", True))  # targets.toml: not beside a GPU engine's start
     if prestart and any("server" in getattr(item, "fixturenames", ()) for item in items):
         from conformance.run.serving_fixtures import prestart_server
