@@ -63,6 +63,10 @@ def test_engine_kinds_start_as_their_target_says_and_the_forkserver_leaves_out_w
             ("vllm", "transformers", "device"), "forkserver")
     assert (rocm.start_method("vllm"), rocm.start_method("transformers"), rocm.start_method("device")) == \
         ("spawn", "forkserver", "forkserver") and rocm.forks_engines
+    # vLLM's model inspection ahead of the engines: in a fresh interpreter where vLLM engines spawn, and only where
+    # vLLM is the engine under test (where they fork, a child of the forkserver runs it)
+    assert rocm.inspects_vllm_in_an_interpreter("vllm") and not rocm.inspects_vllm_in_an_interpreter("transformers")
+    assert not cpu.inspects_vllm_in_an_interpreter("vllm") and not cuda.inspects_vllm_in_an_interpreter("vllm")
     # what a forkserver imports: preload.py with the stacks named left out (a GPU run's: vLLM)
     probe = ("import sys, conformance.engines.preload; "
              "print(sorted({'vllm', 'transformers', 'torch'} & set(sys.modules)))")

@@ -189,7 +189,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         # start no engine (platform checks alone) does not import vLLM a second time for nothing
         forkserver.start(dict(target.env), vllm=target.start_method("vllm") == "forkserver",
                          more=target.table.get("forkserver_preload", ()))
-    if engines and ctx.engine == "vllm" and target.start_method("vllm") != "forkserver":
+    if engines and target.inspects_vllm_in_an_interpreter(ctx.engine):
         forkserver.inspect_in_a_fresh_interpreter(dict(target.env))  # vLLM's model inspection, ahead of them
     prestart = bool(target.table.get("server_prestart", True))  # targets.toml: not beside a GPU engine's start
     if prestart and any("server" in getattr(item, "fixturenames", ()) for item in items):

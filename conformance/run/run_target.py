@@ -101,6 +101,12 @@ class RunTarget:
         """How an engine of this kind starts: its entry in engine_start_by_kind, else engine_start."""
         return str(self.engine_start_by_kind.get(kind, self.engine_start))
 
+    def inspects_vllm_in_an_interpreter(self, engine: str) -> bool:
+        """Whether vLLM's model inspection runs ahead of the engines in a fresh interpreter (forkserver.py
+        `inspect_in_a_fresh_interpreter`): where vLLM is the engine under test and its engines spawn (the forkserver
+        leaves vLLM out). Where they fork, a child of the forkserver runs it (phases.forkserver_ready)."""
+        return engine == "vllm" and self.start_method("vllm") != "forkserver"
+
     @property
     def forks_engines(self) -> bool:
         """Whether any engine kind forks from the run's forkserver."""
