@@ -40,6 +40,18 @@ def test_without_the_variable_the_platform_keeps_its_start_method(monkeypatch):
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
+def test_every_server_forked_from_the_forkserver_forks_its_engine_core():
+    """`vllm serve`'s command line sets VLLM_WORKER_MULTIPROC_METHOD=spawn: a server forked from the forkserver on a
+    target without CONFORMANCE_ENGINE_CORE_START spawned its engine core, which imported vLLM again (12-36 s on the
+    H100 nodes) and kept the server's API key, so the server compiled again beside the engine (round twenty-one).
+    Every target whose server forks says that its engine core forks too."""
+    forked = {name: row for name, row in run_target.data().items()
+              if isinstance(row, dict) and row.get("server_start") == "forkserver"}
+    assert {"cpu", "cuda"} <= set(forked)
+    for name, row in forked.items():
+        assert row.get("server_env", {}).get(server_fork.ENGINE_CORE_START_ENV) == "fork", name
+
+
 def test_context_for_follows_the_target_data(monkeypatch):
     cpu = run_target.data()["cpu"]
     assert cpu["server_start"] == "forkserver"
