@@ -247,3 +247,19 @@ def test_a_directory_s_pack_is_keyed_when_the_run_first_needs_it(tiny, tmp_path:
     untouched = _open(tmp_path, tiny, read=True)
     cache.disable()
     assert untouched._pack is None, "a run that never asked the reference never opened its pack"
+
+
+def test_another_checkpoint_s_results_neither_read_nor_enter_the_pack(tiny, tmp_path: Path, no_cache):
+    """The exact check scores a slice of the run's model (another checkpoint) in the same run: its paths are not the
+    pack's to hold, nor partings from the pack's paths (round twenty-one's first node reported six partings at step 0,
+    all of them the slice's own paths)."""
+    run_pack = _open(tmp_path / "pack.json", tiny, read=True)
+    Reference(tiny.path).score(*CALLS[0], 4)
+    other = tmp_path / "slice"
+    shutil.copytree(tiny.path, other)
+    weights = next(other.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    Reference(other).score(CALLS[0][0], [8, 8], 4)  # the same prompt along another path, on another checkpoint
+    assert run_pack.added == 1 and run_pack.parted == [] and run_pack.hits == 0

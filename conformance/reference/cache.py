@@ -39,6 +39,7 @@ class Pack(Protocol):
 
     hits: int  # results read from it
     parted: list[int]  # per result it missed: the decode step where the call's path left the one it holds
+    key: Any  # its PackKey: `model` is the content hash of the one checkpoint whose results it holds
 
     def get(self, key: str, call: list[Any]) -> Completion | None: ...
 
@@ -147,12 +148,15 @@ def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]]
     keys = [hashlib.sha256(json.dumps([_source_digest(), model, variant, call],
                                       sort_keys=True, default=repr).encode()).hexdigest() for call in calls]
     paths = [_path_key(model, variant, call) for call in calls]
+    # the run's pack holds its model's results only: another checkpoint's (the exact check's slice) neither reads it,
+    # nor counts as a path that parted from its paths, nor goes into it
+    pack = _pack if _pack is not None and _pack.key.model == model else None
     results: list[Completion | None] = []
     for key, path, call in zip(keys, paths, calls):
         found = _along(path, call[2]) if path is not None else None  # first: a pack that misses notes a parting
         counts.derived += found is not None
-        if found is None and _pack is not None:
-            found = _pack.get(key, call)
+        if found is None and pack is not None:
+            found = pack.get(key, call)
             counts.hits += found is not None
         if found is None and _root is not None:
             found = _cached(_root, key, call)
@@ -167,8 +171,8 @@ def completions(model_dir: Path, variant: dict[str, Any], calls: list[list[Any]]
             if _root is not None:
                 _store(_root, keys[n], result)
     for key, path, result in zip(keys, paths, results):
-        if _pack is not None:
-            _pack.put(key, result)
+        if pack is not None:
+            pack.put(key, result)
         if path is not None and _paths is not None:
             _paths.setdefault(path, []).append(result)
     return results  # type: ignore[return-value]
