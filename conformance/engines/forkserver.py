@@ -102,7 +102,8 @@ def stop_inspection() -> None:
 
 
 def inspect_architectures(env: dict[str, str] | None = None) -> None:
-    """In a child forked from it once its imports are done (phases.forkserver_ready): vLLM's inspection of the gpt-oss
+    """In a child forked from it once its imports are done (phases.forkserver_ready), or in a fresh interpreter where
+    vLLM engines spawn (`inspect_in_a_fresh_interpreter`): vLLM's inspection of the gpt-oss
     model class, which vLLM keeps in its cache root (`modelinfos`) and which the first engine of a cold cache would
     otherwise run in a fresh interpreter: 15-22 s before its "Resolved architecture" on the H200 and H100 nodes
     (fixtures/recorded/h100/p0-realdim-16-layers-round-twenty-vllm-0.26.0/first-node/engine-vllm-1.log). vLLM's own
