@@ -3,6 +3,7 @@ and its CPU spot checks catch a device whose results are off, per layer and in t
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -125,6 +126,21 @@ def test_agreement_command_prints_figures_per_layer(tiny, capsys):
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
     assert [r[0] for r in rows] == ["0", "1"] and all(float(v) == 0.0 for r in rows for v in r[1:])
     assert "logprobs: max |Δ| 0" in out and "wall: device (cpu)" in out and "worst relative disagreement" in out
+    assert "device dequantize 0.00 s" in out and "; no MXFP4 matrix" in out
+
+
+def test_agreement_command_counts_the_mxfp4_matrices_it_widens(capsys):
+    """On an MXFP4 checkpoint the spot-checked pass says how many expert matrices it widened on the device and
+    the time of each: two a routed expert (gate_up, down), each layer."""
+    from conformance.checkpoints import crafted
+
+    model = crafted.mxfp4()
+    assert device.main(["--model", str(model), "--device", "cpu", "--tokens", "12"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    widened = int(line.split("; ")[-1].split()[0])
+    cfg = json.loads((model / "config.json").read_text())
+    assert 2 * cfg["num_hidden_layers"] <= widened <= 2 * cfg["num_hidden_layers"] * cfg["num_local_experts"]
+    assert line.endswith("ms each") and "device weights read" in line and "CPU checks" in line
 
 
 def test_agreement_command_refuses_a_folder_without_a_checkpoint(tmp_path, capsys):

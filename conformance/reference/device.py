@@ -336,12 +336,19 @@ def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, se
     print(f"logprobs: max |Δ| {float((lp_dev.cpu() - lp_cpu).abs().max()):.3g}")
     print(f"wall: device ({device}) {wall['device']:.2f} s, cpu {wall['cpu']:.2f} s "
           "(the heads of the per-layer lines not counted)")
-    started = time.perf_counter()
+    started, before = time.perf_counter(), dict(SPENT)
     checked = DeviceReference(model_dir, streaming=True, device=device)
     checked.cfg["num_hidden_layers"] = int(cpu.cfg["num_hidden_layers"])
     checked.logprobs(ids)
     print(f"spot-checked device reference: {time.perf_counter() - started:.2f} s, worst relative disagreement "
           f"{checked.worst_rel:.3g} (allowed {SPOT_RTOL:g})")
+    # where its time went, as a run's phases "reference: ..." record it; a widening's own time tells the kernels'
+    # work from the gaps between them (docs/wheelhouse.md "Next on the H200")
+    spent = {what: seconds - before[what] for what, seconds in SPENT.items()}
+    widened = checked.on_device.w.widened
+    print("  " + ", ".join(f"{what} {seconds:.2f} s" for what, seconds in spent.items())
+          + (f"; {widened} MXFP4 matrices widened, {spent['device dequantize'] / widened * 1e3:.2f} ms each"
+             if widened else "; no MXFP4 matrix"))
     return 0
 
 

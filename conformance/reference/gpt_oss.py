@@ -181,6 +181,7 @@ class WeightStore:
         self.device_free: Callable[[], int] | None = (
             (lambda: torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else None)
         self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
+        self.widened = 0  # MXFP4 matrices widened to fp64 (what "dequantize" below is the seconds of)
         # seconds spent reading the checkpoint's bytes onto the store's device, and widening MXFP4 experts there
         # (a device reference's "device weights read" and "device dequantize": round twenty's H100 ran it at 5.5 s a
         # layer and its record could not say which part); on a GPU timed by events on the device's own timeline, so
@@ -284,6 +285,7 @@ class WeightStore:
                 blocks, scales = self._slice(name + "_blocks", e), self._slice(name + "_scales", e)
                 with self.timed("dequantize"):
                     mats.append(self._wide(dequant_mxfp4(blocks, scales)))
+                self.widened += 1
             else:  # plain HF layout [in, out]
                 mats.append(self._wide(self._slice(name, e)).T)
         b1 = self._wide(self._slice(prefix + "experts.gate_up_proj_bias", e))
