@@ -238,6 +238,36 @@ def test_the_writer_draws_each_part_alone_so_layer_counts_nest_and_workers_do_no
     assert index["lm_head.weight"] == "model-00003-of-00004.safetensors"
 
 
+def test_a_weights_only_checkpoint_needs_no_vocabulary(tmp_path, monkeypatch, capsys):
+    """--weights-only writes the weights and config a node without the o200k vocabulary can give the device
+    reference's agreement command; without it, such a node is refused before any weight is drawn."""
+    from conformance.checkpoints.tokenizer.vocab import VocabUnavailable
+
+    small = realdim.real_config("gpt-oss-120b", 1) | {"hidden_size": 64, "intermediate_size": 64,
+                                                       "num_local_experts": 4, "vocab_size": 300}
+    monkeypatch.setattr(realdim, "real_config", lambda variant, layers: small | {"num_hidden_layers": layers})
+    monkeypatch.setattr(realdim, "_workers", lambda parts: 1)
+
+    def no_vocab() -> None:
+        raise VocabUnavailable("no o200k vocabulary here")
+
+    monkeypatch.setattr(realdim, "_tokenizer_dir", no_vocab)
+    with pytest.raises(SystemExit) as refused:
+        realdim.main([str(tmp_path / "full"), "--layers", "1"])
+    assert refused.value.code == 2 and not (tmp_path / "full").exists()
+    realdim.main([str(tmp_path / "weights"), "--layers", "1", "--weights-only"])
+    written = sorted(p.name for p in (tmp_path / "weights").iterdir())
+    assert written == ["config.json", "generation_config.json", "model-00000-of-00003.safetensors",
+                       "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                       "model.safetensors.index.json"]
+    assert json.loads((tmp_path / "weights" / "config.json").read_text())["num_hidden_layers"] == 1
+    from conformance.reference import device
+
+    capsys.readouterr()
+    assert device.main(["--model", str(tmp_path / "weights"), "--device", "cpu", "--tokens", "8"]) == 0
+    assert "MXFP4 matrices widened" in capsys.readouterr().out
+
+
 def test_from_runs_never_fits_runs_of_other_options_together(capsys):
     """The H200's 2-layer vLLM P0 captured vLLM's 83 graph sizes (a P0 before profiles.toml [gate]); its 8-layer P0
     took the gate's 64: their walls are not one line, so each is tabled alone and no fit is drawn across them."""

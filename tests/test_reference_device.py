@@ -135,12 +135,18 @@ def test_agreement_command_counts_the_mxfp4_matrices_it_widens(capsys):
     from conformance.checkpoints import crafted
 
     model = crafted.mxfp4()
-    assert device.main(["--model", str(model), "--device", "cpu", "--tokens", "12"]) == 0
-    line = capsys.readouterr().out.splitlines()[-1]
-    widened = int(line.split("; ")[-1].split()[0])
     cfg = json.loads((model / "config.json").read_text())
-    assert 2 * cfg["num_hidden_layers"] <= widened <= 2 * cfg["num_hidden_layers"] * cfg["num_local_experts"]
-    assert line.endswith("ms each") and "device weights read" in line and "CPU checks" in line
+    widened = {}
+    for paths in (1, 3):
+        assert device.main(["--model", str(model), "--device", "cpu", "--tokens", "12", "--paths", str(paths)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert f"spot-checked device reference, {paths} path" in out[-2]
+        line = out[-1]
+        widened[paths] = int(line.split("; ")[-1].split()[0])
+        assert line.endswith("ms each") and "device weights read" in line and "CPU checks" in line
+    # layer by layer, every path through a layer before the next: a layer's experts are widened once for all paths
+    assert 2 * cfg["num_hidden_layers"] <= widened[1] <= widened[3] <= 2 * cfg["num_hidden_layers"] * \
+        cfg["num_local_experts"]
 
 
 def test_agreement_command_refuses_a_folder_without_a_checkpoint(tmp_path, capsys):

@@ -301,8 +301,10 @@ def noise_twin(reference: Reference, dtype: str) -> Reference:
     return type(reference)(reference.model_dir, math_, streaming=reference.w.streaming)
 
 
-def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, seed: int) -> int:
-    """Device against CPU fp64 on one sampled sequence, per layer, with wall times."""
+def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, seed: int, paths: int = 1) -> int:
+    """Device against CPU fp64 on one sampled sequence, per layer, with wall times; then the spot-checked device
+    reference on `paths` sampled sequences at once (layer by layer, as greedy parity scores its prompt set), with
+    where its time went."""
     cpu, dev = Reference(model_dir, streaming=True), Reference(model_dir, streaming=True, device=device)
     if layers is not None:  # the first N layers of a deeper checkpoint: the agreement per layer does not need all
         for ref in (cpu, dev):
@@ -339,9 +341,10 @@ def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, se
     started, before = time.perf_counter(), dict(SPENT)
     checked = DeviceReference(model_dir, streaming=True, device=device)
     checked.cfg["num_hidden_layers"] = int(cpu.cfg["num_hidden_layers"])
-    checked.logprobs(ids)
-    print(f"spot-checked device reference: {time.perf_counter() - started:.2f} s, worst relative disagreement "
-          f"{checked.worst_rel:.3g} (allowed {SPOT_RTOL:g})")
+    more = random.Random(seed + 1)
+    checked.logprobs_many([ids, *(more.choices(range(cpu.vocab_size - 8), k=tokens) for _ in range(paths - 1))])
+    print(f"spot-checked device reference, {paths} path{'s' * (paths > 1)}: {time.perf_counter() - started:.2f} s, "
+          f"worst relative disagreement {checked.worst_rel:.3g} (allowed {SPOT_RTOL:g})")
     # where its time went, as a run's phases "reference: ..." record it; a widening's own time tells the kernels'
     # work from the gaps between them (docs/wheelhouse.md "Next on the H200")
     spent = {what: seconds - before[what] for what, seconds in SPENT.items()}
@@ -359,12 +362,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="only the first N layers (default all)")
     p.add_argument("--tokens", type=int, default=294, help="length of the sampled sequence (default 294)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--paths", type=int, default=1,
+                   help="sequences the spot-checked pass scores at once, layer by layer (default 1; greedy parity "
+                        "scores the prompt set's 8)")
     ns = p.parse_args(argv)
     model = Path(ns.model)
     if not (model / "config.json").is_file():
         print(f"{model} holds no config.json: pass a gpt-oss checkpoint directory.", file=sys.stderr)
         return 2
-    return _agreement(model, ns.device, ns.layers, ns.tokens, ns.seed)
+    return _agreement(model, ns.device, ns.layers, ns.tokens, ns.seed, max(1, ns.paths))
 
 
 if __name__ == "__main__":

@@ -120,8 +120,13 @@ def _workers(parts: int) -> int:
     return max(1, min(os.cpu_count() or 1, parts, host_memory_available() // (4 * 2**30)))
 
 
-def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120) -> Path:
-    tokenizer = _tokenizer_dir()  # before gigabytes of weights: a node without the vocab is told at once
+def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: int = 120,
+          tokenizer_files: bool = True) -> Path:
+    """The checkpoint in out_dir. `tokenizer_files=False`: weights and config alone, which serve the fp64
+    reference's own tools (`python -m conformance.reference.device`) on a node without the o200k vocabulary, and
+    no run (a run's model needs its tokenizer)."""
+    # before gigabytes of weights: a node without the vocab is told at once
+    tokenizer = _tokenizer_dir() if tokenizer_files else None
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = real_config(variant, layers)
     parts = part_names(layers)
@@ -134,6 +139,8 @@ def write(out_dir: Path, layers: int = 2, variant: str = "gpt-oss-120b", seed: i
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200012],
                                                                 "pad_token_id": 199999}))
+    if tokenizer is None:
+        return out_dir
     from conformance.checkpoints.tokenizer import hf_build
 
     for name in hf_build.TOKENIZER_FILES:  # beside the weights, as the published checkpoint ships them
@@ -166,6 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=120)
     ap.add_argument("--sizes", metavar="L1,L2,...", help="write nothing: print as JSON the disk each of these layer "
                                                          "counts takes and the cache's place for such checkpoints")
+    ap.add_argument("--weights-only", action="store_true",
+                    help="write no tokenizer files (no o200k vocabulary needed): such a checkpoint serves "
+                         "`python -m conformance.reference.device` (the fp64 reference on a GPU, against the CPU), "
+                         "not a run")
     args = ap.parse_args(argv)
     if args.sizes:
         print(json.dumps(sizes(args.variant, [int(n) for n in args.sizes.split(",")])))
@@ -175,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         from conformance.checkpoints.tokenizer.vocab import VocabUnavailable
 
         try:
-            print(write(args.out_dir, args.layers, args.variant, args.seed))
+            print(write(args.out_dir, args.layers, args.variant, args.seed, not args.weights_only))
         except VocabUnavailable as exc:
             ap.exit(2, f"{ap.prog}: nothing written to {args.out_dir}: {exc}\n")
 
