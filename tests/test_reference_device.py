@@ -153,6 +153,10 @@ def test_agreement_command_refuses_a_folder_without_a_checkpoint(tmp_path, capsy
     assert device.main(["--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("pass a gpt-oss checkpoint directory.") and "\n" not in err
+    with pytest.raises(SystemExit) as refused:
+        device.main(["--model", str(tmp_path), "--paths", "0"])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and err == "--paths 0: the spot-checked pass scores at least one sequence."
 
 
 def test_the_device_store_keeps_experts_only_while_the_device_has_room_and_hands_everything_back(tiny_prompts):

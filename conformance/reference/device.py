@@ -366,11 +366,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="sequences the spot-checked pass scores at once, layer by layer (default 1; greedy parity "
                         "scores the prompt set's 8)")
     ns = p.parse_args(argv)
+    if ns.paths < 1:
+        p.exit(2, f"--paths {ns.paths}: the spot-checked pass scores at least one sequence.\n")
     model = Path(ns.model)
     if not (model / "config.json").is_file():
         print(f"{model} holds no config.json: pass a gpt-oss checkpoint directory.", file=sys.stderr)
         return 2
-    return _agreement(model, ns.device, ns.layers, ns.tokens, ns.seed, max(1, ns.paths))
+    return _agreement(model, ns.device, ns.layers, ns.tokens, ns.seed, ns.paths)
 
 
 if __name__ == "__main__":
