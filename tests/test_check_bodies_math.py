@@ -152,10 +152,11 @@ def _run_layer_check(engine_ref, reference, limits, figures=None):
 
 
 class MoeOffOnTheDevice(Reference):
-    """A "device" whose MoE blocks come out 1e-8 (of the row's largest entry) off at the last position."""
+    """A "device" whose MoE blocks come out 1e-8 (of the row's largest entry) off at the last row (the per-layer
+    check runs the router's own routing and the near-ties' others in one call, `mathcheck.moe_at_near_ties`)."""
 
-    def moe(self, i, x):
-        out = super().moe(i, x)
+    def moe_routed(self, i, x, top_idx):
+        out = super().moe_routed(i, x, top_idx)
         out[-1, 3] += 1e-8 * out[-1].abs().max()
         return out
 
@@ -168,9 +169,33 @@ def test_layer_check_stops_at_the_device_reference_s_disagreement_before_judging
 
     ref = DeviceReference(tiny.path, device="cpu")
     ref.on_device = MoeOffOnTheDevice(tiny.path, streaming=True)
-    with pytest.raises(DeviceMismatch, match=r"^layer 0 moe: .* hidden 3, .*not trusted\.$"):
+    with pytest.raises(DeviceMismatch, match=r"^layer 0 moe \(given routing\): .* hidden 3, .*not trusted\.$"):
         _run_layer_check(reference, ref, limits_for("bfloat16"))
     _run_layer_check(reference, DeviceReference(tiny.path, device="cpu"), limits_for("bfloat16"))  # a sound device
+
+
+def test_layer_check_runs_a_layer_s_moe_and_its_near_ties_other_routings_in_one_call(tiny, reference):
+    """#38: a device reference widens a layer's MXFP4 experts at each MoE call that it cannot keep them for (beside a
+    90% engine most of a layer's experts); the per-layer check sends the router's own routing of every position and
+    the near-ties' other routings through the layer's experts in one call (mathcheck.moe_at_near_ties), not one for
+    the block and more for the ties."""
+    from collections import Counter
+
+    from conformance.reference.device import DeviceReference
+
+    calls: Counter = Counter()
+
+    class Counted(Reference):
+        def moe_routed(self, i, x, top_idx):
+            calls[i] += 1
+            return super().moe_routed(i, x, top_idx)
+
+    ref = DeviceReference(tiny.path, device="cpu")
+    ref.on_device = Counted(tiny.path, streaming=True)
+    figures = Figures()
+    _run_layer_check(reference, ref, limits_for("bfloat16"), figures)
+    assert figures.values["layer_moe_router_ties"] > 0
+    assert calls and set(calls.values()) == {1}
 
 
 @pytest.mark.parametrize("where", ["near_ties", "decided"])

@@ -84,7 +84,7 @@ class LayerTolerance:
     moe), judged in every stratum (block, layer type, position band, phase) separately (data: tolerances.toml
     [layers]). In low precision a near-tie in the router picks another expert for a token now and then: such a
     position (its reference top-k decided by no more than `router_tie` x its largest |router logit|) is judged
-    against the nearest of the routings rounding could pick (mathcheck.rerouted_errors), in every figure, so the
+    against the nearest of the routings rounding could pick (mathcheck.moe_at_near_ties), in every figure, so the
     MoE max needs no room for a token sent elsewhere."""
 
     blocks: dict[str, BlockLimits]

@@ -113,7 +113,8 @@ def _router_ties(reference: Any, layer: int, x: torch.Tensor, k: int, margin: fl
     return (top[:, k - 1] - top[:, k]) <= margin * logits.abs().amax(dim=-1)
 
 
-REROUTE_CHUNK = 4096  # rows of (position, routing) a MoE call of rerouted_errors takes: 94 MB of fp64 at hidden 2880
+REROUTE_CHUNK = 4096  # rows of (position, routing) a MoE call of moe_at_near_ties takes at least: 94 MB of fp64 at
+# hidden 2880
 
 
 def admissible_routings(logits: torch.Tensor, k: int, margin: float, widest: int = 8) -> list[list[int]]:
@@ -132,32 +133,44 @@ def admissible_routings(logits: torch.Tensor, k: int, margin: float, widest: int
     return [sure + [int(idx[j]) for j in chosen] for chosen in itertools.combinations(zone, k - len(sure))]
 
 
-def rerouted_errors(reference: Any, layer: int, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, k: int,
-                    margin: float, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of x (MoE inputs at router near-ties) and y (the engine's outputs there): the smallest
-    ||y - reference|| / scale over the row's admissible routings (`admissible_routings`, margin x the row's largest
-    |logit|), all of them run through the layer's experts at once, and whether that nearest routing is another than
-    the router's own top-k (on equal errors the router's own wins). `logits`: the reference's router logits of x
-    where the caller has them."""
-    logits = (reference.router_logits(layer, x) if logits is None else logits).cpu()
+def moe_at_near_ties(reference: Any, layer: int, x: torch.Tensor, y: torch.Tensor, k: int,
+                     margin: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's MoE block of `layer` on x [T, H] (the engine's inputs; y: its outputs there), and at the rows
+    whose router near-ties (`_router_ties`, margin x the row's largest |logit|) rounding could decide either way:
+    the smallest ||y - reference|| / ||reference|| over the row's admissible routings (`admissible_routings`) and
+    whether that nearest routing is another than the router's own top-k (on equal errors the router's own wins).
+    Returns (reference [T, H], tied [T] bool, best [tied], other [tied]). The router's own routing of every row and
+    the near-ties' other routings go through the layer's experts in one call (in parts of at least REROUTE_CHUNK
+    rows, bounded memory beside an engine): a device reference widens each MXFP4 expert of the layer once for all
+    of them, not once for the block and again for each part of the near-ties' routings."""
+    x = x.to(torch.float64)
+    if k < 1 or margin <= 0:
+        return reference.moe(layer, x), torch.zeros(x.shape[0], dtype=torch.bool), torch.empty(0), torch.empty(0)
+    logits = reference.router_logits(layer, x).cpu()
+    tied = _router_ties(reference, layer, x, k, margin, logits)
+    mine = top_experts(logits, k)
+    tied_rows = tied.nonzero().flatten().tolist()
     sets, owner, own = [], [], []
-    for r in range(len(x)):
-        mine = set(top_experts(logits[r], k).tolist())
+    for n, r in enumerate(tied_rows):
         for routing in admissible_routings(logits[r], k, margin * float(logits[r].abs().max())):
             sets.append(routing)
-            owner.append(r)
-            own.append(set(routing) == mine)
-    rows, routings = torch.tensor(owner), torch.tensor(sets)
-    err = torch.empty(len(rows), dtype=torch.float64)
-    for start in range(0, len(rows), REROUTE_CHUNK):  # bounded memory beside an engine on the device
-        part = rows[start:start + REROUTE_CHUNK]
-        outs = reference.moe_routed(layer, x[part], routings[start:start + REROUTE_CHUNK]).cpu()
-        err[start:start + len(part)] = (y[part].double() - outs).norm(dim=-1) / scale[part].cpu()
-    err = torch.nan_to_num(err, nan=math.inf)
-    best = torch.full((len(x),), math.inf, dtype=torch.float64).scatter_reduce(0, rows, err, "amin")
-    mine_err = torch.full((len(x),), math.inf, dtype=torch.float64)
+            owner.append(n)
+            own.append(set(routing) == set(mine[r].tolist()))
+    rows = torch.tensor(owner, dtype=torch.long)
+    every_x = torch.cat([x, x[tied][rows]]) if owner else x
+    every_routing = torch.cat([mine, torch.tensor(sets, dtype=mine.dtype)]) if owner else mine
+    part = max(REROUTE_CHUNK, x.shape[0])
+    out = torch.cat([reference.moe_routed(layer, every_x[s:s + part], every_routing[s:s + part]).cpu()
+                     for s in range(0, every_x.shape[0], part)])
+    want, alternatives = out[:x.shape[0]], out[x.shape[0]:]
+    if not owner:
+        return want, tied, torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.bool)
+    scale = want[tied].norm(dim=-1).clamp_min(1e-30)
+    err = torch.nan_to_num((y[tied][rows].double() - alternatives).norm(dim=-1) / scale[rows], nan=math.inf)
+    best = torch.full((len(tied_rows),), math.inf, dtype=torch.float64).scatter_reduce(0, rows, err, "amin")
+    mine_err = torch.full((len(tied_rows),), math.inf, dtype=torch.float64)
     mine_err[rows[torch.tensor(own)]] = err[torch.tensor(own)]  # every row's own top-k is among its routings
-    return best, mine_err > best
+    return want, tied, best, mine_err > best
 
 
 def decisive_router_inputs(reference: Any, layers: tuple[int, ...], m: int, dtype: torch.dtype,
@@ -224,17 +237,15 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
     moe_at: dict[int, list[tuple[int, torch.Tensor, torch.Tensor, int]]] = {}  # layer -> (prefill, x, y, positions)
 
     def judge(block: str, i: int, x: torch.Tensor, y: torch.Tensor, want: torch.Tensor,
-              prefills: list[tuple[int, int]]) -> None:
+              prefills: list[tuple[int, int]], near_ties: tuple[torch.Tensor, ...] | None = None) -> None:
         """The rows of x (prompts' positions 0..n-1 one prompt after another; `prefills`: each prompt's prefill
-        length and position count) into their strata; a MoE position at a near-tie judged against the nearest
-        routing the tie leaves open."""
+        length and position count) into their strata; a MoE position at a near-tie (`near_ties`: what
+        moe_at_near_ties found beside `want`) judged against the nearest routing the tie leaves open."""
         scale = want.norm(dim=-1).clamp_min(1e-30)
         rel = torch.nan_to_num((y - want).norm(dim=-1) / scale, nan=math.inf, posinf=math.inf)  # NaN fails
-        logits = reference.router_logits(i, x) if block == "moe" and k >= 1 and tol.router_tie > 0 else None
-        tied = _router_ties(reference, i, x, k, tol.router_tie if logits is not None else 0.0, logits)
-        if bool(tied.any()):
-            best, other = rerouted_errors(reference, i, x[tied], y[tied], scale[tied], k, tol.router_tie,
-                                          logits[tied])
+        tied = torch.zeros(x.shape[0], dtype=torch.bool)
+        if near_ties is not None and bool(near_ties[0].any()):
+            tied, best, other = near_ties
             ties["rerouted"] = ties.get("rerouted", 0) + int(other.sum())
             ties["tied"] = ties.get("tied", 0) + int(tied.sum())
             rel[tied] = torch.minimum(rel[tied], best.to(rel.dtype))
@@ -273,7 +284,8 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
                         moe_at.setdefault(i, []).append((prefill, x, y, count))
         for i, rows in moe_at.items():  # a MoE is per token: one call a layer for every prompt, its experts read once
             x, y = torch.cat([r[1] for r in rows]), torch.cat([r[2] for r in rows])
-            judge("moe", i, x, y, reference.moe(i, x), [(r[0], r[3]) for r in rows])
+            want, *near_ties = moe_at_near_ties(reference, i, x, y, k, tol.router_tie)
+            judge("moe", i, x, y, want, [(r[0], r[3]) for r in rows], tuple(near_ties))
     worst = 0.0
     for key in sorted(strata):
         block, kind, band, phase = key
