@@ -83,7 +83,10 @@ def dequant_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     spot checks of the device reference spend most of their time here at gpt-oss-120b's dimensions (the routed
     experts of their rows); one lookup per byte halves it (0.16 s to 0.08 s for a [5760, 2880] matrix on two
     cores), to the same bits."""
-    vals = _fp4_pairs_on(blocks.device)[blocks.int()].flatten(-2)  # [..., nblocks, 32]
+    # torch.take on the flat table: indexing the [256, 2] table (`pairs[blocks.int()]`) ran PyTorch's gather kernel
+    # at 5.1 ms a [5760, 2880] matrix on an H200, take 0.28 ms, to the same bits (round twenty-two)
+    idx = blocks.long().unsqueeze(-1) * 2 + torch.arange(2, device=blocks.device)
+    vals = torch.take(_fp4_pairs_on(blocks.device), idx).flatten(-2)  # [..., nblocks, 32]
     vals.mul_(torch.pow(2.0, scales.to(torch.float64) - 127.0).unsqueeze(-1))
     return vals.flatten(-2)
 
