@@ -1149,3 +1149,64 @@ def test_round_twenty_one_s_server_spawned_its_engine_core_and_compiled_again():
         assert engine["config_hash"] == server["config_hash"] and engine["code_hash"] == server["code_hash"]
         assert engine["key"] != server["key"] and engine["env"]["VLLM_API_KEY"] is None
         assert server["env"]["VLLM_API_KEY"].startswith("sha256:")
+
+
+R22_2 = "20261206T015503-bench-p0-L2-0"
+R22_8 = "20261206T015937-bench-p0-L8-0"
+R22_12 = "20261206T020434-bench-p0-L12-0"
+R22_LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200" / \
+    "p0-realdim-round-twenty-two-vllm-0.26.0"
+
+
+def test_round_twenty_two_passes_on_the_h200_at_2_8_and_12_layers_with_the_widening_ten_times_faster():
+    """Round twenty-two (#38) on the H200, vLLM 0.26.0, bf16: whole, unfiltered P0 at 2 and 8 layers passed 27 of 27;
+    at 12 layers 26 passed and the exact check skipped, for the node's disk alone. The MXFP4 widening by torch.take
+    (0.28 ms a gate_up matrix against 5.1 ms through the [256, 2] table's gather kernel, the same bits) took the
+    device reference's dequantize phase at 8 layers to 3.4 s, against 32.2 s on round twenty-one's H100; reading the
+    weights (14.3 s) is now the larger part. The per-layer check, its MoE and near-ties' routings now in one call,
+    judged the 8-layer engine as round twenty-one's H100 did: the same 8,675 near-ties, 353 rerouted, worst ratio."""
+    runs = {name: _record(name) for name in (R22_2, R22_8, R22_12)}
+    for name, record in runs.items():
+        assert record["complete"] and record["evidence"] and record["exit_status"] == 0 and not record["narrowed_by"]
+        assert record["profile"] == "h200-gpt-oss-120b" and record["dtype"] == "bfloat16"
+        assert record["engine"] == "vllm"
+        assert record["fingerprint"]["platform"]["gpu_names"] == ["NVIDIA H200"]
+        whole = {"passed": 27, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+        assert record["summary"] == (whole if name != R22_12 else whole | {"passed": 26, "skipped": 1})
+    exact = _check(runs[R22_12], "test_exact_float32_logprobs_match_reference")
+    assert exact["outcome"] == "skipped" and "fits the 6 GiB free on the disk" in exact["message"]
+    phases, h100 = runs[R22_8]["phases"], _record(R21_8)["phases"]
+    assert phases["reference: device dequantize"] < 4 < 30 < h100["reference: device dequantize"]
+    assert phases["reference: device dequantize"] < phases["reference: device weights read"] / 4
+    layers, before = (_check(r, "test_layer_blocks_match_reference")["figures"] for r in (runs[R22_8], _record(R21_8)))
+    for name in ("layer_moe_router_ties", "layer_moe_rerouted", "layer_worst_ratio_to_limit"):
+        assert layers[name] == pytest.approx(before[name], rel=1e-3), name
+    assert layers["layer_moe_router_ties"] == 8675
+
+
+def test_round_twenty_two_s_widening_is_the_gather_kernel_not_time_between_kernels():
+    """What the H200 said of the widening (#38, docs/wheelhouse.md "Next on the H200" item 6): 5.1 ms a gate_up
+    matrix back to back, the same with the CPU's spot rows beside it, with the allocator emptied, or with fewer torch
+    threads; the profiler put 97% of it in one gather kernel. torch.take on the flat table gave the same bits in
+    0.28 ms; the 2-layer pass over 8 sequences went from 3.95 to 0.29-0.41 ms a widening."""
+    alone = (R22_LOGS / "widening" / "kernel-alone-and-beside.txt").read_text()
+    ms = [float(m) for m in re.findall(r"ms a call ([0-9.]+)", alone)]
+    assert len(ms) == 6 and all(5.0 < v < 5.7 for v in ms)
+    forms = (R22_LOGS / "widening" / "formulations.txt").read_text()
+    assert re.search(r"^current: 5\.\d+ ms a call, equal True$", forms, re.M)
+    assert re.search(r"^take: 0\.2\d+ ms a call, equal True$", forms, re.M)
+    assert "vectorized_gather_kernel" in forms
+    each = lambda name: [float(v) for v in re.findall(r"([0-9.]+) ms each", (R22_LOGS / "widening" / name).read_text())]  # noqa: E731
+    assert each("pass-before.txt") == [3.95] * 4 and max(each("pass-after.txt")) < 0.45
+
+
+def test_round_twenty_two_s_server_forks_its_engine_core_and_shares_the_engine_s_compile_key():
+    """Round twenty-one's [cuda.server_env] fix on the GPU: the server's engine core forked (its log's EngineCore lines
+    4 s after the fork, no second platform detection), its compile key equal to the engine's (round twenty-one: they
+    differed in VLLM_API_KEY alone), and the server up in 17-25 s."""
+    for run in (R22_2, R22_8, R22_12):
+        keys = {k["process"]: k for k in _record(run)["compile_keys"]}
+        assert keys["engine-vllm-1.log"]["key"] == keys["vllm-server.log"]["key"]
+        assert _check(_record(run), "test_server_starts_and_serves_chat")["figures"]["server_start_s"] < 26
+    log = (R22_LOGS / "eight-layers" / "vllm-server.log").read_text()
+    assert " forked from the forkserver\n" in log and "Automatically detected platform" not in log
