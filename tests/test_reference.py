@@ -54,6 +54,11 @@ def test_dequant_mxfp4_is_every_nibble_times_its_block_s_power_of_two():
                           for k in range(16) for b in blocks[r, k] for half in (0, 1)] for r in range(3)],
                         dtype=torch.float64)
     assert torch.equal(dequant_mxfp4(blocks, scales), want)
+    # the GPU's lookup (torch.take; the CPU's is index_select) gives the same bits, here on the CPU
+    from conformance.reference import gpt_oss
+
+    assert torch.equal(gpt_oss._pairs_by_take(blocks), gpt_oss._pairs_by_index_select(blocks))
+    assert gpt_oss.FP4_LOOKUP["cpu"] is gpt_oss._pairs_by_index_select
 
 
 def test_reference_agrees_with_transformers_fp32(tiny, reference, tiny_prompts):
