@@ -47,7 +47,7 @@ def prompts(tiny_prompts):
 
 @pytest.fixture(scope="module")
 def model(reference):
-    return SimpleNamespace(config=reference.cfg, num_params=1, name="tiny-gpt-oss")
+    return SimpleNamespace(config=reference.cfg, num_params=1, name="tiny-gpt-oss", content_hash=None)
 
 
 def _layers(engine, reference, prompts, model, dtype="float32", max_model_len=1024):
@@ -315,12 +315,26 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
     outside, per_layer = 2 * int(cfg["vocab_size"]) * int(cfg["hidden_size"]), 10_000
     model.num_params = outside + total * per_layer
     free = (outside + 2.5 * per_layer) * 2 / 0.9
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "smaller-disk"))  # no slice written there yet
     monkeypatch.setattr(exact_slice.shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
     figures, engines = Figures(), AskedFor(shared_engines)
     parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
                                                        600.0, figures)
     assert figures.values["exact_layers"] == 2 and json_config(engines.asked[0]["model"])["num_hidden_layers"] == 2
     assert figures.values["max_abs_dlogprob"] < 2e-3
+
+    # the slice written, the disk it filled is no reason to skip it (round twenty-two's 12-layer run on the H200
+    # skipped the check: "not even one layer ... fits the 6 GiB free on the disk", its own slice having filled it)
+    monkeypatch.setattr(exact_slice.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+    figures, engines = Figures(), AskedFor(shared_engines)
+    parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts, model,
+                                                       600.0, figures)
+    assert figures.values["exact_layers"] == 2 and figures.values["max_abs_dlogprob"] < 2e-3
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "full-disk"))  # none written: the disk decides
+    with pytest.raises(pytest.skip.Exception, match=r"^not even one layer of tiny-mxfp4 dequantized from mxfp4 fits "
+                                                    r"the 0 GiB free on the disk"):
+        parity.test_exact_float32_logprobs_match_reference(target, limits_for("float32"), engines, ref, prompts,
+                                                           model, 600.0, Figures())
 
 
 def test_the_exact_check_s_slice_is_written_in_the_background_and_the_check_runs_it(prompts, shared_engines,

@@ -67,6 +67,12 @@ def _dequantized_experts(f: Any, stem: str) -> Any:
     return out
 
 
+def slice_path(key: str, layers: int, total: int, dequantize: bool, root: Path | None = None) -> Path:
+    """Where `slice_layers` keeps the slice of a checkpoint of content hash `key` (complete once its config.json
+    is there)."""
+    return (root or cache_root()) / f"slice-{key[:16]}-{layers}-of-{total}{'-dequantized' if dequantize else ''}"
+
+
 def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = None, dequantize: bool = False) -> Path:
     """The checkpoint of `model_dir`'s first `layers` layers (cached by `key`, the source's content hash), its MXFP4
     experts dequantized with `dequantize`. DataError, in one sentence, for a layer count the model does not have, a
@@ -84,7 +90,7 @@ def slice_layers(model_dir: Path, layers: int, key: str, root: Path | None = Non
         raise DataError(f"{model_dir} holds no .safetensors files to slice")
     if dequantize and (config.get("quantization_config") or {}).get("quant_method") != "mxfp4":
         raise DataError(f"{model_dir.name} is not an MXFP4 checkpoint: the suite dequantizes only MXFP4 experts")
-    final = (root or cache_root()) / f"slice-{key[:16]}-{layers}-of-{total}{'-dequantized' if dequantize else ''}"
+    final = slice_path(key, layers, total, dequantize, root)
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -139,8 +139,10 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         pytest.skip(f"targets.toml names no exact_dtype for {target.name}")
     if exact == target.dtype:
         pytest.skip(f"the run's dtype is {target.dtype}: test_greedy_logprobs_match_reference is the exact verdict")
+    phases.wait_built(exact_slice.JOB)  # written in the background from collection on (run/exact_slice.py)
+    key = model_under_test.content_hash or model_under_test.name
     exact_plan = exact_slice.plan(model_under_test.config, model_under_test.num_params, target.engine, exact,
-                                  engines.options(dtype=exact), model_under_test.name)
+                                  engines.options(dtype=exact), model_under_test.name, key)
     if exact_plan.skip:
         pytest.skip(exact_plan.skip)
     layers, total, fmt = exact_plan.layers, exact_plan.total, exact_plan.dequantized_from
@@ -153,11 +155,8 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         from conformance.reference.device import reference_for
         from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
 
-        phases.wait_built(exact_slice.JOB)  # written in the background from collection on (run/exact_slice.py)
         try:
-            engine_model = slices.slice_layers(model_under_test.path, layers,
-                                              model_under_test.content_hash or model_under_test.name,
-                                              dequantize=bool(fmt))
+            engine_model = slices.slice_layers(model_under_test.path, layers, key, dequantize=bool(fmt))
         except (DataError, OSError) as exc:
             fail(f"the {layers}-layer {'dequantized ' if fmt else ''}slice for the exact verdict could not be cut: "
                  f"{exc}")

@@ -48,10 +48,13 @@ def device_memory_bytes() -> int:
 
 
 def plan(config: dict[str, Any], num_params: int, engine: str, exact: str, options: dict[str, Any],
-         name: str) -> ExactPlan:
+         name: str, key: str | None = None) -> ExactPlan:
     """The float32 engine's checkpoint for a model of `config` and `num_params` on engine `engine` in dtype
     `exact`, its process options `options` (its gpu_memory_utilization: the share of the device it takes, at most
-    80%): every layer, or the first layers that fit the device (and, dequantized, the disk: 9/10 of what is free)."""
+    80%): every layer, or the first layers that fit the device (and, dequantized, the disk: 9/10 of what is free).
+    A dequantized slice already written for the model of content hash `key` (the run's background build) is taken
+    as it is: the disk it fills is not counted against it (round twenty-two's 12-layer run skipped the exact check,
+    its own slice having filled the disk the check then asked for)."""
     total = int(config["num_hidden_layers"])
     layers, have = total, device_memory_bytes()
     budget = min(0.8, float(options.get("gpu_memory_utilization", 0.8))) * have
@@ -65,6 +68,10 @@ def plan(config: dict[str, Any], num_params: int, engine: str, exact: str, optio
     layers = min(layers, at_most or layers)
     fmt = format_not_served(config, engine, exact)
     if fmt:  # its dequantized slice is written to disk in bf16: as many layers as the disk holds
+        built = [n for n in range(layers, 0, -1)
+                 if key and (slices.slice_path(key, n, total, True) / "config.json").is_file()]
+        if built:
+            return ExactPlan(built[0], total, fmt)
         cache_root().mkdir(parents=True, exist_ok=True)
         disk = 0.9 * shutil.disk_usage(cache_root()).free
         layers = min(layers, slices.layers_that_fit(config, num_params, disk, 2))
@@ -82,11 +89,12 @@ def prebuild(run: Any, model_dir: Path) -> Path | None:
 
     target = run.target
     info = inspect_model_dir(model_dir)
+    key = content_hash(model_dir)
     exact = plan(info.config, info.num_params, target.engine, target.exact_dtype,
-                 target.process_options(target.engine, target.exact_dtype), str(info.path))
+                 target.process_options(target.engine, target.exact_dtype), str(info.path), key)
     if not exact.sliced:
         return None
-    return slices.slice_layers(model_dir, exact.layers, content_hash(model_dir),  # the job before read the hash
+    return slices.slice_layers(model_dir, exact.layers, key,  # the job before read the hash
                                dequantize=exact.dequantized_from is not None)
 
 
