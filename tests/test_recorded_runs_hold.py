@@ -1160,7 +1160,8 @@ R22_LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h
 
 def test_round_twenty_two_passes_on_the_h200_at_2_8_and_12_layers_with_the_widening_ten_times_faster():
     """Round twenty-two (#38) on the H200, vLLM 0.26.0, bf16: whole, unfiltered P0 at 2 and 8 layers passed 27 of 27;
-    at 12 layers 26 passed and the exact check skipped, for the node's disk alone. The MXFP4 widening by torch.take
+    at 12 layers 26 passed and the exact check skipped: its own slice, written in the background, had filled the
+    disk the check then planned against (fixed since: tests/test_dtype_verdicts.py). The MXFP4 widening by torch.take
     (0.28 ms a gate_up matrix against 5.1 ms through the [256, 2] table's gather kernel, the same bits) took the
     device reference's dequantize phase at 8 layers to 3.4 s, against 32.2 s on round twenty-one's H100; reading the
     weights (14.3 s) is now the larger part. The per-layer check, its MoE and near-ties' routings now in one call,
