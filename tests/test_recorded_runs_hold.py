@@ -1187,9 +1187,10 @@ def test_round_twenty_two_passes_on_the_h200_at_2_8_and_12_layers_with_the_widen
 
 def test_round_twenty_two_s_widening_is_the_gather_kernel_not_time_between_kernels():
     """What the H200 said of the widening (#38; docs/wheelhouse.md "Round twenty-two: P0 at 2, 8 and 12 layers on
-    the H200; the widening was one slow kernel (2026-12-06)"): 5.1 ms a gate_up matrix back to back, the same with the CPU's spot rows beside it, with the allocator emptied, or with fewer torch
-    threads; the profiler put 97% of it in one gather kernel. torch.take on the flat table gave the same bits in
-    0.28 ms; the 2-layer pass over 8 sequences went from 3.95 to 0.29-0.41 ms a widening."""
+    the H200; the widening was one slow kernel (2026-12-06)"): 5.1 ms a gate_up matrix back to back, the same with
+    the CPU's spot rows beside it, with the allocator emptied, or with fewer torch threads; the profiler put 97% of
+    it in one gather kernel. torch.take on the flat table gave the same bits in 0.28 ms; the 2-layer pass over 8
+    sequences went from 3.95 to 0.29-0.41 ms a widening."""
     alone = (R22_LOGS / "widening" / "kernel-alone-and-beside.txt").read_text()
     ms = [float(m) for m in re.findall(r"ms a call ([0-9.]+)", alone)]
     assert len(ms) == 6 and all(5.0 < v < 5.7 for v in ms)
