@@ -69,7 +69,7 @@ def plan(config: dict[str, Any], num_params: int, engine: str, exact: str, optio
     fmt = format_not_served(config, engine, exact)
     if fmt:  # its dequantized slice is written to disk in bf16: as many layers as the disk holds
         built = [n for n in range(layers, 0, -1)
-                 if key and (slices.slice_path(key, n, total, True) / "config.json").is_file()]
+                 if (slices.slice_path(key, n, total, True) / "config.json").is_file()] if key else []
         if built:
             return ExactPlan(built[0], total, fmt)
         cache_root().mkdir(parents=True, exist_ok=True)

@@ -156,20 +156,18 @@ def moe_at_near_ties(reference: Any, layer: int, x: torch.Tensor, y: torch.Tenso
             sets.append(routing)
             owner.append(n)
             own.append(set(routing) == set(mine[r].tolist()))
-    rows = torch.tensor(owner, dtype=torch.long)
-    every_x = torch.cat([x, x[tied][rows]]) if owner else x
-    every_routing = torch.cat([mine, torch.tensor(sets, dtype=mine.dtype)]) if owner else mine
+    rows, own = torch.tensor(owner, dtype=torch.long), torch.tensor(own, dtype=torch.bool)
+    every_x = torch.cat([x, x[tied][rows]])
+    every_routing = torch.cat([mine, torch.tensor(sets, dtype=mine.dtype).reshape(-1, k)])
     part = max(REROUTE_CHUNK, x.shape[0])
     out = torch.cat([reference.moe_routed(layer, every_x[s:s + part], every_routing[s:s + part]).cpu()
                      for s in range(0, every_x.shape[0], part)])
     want, alternatives = out[:x.shape[0]], out[x.shape[0]:]
-    if not owner:
-        return want, tied, torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.bool)
     scale = want[tied].norm(dim=-1).clamp_min(1e-30)
     err = torch.nan_to_num((y[tied][rows].double() - alternatives).norm(dim=-1) / scale[rows], nan=math.inf)
     best = torch.full((len(tied_rows),), math.inf, dtype=torch.float64).scatter_reduce(0, rows, err, "amin")
     mine_err = torch.full((len(tied_rows),), math.inf, dtype=torch.float64)
-    mine_err[rows[torch.tensor(own)]] = err[torch.tensor(own)]  # every row's own top-k is among its routings
+    mine_err[rows[own]] = err[own]  # every row's own top-k is among its routings
     return want, tied, best, mine_err > best
 
 
