@@ -1212,3 +1212,54 @@ def test_round_twenty_two_s_server_forks_its_engine_core_and_shares_the_engine_s
         assert _check(_record(run), "test_server_starts_and_serves_chat")["figures"]["server_start_s"] < 26
     log = (R22_LOGS / "eight-layers" / "vllm-server.log").read_text()
     assert " forked from the forkserver\n" in log and "Automatically detected platform" not in log
+
+
+R23_24 = "20261206T043410-bench-p0-L24-0"
+R23_LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200" / \
+    "p0-realdim-24-layers-round-twenty-three-vllm-0.26.0"
+
+
+def test_round_twenty_three_passes_at_24_layers_on_the_h200_and_fits_36_inside_ten_minutes():
+    """Round twenty-three (#38) on the H200, vLLM 0.26.0, bf16, the gate's 0.9: whole, unfiltered P0 at 24 layers of
+    gpt-oss-120b's dimensions, a first node with every suite cache empty, passed 27 of 27 in 418.5 s (round eighteen's
+    24-layer run: 659 s and a failed sampling anchor). The per-layer check judged it as round eighteen did (the same
+    11,211 near-ties, 484 rerouted, worst ratio 0.336); the exact float32 twin ran on a 2-layer slice. With round
+    twenty-two's 2- and 8-layer runs (another H200 node) the wall fits 207.7 s + 8.38 s a layer: 509 s at 36 layers;
+    from the 8- and 24-layer points alone (the 2-layer run started cold), 553 s. Both inside the 10-minute goal."""
+    from conformance.tooling import bench_realdim
+
+    record = _record(R23_24)
+    assert record["complete"] and record["evidence"] and record["exit_status"] == 0 and not record["narrowed_by"]
+    assert record["summary"] == {"passed": 27, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    assert record["profile"] == "h200-gpt-oss-120b" and record["dtype"] == "bfloat16" and record["engine"] == "vllm"
+    assert record["fingerprint"]["platform"]["gpu_names"] == ["NVIDIA H200"]
+    assert record["reference_results"]["computed"] == 19 and record["reference_results"]["from_pack"] == 0
+    layers = _check(record, "test_layer_blocks_match_reference")["figures"]
+    assert (layers["layers_total"], layers["layer_moe_router_ties"], layers["layer_moe_rerouted"]) == (24, 11211, 484)
+    before = _record(REALDIM_24)
+    assert before["phases"]["wall"] > 650 and before["summary"]["failed"] == 1
+    assert layers["layer_worst_ratio_to_limit"] == pytest.approx(
+        _check(before, "test_layer_blocks_match_reference")["figures"]["layer_worst_ratio_to_limit"], rel=1e-3)
+    exact = _check(record, "test_exact_float32_logprobs_match_reference")
+    assert exact["outcome"] == "passed" and exact["figures"]["exact_layers"] == 2
+    assert exact["figures"]["max_abs_dlogprob"] < 2e-4
+    walls = {L: _record(r)["phases"]["wall"] for L, r in ((2, R22_2), (8, R22_8), (24, R23_24))}
+    assert 418 < walls[24] < 419
+    fit = bench_realdim.fit(sorted(walls.items()))
+    assert 505 < fit.at(36) < 515 and 8.3 < fit.b < 8.5, fit
+    assert 550 < bench_realdim.fit([(8, walls[8]), (24, walls[24])]).at(36) < 556
+
+
+def test_round_twenty_three_s_second_node_was_cut_off_before_its_server_and_is_no_result():
+    """The same bench's second node (the first node's reference pack, every cache empty but the shared compile cache)
+    read greedy parity's reference from the pack (2.2 s against 52.1 s) and passed its first 26 checks; the device
+    loan ended while its server started, so it wrote no record: its checks are kept as a log, never as a run."""
+    rows = [json.loads(line) for line in (R23_LOGS / "second-node-cut-off" / "checks.jsonl").read_text().splitlines()]
+    assert len(rows) == 26 and all(row["outcome"] == "passed" for row in rows)
+    took = {row["id"].split("::")[1]: row["duration_s"] for row in rows}
+    first = {row["id"].split("::")[1]: row["duration_s"] for row in
+             map(json.loads, (R23_LOGS / "first-node" / "checks.jsonl").read_text().splitlines())}
+    assert took["test_greedy_logprobs_match_reference"] < 3 < 50 < first["test_greedy_logprobs_match_reference"]
+    assert "test_server_starts_and_serves_chat" not in took
+    assert not (Path(__file__).resolve().parent.parent / "fixtures" / "device_runs" /
+                "20261206T044117-bench-p0-L24-second-node-1").exists()
