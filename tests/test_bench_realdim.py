@@ -358,3 +358,20 @@ def test_a_second_node_that_found_the_fleets_compile_cache_is_tabled_as_such(tmp
     out = capsys.readouterr().out
     assert "P0 bfloat16 · transformers · NVIDIA H200 at 2 layers: 1 run(s)" in out
     assert "P0 bfloat16 · transformers · fleet's compile cache · NVIDIA H200 · second node at 2 layers: 1 run(s)" in out
+
+
+def test_a_fit_across_machines_says_so_and_one_machine_s_says_nothing(capsys):
+    """Round twenty-three's 24-layer H200 run and round twenty-two's 2- and 8-layer runs came from two H200s (their
+    hosts at 4.02-8.37 M single-thread ops/s): the fit is drawn, and a line under it says it is not one machine's.
+    Round twenty-one's three H100 runs came from one machine: no such line."""
+    runs = ["20261206T015503-bench-p0-L2-0", "20261206T015937-bench-p0-L8-0", "20261206T043410-bench-p0-L24-0"]
+    assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in runs)]) == 0
+    out = capsys.readouterr().out
+    fit = out[out.index("NVIDIA H200 wall against layers"):]
+    assert "at 36 layers 509 s" in fit.splitlines()[0]
+    assert fit.splitlines()[1] == ("(these 3 runs come from 2 machines, host single-thread 4.02-8.37 M ops/s: not like "
+                                   "for like; only runs of one machine make a fit of one machine)")
+    one = ["20261205T213841-bench-p0-L2-0", "20261205T214216-bench-p0-L8-0", "20261205T213034-bench-p0-L16-0"]
+    assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in one)]) == 0
+    out = capsys.readouterr().out
+    assert "H100 80GB HBM3 wall against layers (3 runs" in out and "machines" not in out

@@ -184,6 +184,7 @@ def print_tables(results: dict[tuple[str, int | None], list[dict[str, Any]]], ou
     from conformance.tooling import bench_realdim
 
     by_tier: dict[str, dict[int, list[dict[str, float]]]] = {}
+    fitted: dict[str, list[dict[str, Any]]] = {}
     for (tier, layers), records in results.items():
         samples = [phases_of(r, *r["_outer"], outside=outside) if "_outer" in r and outside else phases_of(r)
                    for r in records]
@@ -194,9 +195,13 @@ def print_tables(results: dict[tuple[str, int | None], list[dict[str, Any]]], ou
         print(format_table(title, aggregate(samples), len(samples), order) + "\n")
         if layers is not None:
             by_tier.setdefault(tier, {})[layers] = samples
+            fitted.setdefault(tier, []).extend(records)
     for tier, by_layers in by_tier.items():
         if len(by_layers) > 1:
-            print(bench_realdim.format_fit(tier, by_layers, bench_realdim.real_layers(variant)) + "\n")
+            text = bench_realdim.format_fit(tier, by_layers, bench_realdim.real_layers(variant))
+            first, _, phases = text.partition("\n")
+            machines = bench_realdim.machines_line(fitted[tier])  # said under the wall's line, where it is read
+            print("\n".join([first, *([machines] if machines else []), phases]) + "\n")
         else:
             print(f"{bench_realdim.heading(tier)}: runs at one layer count ({next(iter(by_layers))}): no fit of "
                   "wall against layers (bench two counts or more, e.g. --realdim 2,8).\n")

@@ -189,6 +189,20 @@ def fit(points: list[tuple[int, float]]) -> Fit:
     return Fit(a, b, len(points), r2)
 
 
+def machines_line(records: list[dict[str, Any]]) -> str | None:
+    """Where a fit's runs come from more than one machine (told apart by their GPUs' UUIDs), one line that says so
+    and how far their hosts' single-thread speeds differ: a fit across machines is not like for like (round
+    twenty-three's 24-layer H200 imported its stack in 24 s, round twenty-two's in 16-17 s). None for one machine."""
+    platforms = [((r.get("fingerprint") or {}).get("platform") or {}) for r in records]
+    machines = {tuple(p.get("gpu_uuids") or ()) for p in platforms}
+    if len(machines) < 2:
+        return None
+    mops = sorted(p["host_single_thread_mops"] for p in platforms if p.get("host_single_thread_mops"))
+    speeds = f", host single-thread {mops[0]:g}-{mops[-1]:g} M ops/s" if mops else ""
+    return (f"(these {len(records)} runs come from {len(machines)} machines{speeds}: not like for like; only runs "
+            "of one machine make a fit of one machine)")
+
+
 def format_fit(tier: str, by_layers: dict[int, list[dict[str, float]]], target_layers: int = 36,
                goal_s: float = GOAL_S, top: int = 12) -> str:
     """The wall fit and its extrapolation against the goal, then the same fit per phase (those in every run),
