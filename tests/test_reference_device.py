@@ -367,3 +367,34 @@ def test_a_device_out_of_memory_beside_the_engine_is_one_sentence(tiny, monkeypa
     monkeypatch.setattr(ref.on_device, "moe", no_room)
     with pytest.raises(device.DeviceOutOfMemory, match="during layer 1 moe"):
         ref.moe(1, torch.zeros(3, int(ref.cfg["hidden_size"]), dtype=torch.float64))
+
+
+def test_the_reads_command_times_the_store_s_own_reads_and_the_other_ways(capsys, monkeypatch):
+    """`python -m conformance.reference.reads` (#38: reading the weights is the device reference's largest part on the
+    H200) times WeightStore._slice itself over every expert and tensor of the layer, beside the other ways, with
+    median/min/max; pinned buffers only where the device is a GPU; bad input gets one sentence."""
+    from conformance.checkpoints.crafted import mxfp4
+    from conformance.reference import reads
+    from conformance.reference.gpt_oss import WeightStore
+
+    model = mxfp4()
+    calls = []
+    real = WeightStore._slice
+    monkeypatch.setattr(WeightStore, "_slice", lambda self, name, e: calls.append((name, e)) or real(self, name, e))
+    assert reads.main(["--model", str(model), "--device", "cpu", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("layer 0: 6 expert tensors, ") and out[0].endswith("onto cpu, 2 reads each")
+    assert [line.split("  median")[0].strip() for line in out[1:]] == [
+        "the store's (each expert's slices)", "each expert's slices copied on the host", "the layer's whole tensors"]
+    assert all(re.search(r"median +[0-9.]+ s +min +[0-9.]+ s +max +[0-9.]+ s +[0-9.]+ GB/s$", line) for line in out[1:])
+    experts = json.loads((model / "config.json").read_text())["num_local_experts"]
+    assert len(calls) == 2 * experts * 6 and {name.rsplit(".", 1)[1] for name, _ in calls} == {
+        "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales", "gate_up_proj_bias",
+        "down_proj_bias"}
+    assert reads.main(["--model", str(model), "--device", "cpu", "--layer", "99"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("holds no expert tensors of layer 99: pass a gpt-oss checkpoint directory and one of its "
+                        "layers.") and "\n" not in err
+    with pytest.raises(SystemExit):
+        reads.main(["--model", str(model), "--repeats", "0"])
+    assert capsys.readouterr().err.strip() == "--repeats 0: each way is read at least once."
