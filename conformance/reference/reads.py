@@ -71,11 +71,11 @@ def ways(store: WeightStore, names: list[str]) -> dict[str, Callable[[], None]]:
                     part = store.where[name].get_slice(name)[e]
                     if name not in staging:
                         staging[name] = (torch.empty_like(part).pin_memory(), torch.cuda.Event())
-                    buffer, copied = staging[name]
-                    copied.synchronize()  # its last copy to the device is done: the buffer may be refilled
+                    buffer, done = staging[name]
+                    done.synchronize()  # its last copy to the device is done: the buffer may be refilled
                     buffer.copy_(part)
                     torch.empty_like(part, device=device).copy_(buffer, non_blocking=True)
-                    copied.record()
+                    done.record()
 
         found["each expert's slices through pinned buffers"] = pinned
     return found
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = timed(fn, store.device, ns.repeats)
         median = statistics.median(seconds)
         print(f"  {name:46s} median {median:8.4f} s  min {min(seconds):8.4f} s  max {max(seconds):8.4f} s  "
-              f"{size / median / 1e9:7.2f} GB/s")
+              f"{size / max(median, 1e-9) / 1e9:7.2f} GB/s")
     return 0
 
 
