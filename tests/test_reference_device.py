@@ -204,8 +204,19 @@ def test_the_device_store_streams_the_tables_beside_an_engine(tiny, tiny_prompts
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     assert not {"model.embed_tokens.weight", "lm_head.weight"} & set(store.cache), "no table held in fp64"
     assert ("lm_head.weight#stored" in store.cache) == (room > 0), "kept as stored only where there is room"
-    assert ref._score(prompt, [5, 9], 5) == cpu._score(prompt, [5, 9], 5)
+    _same_scores(ref._score(prompt, [5, 9], 5), cpu._score(prompt, [5, 9], 5))
     assert store.cache == {} and store.held == 0
+
+
+def _same_scores(got, want, atol=1e-12):
+    """Two scored completions with the same tokens and top-k sets, their fp64 logprobs equal to `atol`: a chunked
+    lm_head sums in another order than the whole one, and the last bits of that order are the host's BLAS's (an AMD
+    EPYC host differed from the CI's in the 16th digit)."""
+    assert (got.prompt_ids, got.token_ids, got.cached_tokens) == (want.prompt_ids, want.token_ids, want.cached_tokens)
+    for mine, theirs in ((got.steps, want.steps), (got.prompt_steps, want.prompt_steps)):
+        assert [(s.token, sorted(s.top)) for s in mine] == [(s.token, sorted(s.top)) for s in theirs]
+        for a, b in zip(mine, theirs):
+            assert a.top == pytest.approx(b.top, rel=0, abs=atol)
 
 
 def _block_inputs(reference):
