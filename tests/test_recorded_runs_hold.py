@@ -1263,3 +1263,116 @@ def test_round_twenty_three_s_second_node_was_cut_off_before_its_server_and_is_n
     assert "test_server_starts_and_serves_chat" not in took
     assert not (Path(__file__).resolve().parent.parent / "fixtures" / "device_runs" /
                 "20261206T044117-bench-p0-L24-second-node-1").exists()
+
+
+R24 = {  # round twenty-four (#38): one H100 node, vLLM 0.26.0, bf16, the gate's 0.9; (layers, second node) -> run
+    (24, False): "20261206T063316-bench-p0-L24-0", (24, True): "20261206T063731-bench-p0-L24-second-node-1",
+    (8, False): "20261206T064510-bench-p0-L8-0", (8, True): "20261206T064713-bench-p0-L8-second-node-1",
+    (2, False): "20261206T064920-bench-p0-L2-0", (2, True): "20261206T065042-bench-p0-L2-second-node-1",
+}
+R24_FIRST_QUEUE = ("20261206T064047-bench-p0-L8-0", "20261206T064317-bench-p0-L2-0")
+R24_LOGS = H100_LOGS / "p0-realdim-round-twenty-four-vllm-0.26.0"
+
+
+def test_round_twenty_four_fits_36_layers_on_one_h100_first_node_and_second(capsys):
+    """Round twenty-four on one H100 (one GPU UUID for every run): whole, unfiltered P0 at 2, 8 and 24 layers, each a
+    first node (suite cache and pack empty) and a second (the first node's pack, the fleet's compile cache). The first
+    nodes fit 64.5 s + 7.73 s a layer, 343 s at 36 layers (10-minute goal); the second nodes 64.4 s + 4.47 s a layer,
+    225 s at 36 (5-minute goal). `bench --from-runs` tables first and second nodes apart: before, it pooled the 24-layer
+    second node with the 2- and 8-layer runs (228 s, neither figure)."""
+    from conformance.tooling import bench
+
+    records = {key: _record(run) for key, run in R24.items()}
+    for (layers, second), record in records.items():
+        assert record["complete"] and record["evidence"] and not record["narrowed_by"], (layers, second)
+        assert record["engine"] == "vllm" and record["dtype"] == "bfloat16"
+        assert record["profile"] == "h100-gpt-oss-120b"
+        assert record["fingerprint"]["platform"]["gpu_names"] == ["NVIDIA H100 80GB HBM3"]
+    assert len({tuple(r["fingerprint"]["platform"]["gpu_uuids"]) for r in records.values()}) == 1
+    whole = {"passed": 27, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    assert [key for key, r in records.items() if r["summary"] != whole] == [(24, True)]
+    walls = {key: r["phases"]["wall"] for key, r in records.items()}
+    assert 251 < walls[24, False] < 252 and 170 < walls[24, True] < 171
+    assert bench.main(["--from-runs", *(str(RUNS / run) for run in (*R24.values(), *R24_FIRST_QUEUE))]) == 0
+    out = capsys.readouterr().out
+    first = ("P0 bfloat16 · vllm · gate options · NVIDIA H100 80GB HBM3 wall against layers (5 runs at [2, 8, 24] "
+             "layers, r2 0.997): 64.5 s + 7.73 s x layers; at 36 layers 343 s = 5.7 min, within the 10-minute goal")
+    second = ("· fleet's compile cache · NVIDIA H100 80GB HBM3 · second node wall against layers (3 runs at [2, 8, 24] "
+              "layers, r2 0.994): 64.4 s + 4.47 s x layers; at 36 layers 225 s = 3.8 min, within the 5-minute goal")
+    assert first in out and second in out
+    assert "come from 2 machines" not in out
+
+
+def test_round_twenty_four_s_24_layer_second_node_failed_a_decode_band_that_the_depth_rule_holds():
+    """The 24-layer second node failed greedy parity on one decode band (6.09 against 3 x its twin's 1.54 there) and
+    passed everything else; its paths parted from the first node's (the pack gave 1 of 19 results). Judged again from
+    its recorded figures by the check's own rule, the decode bands widen by 3 x 24 / 12 = 6 at 24 layers: it passes,
+    and at 8 layers' ratio (3) the same figures fail on that band alone. The first node passes either way."""
+    from conformance.verdicts import compare
+
+    tol, _ = limits_for("bfloat16").logprobs
+    second, first = _record(R24[24, True]), _record(R24[24, False])
+    check = _check(second, "test_greedy_logprobs_match_reference")
+    assert check["outcome"] == "failed" and [c["id"] for c in second["checks"] if c["outcome"] != "passed"] == \
+        [check["id"]]
+    assert "decode positions 128-255: median |Δlogprob| 6.09 exceeds the stratum tolerance 4.61" in check["message"]
+    assert second["reference_results"]["from_pack"] == 1 and second["reference_results"]["computed"] == 18
+
+    def judged(record: dict, layers: int) -> list[str]:
+        figures = _check(record, "test_greedy_logprobs_match_reference")["figures"]
+        noise = {k.removeprefix("noise_twin_"): v for k, v in figures.items() if k.startswith("noise_twin_")}
+        return compare.over_limits(figures, tol.above_noise(noise, layers))
+
+    assert tol.decode_ratio(24) == 6.0 and tol.decode_ratio(8) == tol.decode_ratio(12) == 3.0
+    assert judged(second, 24) == [] and judged(first, 24) == [] == judged(first, 8)
+    assert judged(second, 8) == ["decode positions 128-255: median |Δlogprob| 6.09 exceeds the stratum tolerance 4.61"]
+
+
+def test_on_gpus_the_decode_bands_rise_above_the_twin_with_depth_and_the_prefill_bands_do_not():
+    """Every recorded healthy vLLM bf16 GPU run whose greedy parity widened to the noise twin (gpt-oss-120b's
+    dimensions, H200 and H100, 8 to 24 layers): each prefill band sits at 0.9-1.2x the twin's same band at every depth;
+    the decode bands rise with depth, past 3x only at 24 layers; today's rule passes every one of them."""
+    from conformance.tooling.bench_realdim import layers_of
+    from conformance.verdicts import compare
+
+    tol, _ = limits_for("bfloat16").logprobs
+    decode_by_depth: dict[int, float] = {}
+    for path in sorted(RUNS.glob("*-bench-p0-L*")):
+        record = _record(path.name)
+        if record["engine"] != "vllm" or record.get("planted_fault") or record["dtype"] != "bfloat16":
+            continue
+        figures = _check(record, "test_greedy_logprobs_match_reference").get("figures", {})
+        noise = {k.removeprefix("noise_twin_"): v for k, v in figures.items() if k.startswith("noise_twin_")}
+        bands = {k.removeprefix("median_abs_dlogprob_"): v / noise[k] for k, v in figures.items()
+                 if k.startswith("median_abs_dlogprob_") and noise.get(k)}
+        if not bands:
+            continue
+        layers = layers_of(record)
+        assert all(0.9 <= v <= 1.2 for k, v in bands.items() if k.startswith("prefill_")), (path.name, bands)
+        decode_by_depth[layers] = max([decode_by_depth.get(layers, 0.0)] +
+                                      [v for k, v in bands.items() if k.startswith("decode_")])
+        assert compare.over_limits(figures, tol.above_noise(noise, layers)) == [], path.name
+    assert sorted(decode_by_depth) == [8, 12, 16, 24]
+    assert decode_by_depth[8] < 1.1 < decode_by_depth[12] < 3 and decode_by_depth[16] < 3 < decode_by_depth[24] < 4
+
+
+def test_round_twenty_four_reads_a_layer_of_experts_three_times_faster_through_pinned_buffers():
+    """`python -m conformance.reference.reads` on the H100 node (#38, docs/verdicts.md): one layer's MXFP4 experts
+    (1.694 GB) onto the GPU, the store's own way (each expert's slices from the mapped file) at 7.6 GB/s, the host copy
+    alone at 56 GB/s, the whole tensors at 11 GB/s, through pinned buffers at 26.7 GB/s: the store's reads are the
+    pageable copy to the device, and pinned buffers would cut them by about 3.5x."""
+    text = (R24_LOGS / "reads.log").read_text()
+    medians = {m[0].strip(): float(m[1]) for m in re.findall(r"^  (.+?)\s+median\s+([0-9.]+) s", text, re.M)}
+    assert len(re.findall(r"^layer [01]: 6 expert tensors, 1.694 GB as stored, onto cuda", text, re.M)) == 2
+    store = medians["the store's (each expert's slices)"]
+    pinned = medians["each expert's slices through pinned buffers"]
+    assert 0.2 < store < 0.25 and store / pinned > 3
+    assert medians["each expert's slices copied on the host"] < pinned < medians["the layer's whole tensors"] < store
+
+
+def test_round_twenty_four_s_fp16_runs_of_mxfp4_were_refused_in_one_sentence_before_any_engine():
+    for layers in (2, 8):
+        text = (R24_LOGS / f"fp16-refused-{layers}-layers.log").read_text()
+        assert ("ERROR: vllm runs this checkpoint's mxfp4 weights in bfloat16 only, not float16 (data/quant.toml "
+                "[format.mxfp4] serves): pass --dtype bfloat16 or a checkpoint dequantized to float16.") in text
+        assert "results.json was not written: the run failed before its record" in text

@@ -22,15 +22,17 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     In bf16/fp16 a deep model accumulates noise over its layers on a healthy stack: where the engine exceeds the
     dtype's limits, they widen to tolerances.toml noise_ratio x the figures of the noise twin (the fp64 reference
     holding its weights and activations in the dtype) on the same paths, recorded as noise_twin_* figures (in bf16
-    each position band by the twin's same band: tolerances.toml widen_by_band). What drowns in that noise at depth is
-    the per-layer blocks', the RoPE tables' and the exact float32 twin's to catch (no error carried).
+    each position band by the twin's same band: tolerances.toml widen_by_band; past decode_noise_depth layers the
+    decode bands by a ratio that grows with depth, as a healthy GPU engine's own greedy path does). What drowns in that
+    noise at depth is the per-layer blocks', the RoPE tables' and the exact float32 twin's to catch (no error carried).
     Reference: docs/model.md "The math a reference must reproduce"; vLLM tests/models/utils.py
       check_logprobs_close (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py);
       docs/verdicts.md "Greedy parity at depth"
     Controls: tests/test_check_bodies_math.py::test_parity_check_fails_on_an_engine_without_sinks,
       tests/test_check_bodies_math.py::test_parity_check_fails_on_a_positive_logprob,
       tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault,
-      tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band
+      tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band,
+      tests/test_dtype_verdicts.py::test_past_12_layers_the_decode_bands_widen_with_depth_and_still_fail_dropped_sinks
     """
     outputs, _ = engine_greedy
     tol, top_k = tolerance

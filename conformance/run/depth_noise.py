@@ -277,6 +277,10 @@ def row(layers: int, seed: int, f: dict[str, object]) -> str:
     bands = [numbers[k] / numbers[f"noise_twin_{k}"] for k in numbers
              if k.startswith("median_abs_dlogprob_") and numbers.get(f"noise_twin_{k}")]
     cells.append(f"{max(bands):.2f}" if bands else "-")
+    decode = [numbers[k] / numbers[f"noise_twin_{k}"] for k in numbers
+              if k.startswith("median_abs_dlogprob_decode_") and numbers.get(f"noise_twin_{k}")]
+    # the decode bands are judged by noise_ratio x layers / decode_noise_depth (tolerances.toml)
+    cells.append(f"{max(decode):.2f}" if decode else "-")
     return "| " + " | ".join(cells + [str(f.get("verdict"))]) + " |"
 
 
@@ -320,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = run_target.data()["cpu"]
     forkserver.start(cpu["env"], more=cpu.get("forkserver_preload", ()))
     header = ["layers", "seed"] + [f"{w} {s}" for s in STATS for w in ("engine", "twin", "ratio")] + \
-        ["largest ratio band by band", "verdict"]
+        ["largest ratio band by band", "largest decode band ratio", "verdict"]
     check = "greedy parity"
     if args.layer_blocks:
         header, check = ["layers", "seed", "MoE max", "near-ties", "rerouted", "attention max",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -161,19 +162,25 @@ def run_once(tier: str, index: int, reports_dir: Path, nox: list[str] | None, ex
     return record, wall, load
 
 
-def _key(record: dict[str, Any], tier: str | None = None) -> tuple[str, int | None]:
+def _key(record: dict[str, Any], tier: str | None = None, second: bool | None = None) -> tuple[str, int | None]:
     """What a run is tabulated under: its tier, dtype, engine and whether it took profiles.toml [gate] ('p0
-    bfloat16 · vllm · gate options'), whether it loaded a fleet's compiled kernels (--compile-cache found filled),
-    the card it ran on, and its real-dimension layer count: a fit never mixes engines, options or cards (round
-    nineteen ran 16 layers on an H100, the earlier counts on the H200)."""
+    bfloat16 · vllm · gate options'), whether it loaded its compiled kernels from a fleet's (--compile-cache found
+    filled and the run compiled nothing into it), the card it ran on, whether the bench ran it as a second node (its
+    run id), and its real-dimension layer count: a fit never mixes engines, options, cards or nodes (round nineteen
+    ran 16 layers on an H100, the earlier counts on the H200; round twenty-four's first nodes at 2 and 8 layers found
+    the compile cache filled by the 24-layer model's and compiled their own)."""
     from conformance.tooling.bench_realdim import layers_of
 
     name = tier or ",".join(record.get("tiers", [])) or "?"
     gate = ((record.get("profile_settings") or {}).get("gate"))
-    warm = (record.get("compile_cache") or {}).get("warm")  # --compile-cache that held a first node's kernels
+    shared = record.get("compile_cache") or {}
+    fleet = shared.get("warm") and shared.get("files_at_end") == shared.get("files_at_start")
     cards = ((record.get("fingerprint") or {}).get("platform") or {}).get("gpu_names") or []
+    if second is None:  # a recorded run (--from-runs): the bench named it
+        second = bool(re.search(r"-second-node-\d+$", str(record.get("run_id", ""))))
     parts = [name, record.get("dtype"), record.get("engine") and f"· {record['engine']}", gate and "· gate options",
-             warm and "· fleet's compile cache", cards and "· " + ", ".join(sorted(set(cards)))]
+             fleet and "· fleet's compile cache", cards and "· " + ", ".join(sorted(set(cards))),
+             second and "· second node"]
     return " ".join(p for p in parts if p), layers_of(record)
 
 
@@ -198,7 +205,8 @@ def print_tables(results: dict[tuple[str, int | None], list[dict[str, Any]]], ou
             fitted.setdefault(tier, []).extend(records)
     for tier, by_layers in by_tier.items():
         if len(by_layers) > 1:
-            text = bench_realdim.format_fit(tier, by_layers, bench_realdim.real_layers(variant))
+            goal = bench_realdim.SECOND_NODE_GOAL_S if tier.endswith("· second node") else bench_realdim.GOAL_S
+            text = bench_realdim.format_fit(tier, by_layers, bench_realdim.real_layers(variant), goal_s=goal)
             first, _, phases = text.partition("\n")
             machines = bench_realdim.machines_line(fitted[tier])  # said under the wall's line, where it is read
             print("\n".join([first, *([machines] if machines else []), phases]) + "\n")
@@ -238,15 +246,14 @@ def bench_runs(ns: argparse.Namespace) -> None:
             for index in range(ns.runs):
                 for tier in tiers:
                     record, wall, load = run_once(tier, index, reports, nox, extra, label, suite_cache)
-                    results.setdefault(_key(record, tier), []).append(record | {"_outer": (wall, load)})
+                    results.setdefault(_key(record, tier, second=False), []).append(record | {"_outer": (wall, load)})
             for tier in tiers if nodes else ():
                 # a node that shares only the pack: the suite's cache (its fp64 results among it) starts empty, and
                 # so do the compiled kernels and graphs a fresh node would build again
                 with tempfile.TemporaryDirectory(prefix="bench-second-node-", dir=nodes.name) as fresh:
                     record, wall, load = run_once(tier, ns.runs, reports, nox, extra, label + "-second-node",
                                                   fresh_node_env(fresh, suite_cache))
-                name, layers = _key(record, tier)
-                results.setdefault((f"{name} · second node", layers), []).append(record | {"_outer": (wall, load)})
+                results.setdefault(_key(record, tier, second=True), []).append(record | {"_outer": (wall, load)})
         finally:
             if nodes is not None:
                 nodes.cleanup()

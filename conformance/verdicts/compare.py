@@ -44,20 +44,37 @@ class LogprobTolerance:
     # band_limits holds what above_noise set, (phase_band, limit) per band the twin measured; others: stratum_median
     widen_by_band: bool = False
     band_limits: tuple[tuple[str, float], ...] = ()
+    # with `widen_by_band`, the decode bands' ratio grows with the model's depth past `decode_noise_depth` layers:
+    # noise_ratio x layers / decode_noise_depth (data; None: noise_ratio at every depth). The engine's decode steps
+    # follow its own greedy tokens, chosen under its own rounding, and the twin only scores that path: a healthy GPU
+    # engine's decode bands stand further above the twin's the deeper the model (docs/verdicts.md "Greedy parity at
+    # depth")
+    decode_noise_depth: float | None = None
 
-    def above_noise(self, noise: dict[str, float]) -> LogprobTolerance:
+    def decode_ratio(self, layers: int | None) -> float:
+        """The ratio the decode bands widen by on a model of `layers` layers (`decode_noise_depth`)."""
+        r = float(self.noise_ratio or 0.0)
+        if self.decode_noise_depth is None or layers is None:
+            return r
+        return r * max(1.0, layers / self.decode_noise_depth)
+
+    def above_noise(self, noise: dict[str, float], layers: int | None = None) -> LogprobTolerance:
         """These limits, each raised to noise_ratio x the noise twin's figure of its kind where that is larger; the
         position bands' median to noise_ratio x the twin's largest band median, or with `widen_by_band` each band's
         to noise_ratio x the twin's median in the same band (one the twin did not measure: its largest). Band by
         band, a fault that lives in some bands stands out of the twin's noise there (docs/verdicts.md "Greedy parity
-        at depth")."""
+        at depth"); the decode bands by `decode_ratio(layers)`."""
         r = float(self.noise_ratio or 0.0)
 
-        def up(limit: float | None, figure: float) -> float | None:
-            return None if limit is None else max(limit, r * figure)
+        def up(limit: float | None, figure: float, ratio: float = r) -> float | None:
+            return None if limit is None else max(limit, ratio * figure)
 
-        bands = tuple((k.removeprefix("median_abs_dlogprob_"), up(self.stratum_median, v))
-                      for k, v in sorted(noise.items()) if k.startswith("median_abs_dlogprob_"))
+        def band_ratio(band: str) -> float:
+            return self.decode_ratio(layers) if band.startswith("decode_") else r
+
+        bands = tuple((band, up(self.stratum_median, v, band_ratio(band)))
+                      for band, v in ((k.removeprefix("median_abs_dlogprob_"), v) for k, v in sorted(noise.items())
+                                      if k.startswith("median_abs_dlogprob_")))
         return replace(self, max_abs=up(self.max_abs, noise["max_abs_dlogprob"]) or self.max_abs,
                        p99=up(self.p99, noise["p99_abs_dlogprob"]),
                        median=up(self.median, noise["median_abs_dlogprob"]),
@@ -141,25 +158,9 @@ class ParityReport(Verdict):
         return figs
 
     def finish(self) -> ParityReport:
-        tol, figs = self.tolerance, self.figures()
         if self.compared_steps == 0:
             self.problems.append("nothing was compared: no steps came back")
-        limits = (("max_abs_dlogprob", tol.max_abs), ("p99_abs_dlogprob", tol.p99),
-                  ("median_abs_dlogprob", tol.median))
-        for name, limit in limits:
-            if limit is not None and not figs[name] <= limit:  # NaN fails too
-                self.problems.append(f"{name} = {figs[name]:.3g} exceeds the tolerance {limit:.3g}")
-        bands = dict(tol.band_limits)
-        for key, median in figs.items():
-            # strata too small for a median say nothing (figures() leaves them out); the global limits still hold
-            if not key.startswith("median_abs_dlogprob_") or tol.stratum_median is None:
-                continue
-            stratum = key.removeprefix("median_abs_dlogprob_")
-            limit = bands.get(stratum, tol.stratum_median)
-            if not median <= limit:
-                phase, band = stratum.split("_")
-                self.problems.append(f"{phase} positions {band}: median |Δlogprob| {median:.3g} "
-                                     f"exceeds the stratum tolerance {limit:.3g}")
+        self.problems += over_limits(self.figures(), self.tolerance)
         return self
 
     def summary(self) -> str:
@@ -171,6 +172,28 @@ class ParityReport(Verdict):
 
     def failure_message(self) -> str:
         return self.summary() + "\n  " + "\n  ".join(self.problems[:10])
+
+
+def over_limits(figs: dict[str, float], tol: LogprobTolerance) -> list[str]:
+    """What of a comparison's figures (`ParityReport.figures`, as a run records them) exceeds `tol`: the global
+    limits, then each judged stratum's median against its band's limit (`band_limits`) or `stratum_median`."""
+    problems = []
+    limits = (("max_abs_dlogprob", tol.max_abs), ("p99_abs_dlogprob", tol.p99), ("median_abs_dlogprob", tol.median))
+    for name, limit in limits:
+        if limit is not None and not figs[name] <= limit:  # NaN fails too
+            problems.append(f"{name} = {figs[name]:.3g} exceeds the tolerance {limit:.3g}")
+    bands = dict(tol.band_limits)
+    for key, median in figs.items():
+        # strata too small for a median say nothing (figures() leaves them out); the global limits still hold
+        if not key.startswith("median_abs_dlogprob_") or tol.stratum_median is None:
+            continue
+        stratum = key.removeprefix("median_abs_dlogprob_")
+        limit = bands.get(stratum, tol.stratum_median)
+        if not median <= limit:
+            phase, band = stratum.split("_")
+            problems.append(f"{phase} positions {band}: median |Δlogprob| {median:.3g} "
+                            f"exceeds the stratum tolerance {limit:.3g}")
+    return problems
 
 
 def _step_deltas(got: StepLogprobs, want: StepLogprobs) -> list[float]:
@@ -270,11 +293,15 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
         for name in ("max_abs_dlogprob", "p99_abs_dlogprob", "median_abs_dlogprob", "stratum_median_abs_dlogprob",
                      *bands):
             record_figure(f"noise_twin_{name}", noise[name])
-        report = logprobs_close(outputs, want, tol.above_noise(noise))
+        layers = int(reference.cfg["num_hidden_layers"])
+        report = logprobs_close(outputs, want, tol.above_noise(noise, layers))
         if not report.ok:
             names = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
             figures = ", ".join(f"{name} {noise[f'{k}_abs_dlogprob']:.3g}" for k, name in names.items())
             figures += "; each band by its own" if tol.widen_by_band else ""
+            decode = tol.decode_ratio(layers)
+            figures += f", decode bands by {decode:.3g} at {layers} layers" if tol.widen_by_band and decode != \
+                tol.noise_ratio else ""
             report.problems.insert(0, f"limits widened to {tol.noise_ratio:g} x the {tol.noise_dtype} noise twin's "
                                       f"({figures}) and still exceeded:")
     record_figures(record_figure, report)

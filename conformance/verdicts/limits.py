@@ -127,9 +127,11 @@ def _logprob_tolerance(row: dict[str, Any], dtype: str | None = None) -> Logprob
     """A [logprobs.<dtype>]-shaped row; `dtype` given (greedy parity's own row), its `noise_ratio` names the noise
     twin of that dtype."""
     ratio = row.get("noise_ratio") if dtype else None
+    decode = row.get("decode_noise_depth") if ratio else None
     return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median"),
                             bool(row.get("pairwise_greedy", True)), dtype if ratio else None,
-                            float(ratio) if ratio else None, widen_by_band=bool(row.get("widen_by_band", False)))
+                            float(ratio) if ratio else None, widen_by_band=bool(row.get("widen_by_band", False)),
+                            decode_noise_depth=float(decode) if decode else None)
 
 
 def _diagnosis(row: dict[str, Any], parity: LogprobTolerance, dtype: str) -> Diagnosis:
