@@ -294,6 +294,8 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
                      *bands):
             record_figure(f"noise_twin_{name}", noise[name])
         layers = int(reference.cfg["num_hidden_layers"])
+        if tol.widen_by_band:  # the record says what judged the decode bands (docs/verdicts.md)
+            record_figure("noise_ratio_decode_bands", tol.decode_ratio(layers))
         report = logprobs_close(outputs, want, tol.above_noise(noise, layers))
         if not report.ok:
             names = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
