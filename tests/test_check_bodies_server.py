@@ -359,6 +359,9 @@ def test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise(tmp_path):
                                                      {7: -1.05, 8: -1.15, 3: -1.25, 4: -1.35}])
     figures = _graph_check(tmp_path, eager, graph, reference, "bfloat16")
     assert figures.values["greedy_divergences"] == 1
+    # eager's own path against the reference is recorded beside graph mode's (not judged)
+    assert figures.values["eager_reference_compared_steps"] == 2
+    assert figures.values["eager_reference_max_abs_dlogprob"] == pytest.approx(0.05)
     with pytest.raises(FAILED, match=r"eager chose 7 \(rank None in graph mode's top-3\)"):
         _graph_check(tmp_path, eager, graph, reference, "float32")
 

@@ -156,7 +156,8 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     (vLLM 0.26.0 on the H200, bf16: graph mode's token ranked 2nd in eager's top-5, eager's outside graph mode's,
     twice in two runs), so there the tokens answer to the reference, as the TP check's do. With the transformers
     engine both sides decode from the same static KV cache, step by step or by replaying the decode
-    step captured as one graph.
+    step captured as one graph. The eager engine's own paths against the reference are recorded too
+    (eager_reference_* figures), not judged: beside graph mode's, where a deep model's decode noise lives.
 
     Catches: graph capture replaying stale buffers, padded graph batch sizes that pick different or
     broken kernels, sink or sliding-window metadata frozen at capture time — bugs that exist only in
@@ -187,6 +188,12 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     reference = request.getfixturevalue("reference")  # after the skip: a target without graphs loads no reference
     scored = reference.score_all(graph, top_k + 5)
     vs_ref = compare.logprobs_close(graph, scored, tol, ("graph mode", "fp64 reference"))
+    # eager's own paths against the reference: recorded, not judged. Beside graph mode's bands they say whether what
+    # a GPU engine's decode bands add at depth lives in its compiled decode path (docs/verdicts.md "Greedy parity at
+    # depth")
+    eager_vs_ref = compare.logprobs_close(eager, reference.score_all(eager, top_k + 5), tol,
+                                          ("eager", "fp64 reference"))
     record_figures(record_figure, report)
     record_figures(record_figure, vs_ref, prefix="reference_")
+    record_figures(record_figure, eager_vs_ref, prefix="eager_reference_")
     raise_all(report, vs_ref)
