@@ -69,12 +69,9 @@ class LogprobTolerance:
         def up(limit: float | None, figure: float, ratio: float = r) -> float | None:
             return None if limit is None else max(limit, ratio * figure)
 
-        def band_ratio(band: str) -> float:
-            return self.decode_ratio(layers) if band.startswith("decode_") else r
-
-        bands = tuple((band, up(self.stratum_median, v, band_ratio(band)))
-                      for band, v in ((k.removeprefix("median_abs_dlogprob_"), v) for k, v in sorted(noise.items())
-                                      if k.startswith("median_abs_dlogprob_")))
+        band, decode = "median_abs_dlogprob_", self.decode_ratio(layers)
+        bands = tuple((k.removeprefix(band), up(self.stratum_median, v, decode if "_decode_" in k else r))
+                      for k, v in sorted(noise.items()) if k.startswith(band))
         return replace(self, max_abs=up(self.max_abs, noise["max_abs_dlogprob"]) or self.max_abs,
                        p99=up(self.p99, noise["p99_abs_dlogprob"]),
                        median=up(self.median, noise["median_abs_dlogprob"]),
