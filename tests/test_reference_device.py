@@ -409,3 +409,24 @@ def test_the_reads_command_times_the_store_s_own_reads_and_the_other_ways(capsys
     with pytest.raises(SystemExit):
         reads.main(["--model", str(model), "--repeats", "0"])
     assert capsys.readouterr().err.strip() == "--repeats 0: each way is read at least once."
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned host buffers are a GPU store's way of reading")
+def test_a_gpu_store_s_pinned_reads_hold_each_expert_s_own_bytes_while_the_device_lags():
+    """A GPU store reads expert slices through pinned buffers it reuses, copying without blocking (round
+    twenty-five). With the device's stream kept busy, every slice read back to back must still hold its own
+    expert's bytes: a buffer refilled before its last copy ran would hand one expert another's weights."""
+    from conformance.checkpoints.crafted import mxfp4
+    from conformance.reference import reads
+    from conformance.reference.gpt_oss import WeightStore
+
+    store = WeightStore(mxfp4(), device="cuda")
+    names = reads.expert_tensors(store, 0)
+    experts = int(store.where[names[0]].get_slice(names[0]).get_shape()[0])
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of the device's stream before the copies queue behind it
+    got = [(name, e, store._slice(name, e)) for e in range(experts) for name in names]
+    assert store._staging, "the pinned way was taken"
+    for name, e, t in got:
+        assert torch.equal(t.cpu(), store.where[name].get_slice(name)[e]), f"{name}[{e}]"
+    store.release()
+    assert not store._staging

@@ -2,16 +2,17 @@
 reading them.
 
 Round twenty-three's H200 spent 40.3 s of its device reference's 65.5 s at 24 layers of gpt-oss-120b's dimensions
-reading weights (1.7 s a layer), now the reference's largest part. The store reads each routed expert's slices one by
-one, from the mapped file to the device (`WeightStore._slice`). Before that changes, this says which way pays:
+reading weights (1.7 s a layer). The store reads each routed expert's slices one by one (`WeightStore._slice`); round
+twenty-four's H100 read them at 7.6 GB/s as pageable copies and at 26.7 GB/s through pinned host buffers, and the
+store now reads a GPU's through pinned buffers. This says what each way costs on a node:
 
 `python -m conformance.reference.reads --model DIR [--layer N] [--device cuda] [--repeats 5]` prints, for one
 layer's expert tensors, median / min / max seconds and GB/s of:
-- the store's own way (`_slice` for every expert and tensor);
+- the store's own way (`_slice` for every expert and tensor: on a GPU through its pinned buffers);
 - each expert's slices copied on the host alone (what a copy through host buffers pays before the device);
 - the layer's whole tensors at once;
-- on a GPU, each expert's slice through a pinned host buffer kept per tensor, copied to the device without
-  blocking (the buffer's next use waits for its copy).
+- on a GPU, each expert's slices copied to the device from pageable memory (the store's way before round
+  twenty-five).
 
 On the CPU the store takes views of the mapped file (nothing is copied until the math reads it), so there only the
 host copy says something. Torch and safetensors only: no engine, no server.
@@ -64,21 +65,12 @@ def ways(store: WeightStore, names: list[str]) -> dict[str, Callable[[], None]]:
                                             "each expert's slices copied on the host": copied,
                                             "the layer's whole tensors": whole}
     if device.type == "cuda":
-        staging: dict[str, tuple[torch.Tensor, torch.cuda.Event]] = {}
-
-        def pinned() -> None:
+        def pageable() -> None:
             for e in range(experts):
                 for name in names:
-                    part = store.where[name].get_slice(name)[e]
-                    if name not in staging:
-                        staging[name] = (torch.empty_like(part).pin_memory(), torch.cuda.Event())
-                    buffer, done = staging[name]
-                    done.synchronize()  # its last copy to the device is done: the buffer may be refilled
-                    buffer.copy_(part)
-                    torch.empty_like(part, device=device).copy_(buffer, non_blocking=True)
-                    done.record()
+                    store.where[name].get_slice(name)[e].to(device)
 
-        found["each expert's slices through pinned buffers"] = pinned
+        found["each expert's slices from pageable memory"] = pageable
     return found
 
 
