@@ -1335,7 +1335,8 @@ def test_round_twenty_four_s_24_layer_second_node_failed_a_decode_band_that_the_
 def test_on_gpus_the_decode_bands_rise_above_the_twin_with_depth_and_the_prefill_bands_do_not():
     """Every recorded healthy vLLM bf16 GPU run whose greedy parity widened to the noise twin (gpt-oss-120b's
     dimensions, H200 and H100, 8 to 24 layers): each prefill band sits at 0.9-1.2x the twin's same band at every depth;
-    the decode bands rise with depth, past 3x only at 24 layers; today's rule passes every one of them."""
+    the decode bands rise with depth (at 8 layers 1.06x on one H100 node, 1.11x on another: the two took
+    different greedy paths), past 3x only at 24 layers; today's rule passes every one of them."""
     from conformance.tooling.bench_realdim import layers_of
 
     decode_by_depth: dict[int, float] = {}
@@ -1355,7 +1356,7 @@ def test_on_gpus_the_decode_bands_rise_above_the_twin_with_depth_and_the_prefill
                                       [v for k, v in bands.items() if k.startswith("decode_")])
         assert _rejudged(figures, layers) == [], path.name
     assert sorted(decode_by_depth) == [8, 12, 16, 24]
-    assert decode_by_depth[8] < 1.1 < decode_by_depth[12] < 3 and decode_by_depth[16] < 3 < decode_by_depth[24] < 4
+    assert decode_by_depth[8] < 1.2 < decode_by_depth[12] < 3 and decode_by_depth[16] < 3 < decode_by_depth[24] < 4
 
 
 def test_round_twenty_four_reads_a_layer_of_experts_three_times_faster_through_pinned_buffers():
@@ -1378,3 +1379,72 @@ def test_round_twenty_four_s_fp16_runs_of_mxfp4_were_refused_in_one_sentence_bef
         assert ("ERROR: vllm runs this checkpoint's mxfp4 weights in bfloat16 only, not float16 (data/quant.toml "
                 "[format.mxfp4] serves): pass --dtype bfloat16 or a checkpoint dequantized to float16.") in text
         assert "results.json was not written: the run failed before its record" in text
+
+
+R25 = {  # round twenty-five (#38): another H100 node, vLLM 0.26.0, bf16, the gate's 0.9, the store's pinned reads
+    (24, False): "20261206T081517-bench-p0-L24-0", (24, True): "20261206T082141-bench-p0-L24-second-node-1",
+    (8, False): "20261206T083001-bench-p0-L8-0", (8, True): "20261206T083259-bench-p0-L8-second-node-1",
+    (2, False): "20261206T083540-bench-p0-L2-0", (2, True): "20261206T083740-bench-p0-L2-second-node-1",
+}
+R25_GRAPH = "20261206T082603-cuda-61813d"
+R25_LOGS = H100_LOGS / "p0-realdim-round-twenty-five-vllm-0.26.0"
+
+
+def test_round_twenty_five_passes_p0_whole_at_24_layers_first_node_and_second_under_the_decode_rule(capsys):
+    """Round twenty-five on one H100 node (not round twenty-four's: another GPU UUID): fresh first and second nodes at
+    2, 8 and 24 layers, every one whole and PASS 27/27. The 24-layer nodes took round twenty-four's second node's paths
+    to the digit (decode band 128-255 at 6.09 against its twin's 1.54) and pass by the depth rule's 6 x; the slower
+    node (imports 21 s against 14, the host copy 30 GB/s against 56) still fits both goals: 520 s at 36 layers for a
+    first node, 276 s for a second."""
+    from conformance.tooling import bench
+
+    records = {key: _record(run) for key, run in R25.items()}
+    whole = {"passed": 27, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    for key, record in records.items():
+        assert record["complete"] and record["evidence"] and not record["narrowed_by"], key
+        assert (record["engine"], record["dtype"], record["profile"]) == ("vllm", "bfloat16", "h100-gpt-oss-120b")
+        assert record["summary"] == whole, key
+    uuids = {tuple(r["fingerprint"]["platform"]["gpu_uuids"]) for r in records.values()}
+    round_24 = tuple(_record(R24[24, False])["fingerprint"]["platform"]["gpu_uuids"])
+    assert len(uuids) == 1 and round_24 not in uuids
+    for second in (False, True):
+        figures = _check(records[24, second], "test_greedy_logprobs_match_reference")["figures"]
+        assert figures["noise_ratio_decode_bands"] == 6.0
+        assert figures["median_abs_dlogprob_decode_128-255"] == pytest.approx(6.0914, abs=1e-4)
+        assert _rejudged(figures, 24) == [] and _rejudged(figures, 8) != []
+    assert bench.main(["--from-runs", *(str(RUNS / run) for run in R25.values())]) == 0
+    out = capsys.readouterr().out
+    assert ("NVIDIA H100 80GB HBM3 wall against layers (3 runs at [2, 8, 24] layers, r2 0.997): 84.7 s + 12.09 s x "
+            "layers; at 36 layers 520 s = 8.7 min, within the 10-minute goal") in out
+    assert ("second node wall against layers (3 runs at [2, 8, 24] layers, r2 0.999): 91.6 s + 5.13 s x layers; at 36 "
+            "layers 276 s = 4.6 min, within the 5-minute goal") in out
+
+
+def test_round_twenty_five_s_graph_mode_at_24_layers_locates_the_decode_noise_in_both_engines():
+    """P2's graph-mode check alone (-k, recorded as narrowed, no platform result) at 24 layers on the same node: graph
+    mode and eager each stood far past bf16's fixed limits from the reference, the decode bands most (graph 3.52 / 5.80,
+    eager 3.87 / 6.93 in bands 0-127 / 128-255), and from each other by a median 1.43. Eager's decode bands are no
+    smaller than graph mode's: the noise a deep model's decode adds is not graph replay's. The check then judged by the
+    fixed limits and failed a healthy pair; it now judges by greedy parity's (the twin, decode bands by depth)."""
+    record = _record(R25_GRAPH)
+    assert record["narrowed_by"] == "-k 'test_graph_mode_matches_eager'" and not record["evidence"]
+    (check,) = record["checks"]
+    figures = check["figures"]
+    assert check["outcome"] == "failed" and "noise twin" not in check["message"]
+    assert "median_abs_dlogprob = 1.43 exceeds the tolerance 0.15" in check["message"]
+    for band in ("decode_0-127", "decode_128-255"):
+        graph, eager = (figures[f"{side}_median_abs_dlogprob_{band}"] for side in ("reference", "eager_reference"))
+        assert 3.5 < graph <= eager < 7
+    assert figures["reference_greedy_divergences"] == figures["eager_reference_greedy_divergences"] == 0
+    assert figures["greedy_divergences"] == 6
+
+
+def test_round_twenty_five_s_store_reads_a_layer_through_pinned_buffers_twice_as_fast_as_pageable():
+    """The store now reads a GPU's expert slices through pinned buffers; on round twenty-five's node its own way read
+    layer 1's experts (1.694 GB) at 14.7 GB/s against 6.6 GB/s from pageable memory (its way before), and the GPU
+    test that every reused buffer holds its own expert's bytes while the device lags passed there."""
+    text = (R25_LOGS / "reads.log").read_text()
+    layer1 = text[text.index("layer 1:"):]
+    medians = {m[0].strip(): float(m[1]) for m in re.findall(r"^  (.+?)\s+median\s+([0-9.]+) s", layer1, re.M)}
+    assert medians["each expert's slices from pageable memory"] / medians["the store's (each expert's slices)"] > 2
+    assert "1 passed" in (R25_LOGS / "pinned-reads-test.log").read_text()

@@ -151,11 +151,15 @@ def test_serving_perf_at_shape(shape, concurrency, target, run_dir, server, benc
 def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, record_figure, request):
     """The prompt set run greedy with CUDA/HIP graphs captured (enforce_eager=False) gives the eager
     engine's tokens (exactly in fp32) and logprobs within the dtype's tolerance, and its tokens and logprobs
-    agree with the fp64 reference by the full top-k rule. In bf16/fp16 graph mode answers to eager by the
+    agree with the fp64 reference by greedy parity's rule. In bf16/fp16 graph mode answers to eager by the
     distribution limits and a count of partings: two engines of that dtype part greedy paths on noise alone
     (vLLM 0.26.0 on the H200, bf16: graph mode's token ranked 2nd in eager's top-5, eager's outside graph mode's,
-    twice in two runs), so there the tokens answer to the reference, as the TP check's do. With the transformers
-    engine both sides decode from the same static KV cache, step by step or by replaying the decode
+    twice in two runs), so there the tokens answer to the reference, as the TP check's do. At depth the limits are
+    greedy parity's: where graph mode's paths exceed the dtype's fixed limits against the reference they widen to the
+    noise twin's on those paths (decode bands by depth), and graph mode against eager is judged by the same widened
+    limits (round twenty-five: one H100, bf16, 24 layers of 120b's dimensions, a healthy engine pair differed by a
+    median 1.43 and each stood a median 1.16 / 1.40 from the reference, against the fixed 0.15). With the
+    transformers engine both sides decode from the same static KV cache, step by step or by replaying the decode
     step captured as one graph. The eager engine's own paths against the reference are recorded too
     (eager_reference_* figures), not judged: beside graph mode's, where a deep model's decode noise lives.
 
@@ -165,7 +169,8 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
     Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens,
       tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graph_tokens_leave_the_reference,
-      tests/test_check_bodies_server.py::test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise
+      tests/test_check_bodies_server.py::test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise,
+      tests/test_check_bodies_server.py::test_graph_mode_check_at_depth_judges_by_the_noise_twin_and_still_fails_a_fault
     """
     capability = perf.graph_capability(target.name, target.engine)
     if not capability.supported:
@@ -184,16 +189,16 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     if not perf.graphs_captured(graph_engine.log_path, capability.capture_log):
         fail(f"the enforce_eager=False engine logged no {capability.capture_log!r} ({graph_engine.log_path}): it "
              "ran without graphs, so graph mode was not compared")
-    report = perf.graph_eager_parity(graph, eager, tol, limits.graph_divergences)
     reference = request.getfixturevalue("reference")  # after the skip: a target without graphs loads no reference
-    scored = reference.score_all(graph, top_k + 5)
-    vs_ref = compare.logprobs_close(graph, scored, tol, ("graph mode", "fp64 reference"))
+    vs_ref = compare.greedy_parity(graph, reference, tol, top_k, lambda k, v: record_figure(f"reference_{k}", v),
+                                   names=("graph mode", "fp64 reference"))
+    # graph mode against eager by the limits that judged graph mode against the reference (widened at depth)
+    report = perf.graph_eager_parity(graph, eager, vs_ref.tolerance, limits.graph_divergences)
     # eager's own paths against the reference: recorded, not judged. Beside graph mode's bands they say whether what
     # a GPU engine's decode bands add at depth lives in its compiled decode path (docs/verdicts.md "Greedy parity at
     # depth")
     eager_vs_ref = compare.logprobs_close(eager, reference.score_all(eager, top_k + 5), tol,
                                           ("eager", "fp64 reference"))
     record_figures(record_figure, report)
-    record_figures(record_figure, vs_ref, prefix="reference_")
     record_figures(record_figure, eager_vs_ref, prefix="eager_reference_")
     raise_all(report, vs_ref)

@@ -265,19 +265,21 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
 
 
 def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobTolerance, top_k: int,
-                  record_figure: Callable[[str, float], Any], prefill: bool = True) -> ParityReport:
-    """Greedy parity's verdict (checks/test_logit_parity.py::test_greedy_logprobs_match_reference; the run's
-    depth-noise measurement, conformance/run/depth_noise.py): the engine's paths scored by the fp64 reference.
-    Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to noise_ratio x the twin's
-    figures on the same paths (docs/verdicts.md "Greedy parity at depth"). Figures recorded, problems reported.
-    `prefill=False`: the generated steps alone (outputs asked without prompt logprobs)."""
+                  record_figure: Callable[[str, float], Any], prefill: bool = True,
+                  names: tuple[str, str] = ("engine", "reference")) -> ParityReport:
+    """Greedy parity's verdict (checks/test_logit_parity.py::test_greedy_logprobs_match_reference; P2's graph-mode
+    paths; the run's depth-noise measurement, conformance/run/depth_noise.py): the engine's paths scored by the fp64
+    reference. Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to noise_ratio x the
+    twin's figures on the same paths (docs/verdicts.md "Greedy parity at depth"); the report's `tolerance` is the one
+    that judged. Figures recorded, problems reported. `prefill=False`: the generated steps alone (outputs asked
+    without prompt logprobs)."""
     def scored(ref: Any, k: int) -> list[Completion]:
         got = [replace(c, steps=[s.cut(k) for s in c.steps], prompt_steps=[s.cut(k) for s in c.prompt_steps])
                for c in ref.score_all(outputs, max(k, SCORED_TOP_K))]
         return got if prefill else [replace(c, prompt_steps=[]) for c in got]
 
     want = scored(reference, top_k + 5)
-    report = logprobs_close(outputs, want, tol)
+    report = logprobs_close(outputs, want, tol, names)
     if not report.ok and tol.noise_dtype:
         from conformance.reference.device import noise_twin
 
@@ -293,7 +295,7 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
         layers = int(reference.cfg["num_hidden_layers"])
         if tol.widen_by_band:  # the record says what judged the decode bands (docs/verdicts.md)
             record_figure("noise_ratio_decode_bands", tol.decode_ratio(layers))
-        report = logprobs_close(outputs, want, tol.above_noise(noise, layers))
+        report = logprobs_close(outputs, want, tol.above_noise(noise, layers), names)
         if not report.ok:
             names = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
             figures = ", ".join(f"{name} {noise[f'{k}_abs_dlogprob']:.3g}" for k, name in names.items())
