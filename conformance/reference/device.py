@@ -42,9 +42,10 @@ SPOT_RTOL = 1e-10  # |device - CPU| allowed per entry, relative to the largest |
 # path's layers recompute in a worker thread beside the device's next layer; and the time the device's side waited
 # for them. At gpt-oss-120b's dimensions the reference took 5.5 s a layer on the H200 (round eighteen) while the
 # device alone ran a 2-layer sequence in 2.4 s and the spot-checked reference, checking in turn, in 8.9 s.
-# Of the device's work, "device weights read" and "device dequantize" are the device store's own (WeightStore.spent).
-SPENT: dict[str, float] = {"device": 0.0, "device weights read": 0.0, "device dequantize": 0.0, "CPU checks": 0.0,
-                           "CPU checks waited": 0.0}
+# Of the device's work, "device weights read" (of it, "device expert slices read") and "device dequantize" are the
+# device store's own (WeightStore.spent).
+SPENT: dict[str, float] = {"device": 0.0, "device weights read": 0.0, "device expert slices read": 0.0,
+                           "device dequantize": 0.0, "CPU checks": 0.0, "CPU checks waited": 0.0}
 
 
 def _spent(since: float, *what: str) -> float:

@@ -13,10 +13,10 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
 - `reference`: the fp64 reference's set-up and every result the run computed rather than read from the cache or a
   reference pack (the `reference` fixture, reference/cache.py); the computes run inside checks, so this overlaps
   their durations; a device reference's share of it in `reference: device` (its device work: reading and
-  dequantizing weights, computing; of it, `reference: device weights read` and `reference: device dequantize`, timed
-  by events on the GPU's own timeline), `reference: CPU checks` (the CPU's fp64 spot rows, a scored
-  path's in a worker thread beside the device's next layer) and `reference: CPU checks waited` (what the device's
-  side waited for them), conformance/reference/device.py SPENT;
+  dequantizing weights, computing; of it, `reference: device weights read` (of that, `reference: device expert
+  slices read`) and `reference: device dequantize`, timed by events on the GPU's own timeline), `reference: CPU
+  checks` (the CPU's fp64 spot rows, a scored path's in a worker thread beside the device's next layer) and
+  `reference: CPU checks waited` (what the device's side waited for them), conformance/reference/device.py SPENT;
 - `engine: <kind> #<n>` and `server`: each engine start and the suite's server start (RunContext.startups);
 - `vllm start: weights`, `vllm start: compile`, `vllm start: graphs`: over every vLLM engine and server start of
   the run, the seconds vLLM's own log gives to loading the weights, torch.compile and capturing CUDA/HIP graphs
