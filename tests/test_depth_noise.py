@@ -278,3 +278,26 @@ def test_the_decode_bands_widened_with_depth_still_catch_dropped_sinks_and_pass_
     caught = {L: sum(r["verdict"].startswith("FAIL") for r in sinks if r["layers"] == L) for L in ("8", "16")}
     assert caught == {"8": 10, "16": 9}
     assert [r["seed"] for r in sinks if r["verdict"] == "pass"] == ["6"] and tol.decode_ratio(16) == 4.0 > 3.92
+
+
+def test_at_24_layers_the_per_layer_check_catches_dropped_sinks_where_greedy_parity_loses_some():
+    """The 24-layer sweep (fixtures/recorded/depth-noise/README.md, 2026-12-06): healthy models pass greedy parity
+    (decode bands at most 1.7x their twin) and the per-layer check (worst group at most 0.31 of its limit). With the
+    sinks dropped greedy parity fails 6 of 10: seed 2 (5.92x) passes by the depth rule's 6, and 4, 7 and 8 stand
+    under 3 (the fault does not show in greedy parity there at all). The per-layer check fails all 10, by 50x and
+    more: at 24 layers P0 keeps the fault through it."""
+    tol = limits_for("bfloat16").logprobs[0]
+    healthy = table((SWEEP / "vllm-bf16-24-layers.md").read_text().splitlines())
+    sinks = table((SWEEP / "vllm-bf16-sinks-24-layers.md").read_text().splitlines())
+    blocks = table((SWEEP / "layer-blocks-vllm-bf16-L24.md").read_text().splitlines())
+    sinks_blocks = table((SWEEP / "layer-blocks-vllm-bf16-sinks-L24.md").read_text().splitlines())
+    assert len(healthy) == len(sinks) == len(blocks) == len(sinks_blocks) == 10
+    assert {r["layers"] for r in healthy + sinks + blocks + sinks_blocks} == {"24"}
+    assert all(r["verdict"] == "pass" and float(r[DECODE]) < 1.7 for r in healthy)
+    for row in sinks:
+        assert row["verdict"].startswith("FAIL") == (float(row[DECODE]) > tol.decode_ratio(24)), row
+    assert tol.decode_ratio(24) == 6.0
+    assert [r["seed"] for r in sinks if r["verdict"] == "pass"] == ["2", "4", "7", "8"]
+    assert [r["seed"] for r in sinks if 3 < float(r[DECODE]) <= 6] == ["2"]
+    assert all(r["verdict"] == "pass" and float(r["worst group / limit"]) < 0.31 for r in blocks)
+    assert all(r["verdict"].startswith("FAIL") and float(r["worst group / limit"]) > 50 for r in sinks_blocks)
