@@ -115,6 +115,7 @@ def run_probes() -> dict[str, Any]:
     if isinstance(results["amd_smi_static"], ProbeFailure):
         results["rocm_smi"] = _guarded("rocm_smi", amd_smi.probe_rocm_smi)
     results["host_speed"] = _guarded("host_speed", host.single_thread_mops)  # alone: the threads above would slow it
+    results["host_copy"] = _guarded("host_copy", host.copy_gbs)
     return results
 
 
@@ -199,6 +200,7 @@ def derive_platform(p: dict[str, Any]) -> dict[str, Any]:
     f.first("cpu_flags", (p["cpuinfo"], lambda r: r.flags))
     f.first("logical_cpus", (p["cpuinfo"], lambda r: r.logical_cpus))
     f.first("host_single_thread_mops", (p.get("host_speed"), lambda r: round(r, 2)))
+    f.first("host_copy_gbs", (p.get("host_copy"), lambda r: round(r, 1)))
     f.first("mem_total_gib", (p["mem_total_kib"], lambda r: round(r / 2**20, 1)))
     f.first("os_id", (p["os_release"], lambda r: r.get("id")))
     f.first("os_version", (p["os_release"], lambda r: r.get("version_id")))

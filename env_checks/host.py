@@ -193,6 +193,26 @@ def single_thread_mops(n: int = 100_000, repeats: int = 7) -> float:
     return n / best / 1e6
 
 
+def copy_gbs(mib: int = 64, repeats: int = 5) -> float:
+    """The host's memory-copy speed: GB a second of one core copying a `mib` MiB buffer (a memcpy, larger than the
+    caches), the best of `repeats` copies. Two H100 nodes that ran the single-thread probe alike (7.83 and 7.97) ran
+    every host phase of P0 apart by about 1.5x, and copied a layer's weights on the host at 30 and 56 GB/s (round
+    twenty-five): a single-thread figure alone does not tell such hosts apart."""
+    source, target = bytearray(os.urandom(1 << 20)) * mib, bytearray(mib << 20)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target[:] = source
+        best = min(best, time.perf_counter() - start)
+    return len(source) / best / 1e9
+
+
+def host_speeds() -> dict[str, float]:
+    """Both host probes, as a serving level and a run's fingerprint record them (env_checks/baselines.py
+    HOST_FIGURES)."""
+    return {"host_single_thread_mops": single_thread_mops(), "host_copy_gbs": copy_gbs()}
+
+
 def kernel_release() -> str:
     return platform.release()
 

@@ -169,6 +169,9 @@ def test_phases_of_adds_checks_venv_and_load():
     assert row["host_mops"] == 8.88
     table = bench.format_table("p0", bench.aggregate([row]), 1)
     assert table.splitlines()[2].split() == ["host_mops", "8.88", "8.88", "8.88", "1"]  # first, and no unit
+    record["fingerprint"]["platform"]["host_copy_gbs"] = 30.9  # the memory-copy probe's, next to it
+    table = bench.format_table("p0", bench.aggregate([bench.phases_of(record)]), 1)
+    assert table.splitlines()[3].split() == ["host_copy_gbs", "30.90", "30.90", "30.90", "1"]
     # what the fp64 reference computed, read and cut from longer paths: counts, at the table's end
     record["reference_results"] = {"computed": 10, "read": 9, "from_pack": 9, "derived": 2, "compute_s": 80.5}
     lines = bench.format_table("p0", bench.aggregate([bench.phases_of(record)]), 1).splitlines()

@@ -305,26 +305,30 @@ def test_a_damaged_pin_file_fails_the_check_in_one_sentence(store, tmp_path, mon
             _promote(store, "cpu")
 
 
-@pytest.mark.parametrize(("pinned_host", "expect"), [
-    (1000.0, "slower_host"),  # the pins' host ran the probe far faster than any real core: this host is slower
-    (0.001, "new_failure"),   # the pins' host was the slower one: the miss is the stack's
-    (None, "new_failure"),    # pins of runs that measured no host speed: the miss is the stack's, and it says so
-], ids=["pinned-on-a-faster-host", "pinned-on-a-slower-host", "pin-without-host-speed"])
+@pytest.mark.parametrize(("figure", "pinned_host", "expect"), [
+    # the pins' host ran the probe far faster than any real core: this host is slower
+    (baselines.HOST_FIGURE, 1000.0, "slower_host"),
+    ("host_copy_gbs", 1e5, "slower_host"),  # its memcpy far faster than any real host's: slower by the copy probe
+    (baselines.HOST_FIGURE, 0.001, "new_failure"),  # the pins' host was the slower one: the miss is the stack's
+    (None, None, "new_failure"),  # pins of runs that measured no host speed: the miss is the stack's, and it says so
+], ids=["pinned-on-a-faster-host", "pinned-on-a-host-that-copies-faster", "pinned-on-a-slower-host",
+        "pin-without-host-speed"])
 def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(store, tmp_path, monkeypatch, capsys,
-                                                                            pinned_host, expect):
-    """The check's own body probes this host's single-thread speed as the level starts and records it. Against
-    pins of runs whose host ran the probe more than perf.toml's [host_speed] tolerance faster, a level at half the
-    pinned throughput fails as `slower_host`, naming the ratio (not like for like); against pins from a slower host,
-    or pins with no host speed, it fails as the stack's regression. A level that meets its pin passes either way."""
+                                                                            figure, pinned_host, expect):
+    """The check's own body probes this host's single-thread and memory-copy speeds as the level starts and records
+    them. Against pins of runs whose host ran either probe more than perf.toml's [host_speed] tolerance faster, a
+    level at half the pinned throughput fails as `slower_host`, naming the probe and the ratio (not like for like);
+    against pins from a slower host, or pins with no host speed, it fails as the stack's regression. A level that
+    meets its pin passes either way."""
     from conformance.run import runrecord
     from conformance.verdicts.verdict import CheckFailed
 
-    hosts = [{} if pinned_host is None else {baselines.HOST_FIGURE: pinned_host * f} for f in (0.95, 1.0, 1.05)]
+    hosts = [{} if pinned_host is None else {figure: pinned_host * f} for f in (0.95, 1.0, 1.05)]
     _ingest(store, *(_record(f"pinned-{i}", _stamp(-10 + i), "passed", _scaled(f) | hosts[i], "cuda")
                      for i, f in enumerate((0.98, 1.0, 1.02))))
     assert _promote(store, "cuda") == 0
     said = "its runs' hosts lay 10% apart in single-thread speed"  # what promotion says of the pin it wrote
-    assert (said in capsys.readouterr().out) == (pinned_host is not None)
+    assert (said in capsys.readouterr().out) == (figure == baselines.HOST_FIGURE)
 
     def level(figures: dict[str, float]) -> tuple[CheckFailed | None, Figures]:
         monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: compare.VerdictReport(
@@ -344,13 +348,16 @@ def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(st
 
     failure, recorded = level(_scaled(0.5))
     assert failure is not None and "output_tok_s regressed to 500 from 1000" in str(failure)
-    assert recorded.values[baselines.HOST_FIGURE] > 0.01  # this host, measured: any real core
+    assert recorded.values[baselines.HOST_FIGURE] > 0.01 and recorded.values["host_copy_gbs"] > 0.5  # this host's
     assert runrecord.classify("failed", str(failure), runrecord.exception_chain(failure)) == expect
-    if expect == "slower_host":
+    if expect == "slower_host" and figure == baselines.HOST_FIGURE:
         assert re.search(r"this host ran the suite's single-thread probe at 0\.0\d+ of the speed of the pinned runs' "
                          r"host \([0-9.]+ against 1e\+03 million steps a second\)", str(failure)), str(failure)
+    elif expect == "slower_host":
+        assert re.search(r"this host ran the suite's memory-copy probe at 0\.00 of the speed of the pinned runs' "
+                         r"host \([0-9.]+ against 1e\+05 GB a second\)", str(failure)), str(failure)
     else:
-        assert "single-thread probe" not in str(failure)
+        assert "probe at" not in str(failure)
         assert ("the pinned runs measured no host speed" in str(failure)) == (pinned_host is None)
     failure, recorded = level(_scaled(1.0))
     assert failure is None and recorded.values["output_tok_s_vs_pinned"] == pytest.approx(1.0)

@@ -14,7 +14,7 @@ from conformance.run import runrecord
 from conformance.verdicts import bench_shapes, compare, host_speed, perf, perf_floors, shared_gpu
 from conformance.verdicts.verdict import fail, raise_all, record_figures
 from env_checks import baselines
-from env_checks.host import single_thread_mops
+from env_checks.host import host_speeds
 
 AREA = "performance"
 CONCURRENCY = perf.sweep()
@@ -47,9 +47,9 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     [bench.server_warmup]); a server that fails those requests fails here. Where another process held the GPU while
     the level ran (NVML or amdsmi, on a server the suite started), a level that still meets its pin passes (sharing
     only slows), one that misses fails as `shared_gpu`, naming the process, not as the stack's failure; the
-    measurement is never a baseline. Each level records the host's single-thread speed as it starts
-    (conformance/verdicts/host_speed.py); one that misses a pin measured on a faster host (perf.toml [host_speed])
-    fails as `slower_host`, saying by how much: not a like-for-like comparison.
+    measurement is never a baseline. Each level records the host's single-thread and memory-copy speeds as it
+    starts (conformance/verdicts/host_speed.py); one that misses a pin measured on a host faster by either (perf.toml
+    [host_speed]) fails as `slower_host`, saying by how much: not a like-for-like comparison.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
@@ -76,7 +76,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             warmed.raise_if_failed()
         log_start = perf.log_size(server_log)
         watch = shared_gpu.Watch(judge=server.managed)  # a server of the suite's: its processes are known
-        host = single_thread_mops()  # the host as the level starts: pins are figures of their host too
+        host = host_speeds()  # the host as the level starts: pins are figures of their host too
         result = perf.run_bench(plan, *bench_args)
         watch.stop()
     except perf.PerfError as exc:
@@ -84,7 +84,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     result.measured["num_warmups"] = float(plan.num_warmups)
     if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
         result.measured["jit_compiles_during_run"] = float(jit)
-    result.measured |= watch.figures() | {baselines.HOST_FIGURE: host}
+    result.measured |= watch.figures() | host
     record_figures(record_figure, result)
     with watch.explains():
         result.raise_if_failed()

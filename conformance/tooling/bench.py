@@ -11,8 +11,9 @@ itself is the `venv` phase), else `python -m conformance run --tier <tier> ...`.
 run's results.json (`phases`, conformance/run/phases.py) and its checks' durations; `floor_ratio` is the run's
 wall over its floor (its first vLLM engine start plus the parity decode, both measured in the same run).
 The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers;
-`host_mops`, the host's single-thread speed the run's fingerprint measured (env_checks.host.single_thread_mops),
-explains the spread between nodes that fingerprint alike (engine starts follow the host).
+`host_mops` and `host_copy_gbs`, the host's single-thread and memory-copy speeds the run's fingerprint measured
+(env_checks.host), explain the spread between nodes that fingerprint alike (engine starts follow the host; round
+twenty-five's two H100 nodes ran the single-thread probe alike and every host phase 1.5x apart).
 --second-node (with `-- --reference-pack DIR`) adds, per layer count, one run per tier as a second node of a
 fleet would make it: the suite's cache empty (at the path the first runs used, as on a fleet's nodes; both start
 it empty), so its fp64 results come from the pack the first runs wrote, and
@@ -45,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 # Row order of the table: the run's own phases first, then each check, then the totals.
-HEAD = ("load_1m", "host_mops", "generate", "venv", "startup", "imports", "checkpoints", "load")
+HEAD = ("load_1m", "host_mops", "host_copy_gbs", "generate", "venv", "startup", "imports", "checkpoints", "load")
 TAIL = ("reference", "parity_decode", "report", "exit", "wall", "outer_wall", "floor", "floor_ratio",
         "reference results computed", "reference results read", "reference results derived")
-COUNTS = ("floor_ratio", "load_1m", "host_mops", "reference results computed", "reference results read",
-          "reference results derived")  # plain numbers, not seconds
+COUNTS = ("floor_ratio", "load_1m", "host_mops", "host_copy_gbs", "reference results computed",
+          "reference results read", "reference results derived")  # plain numbers, not seconds
 
 
 class BenchError(RuntimeError):
@@ -86,9 +87,10 @@ def phases_of(record: dict[str, Any], outer_wall_s: float | None = None, load_1m
     for what in ("computed", "read", "derived"):
         if isinstance(done.get(what), int):
             out[f"reference results {what}"] = float(done[what])
-    host = ((record.get("fingerprint") or {}).get("platform") or {}).get("host_single_thread_mops")
-    if isinstance(host, (int, float)):
-        out["host_mops"] = float(host)
+    platform = (record.get("fingerprint") or {}).get("platform") or {}
+    for figure, row in (("host_single_thread_mops", "host_mops"), ("host_copy_gbs", "host_copy_gbs")):
+        if isinstance(platform.get(figure), (int, float)):
+            out[row] = float(platform[figure])
     return out
 
 

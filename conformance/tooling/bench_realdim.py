@@ -199,7 +199,9 @@ def machines_line(records: list[dict[str, Any]]) -> str | None:
     if len(machines) < 2:
         return None
     mops = sorted(p["host_single_thread_mops"] for p in platforms if p.get("host_single_thread_mops"))
-    speeds = f", host single-thread {mops[0]:g}-{mops[-1]:g} M ops/s" if mops else ""
+    copies = sorted(p["host_copy_gbs"] for p in platforms if p.get("host_copy_gbs"))
+    speeds = (f", host single-thread {mops[0]:g}-{mops[-1]:g} M ops/s" if mops else "") + \
+        (f", host memory copy {copies[0]:g}-{copies[-1]:g} GB/s" if copies else "")
     return (f"(these {len(records)} runs come from {len(machines)} machines{speeds}: not like for like; only runs "
             "of one machine make a fit of one machine)")
 

@@ -108,10 +108,13 @@ def test_platform_of_h200(recorded, probes):
 
 
 def test_the_fingerprint_measures_the_host_s_single_thread_speed(no_tools_on_path, probes):
-    """Measured once per run, alone (not beside the threaded probes), rounded; a probe that failed says why."""
+    """Measured once per run, alone (not beside the threaded probes), rounded, with the host's memory-copy speed
+    (hosts alike in the first can differ in the second); a probe that failed says why."""
     platform = collect()["platform"]
     assert platform["host_single_thread_mops"] > 0.1  # any real core: about 9 on a 2026 server core
+    assert platform["host_copy_gbs"] > 0.5  # any real host: 19 on this project's CI-like host, 30-56 on H100 nodes
     assert derive_platform(probes(host_speed=8.876))["host_single_thread_mops"] == 8.88
+    assert derive_platform(probes(host_copy=30.94))["host_copy_gbs"] == 30.9
     from env_checks.facts import FAILED, ProbeFailure
 
     missing = derive_platform(probes(host_speed=ProbeFailure("host_speed", FAILED, "probe raised MemoryError")))
