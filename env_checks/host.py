@@ -208,8 +208,8 @@ def copy_gbs(mib: int = 64, repeats: int = 5) -> float:
 
 
 def host_speeds() -> dict[str, float]:
-    """Both host probes, as a serving level and a run's fingerprint record them (env_checks/baselines.py
-    HOST_FIGURES)."""
+    """Both host probes, by the names a serving level records and pins them under (env_checks/baselines.py
+    HOST_FIGURES; the run's fingerprint records the same two)."""
     return {"host_single_thread_mops": single_thread_mops(), "host_copy_gbs": copy_gbs()}
 
 

@@ -349,6 +349,7 @@ def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(st
     failure, recorded = level(_scaled(0.5))
     assert failure is not None and "output_tok_s regressed to 500 from 1000" in str(failure)
     assert recorded.values[baselines.HOST_FIGURE] > 0.01 and recorded.values["host_copy_gbs"] > 0.5  # this host's
+    assert set(baselines.HOST_FIGURES) <= set(recorded.values)  # every host figure a pin can judge by is recorded
     assert runrecord.classify("failed", str(failure), runrecord.exception_chain(failure)) == expect
     if expect == "slower_host" and figure == baselines.HOST_FIGURE:
         assert re.search(r"this host ran the suite's single-thread probe at 0\.0\d+ of the speed of the pinned runs' "

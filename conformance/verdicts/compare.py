@@ -297,8 +297,8 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
             record_figure("noise_ratio_decode_bands", tol.decode_ratio(layers))
         report = logprobs_close(outputs, want, tol.above_noise(noise, layers), names)
         if not report.ok:
-            names = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
-            figures = ", ".join(f"{name} {noise[f'{k}_abs_dlogprob']:.3g}" for k, name in names.items())
+            labels = {"median": "median", "p99": "p99", "max": "max", "stratum_median": "largest band median"}
+            figures = ", ".join(f"{label} {noise[f'{k}_abs_dlogprob']:.3g}" for k, label in labels.items())
             figures += "; each band by its own" if tol.widen_by_band else ""
             decode = tol.decode_ratio(layers)
             figures += f", decode bands by {decode:.3g} at {layers} layers" if tol.widen_by_band and decode != \

@@ -38,7 +38,10 @@ def slower_by(measured: dict[str, float], baseline: Any, tolerance: float) -> tu
         here, there = measured.get(figure), baseline.figures.get(figure)
         if here and there and here / there < 1.0 - max(tolerance, baseline.spread.get(figure, 0.0)):
             slower.append((here / there, figure))
-    return (min(slower)[1], min(slower)[0]) if slower else None
+    if not slower:
+        return None
+    ratio, figure = min(slower)
+    return figure, ratio
 
 
 @contextmanager
