@@ -35,7 +35,7 @@ def _bench_json(**overrides: object) -> dict:
 
 def test_bench_plan_sizes_come_from_data():
     assert (PLAN.num_prompts, PLAN.input_len, PLAN.output_len) == (8, 32, 16)
-    assert perf.bench_plan("cuda", 1).num_prompts == 8 and perf.bench_plan("cuda", 32).num_prompts == 128
+    assert [perf.bench_plan("cuda", c).num_prompts for c in (1, 8, 32, 64)] == [4, 8, 32, 64]  # one wave per level
     assert perf.sweep() == [1, 8, 32, 64]
 
 

@@ -281,6 +281,22 @@ def test_a_pin_from_named_runs_keeps_their_spread_and_the_check_allows_no_more(s
     assert not perf.regression_verdict({"output_tok_s": 510.0, "ttft_p99_ms": 201.0}, wide, limits).ok
 
 
+def test_a_pin_of_another_request_count_fails_the_level_as_unlike(store, tmp_path, monkeypatch):
+    """perf.toml's GPU mix went from four waves per level to one (8 requests at c1 became 4, 32 at c8 became 8): a pin
+    of the old mix is not compared with a run of the new one. The check's own body fails the level at the very
+    throughput and latencies of its pin, saying how many requests each measured; a pin of the same count passes."""
+    _ingest(store, _record("four-waves", _stamp(-3), "passed", _scaled(1.0), "cuda"))
+    assert _promote(store, "cuda", "--runs", "1") == 0
+    one_wave = _scaled(1.0) | {"completed": 8.0}
+    outcome, message, _ = _run_check(monkeypatch, tmp_path, "cuda", one_wave)
+    assert outcome == "failed" and "the baseline measured 32 requests at this level and this run 8: not like with " \
+        "like" in message, message
+    assert "regressed" not in message
+    _ingest(store, _record("one-wave", _stamp(-1), "failed", one_wave, "cuda"))
+    assert _promote(store, "cuda", "--run", "one-wave") == 0
+    assert _run_check(monkeypatch, tmp_path, "cuda", one_wave)[0] == "passed"
+
+
 @pytest.mark.parametrize(("body", "why"), [
     ("{not json", "not readable JSON"),
     (json.dumps({"schema": 2, "baselines": [{"check_id": CHECK, "lineage": "x", "model": MODEL,

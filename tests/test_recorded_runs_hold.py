@@ -45,6 +45,20 @@ def over_limits(dtype: str, figures: dict[str, float]) -> list[str]:
         if lim is not None and k in figures and not figures[k] <= lim]
 
 
+def test_every_kept_run_s_junit_xml_is_well_formed() -> None:
+    """A kept run's JUnit XML is what a CI system reads. Paths replaced by placeholders like <reports> before keeping
+    were written into the XML unescaped, and nine kept files stopped being XML (round twenty-six found them)."""
+    import xml.etree.ElementTree as ET
+
+    bad = []
+    for path in sorted(RUNS.glob("*/junit.xml")):
+        try:
+            ET.parse(path)
+        except ET.ParseError as exc:
+            bad.append(f"{path.parent.name}: {exc}")
+    assert len(list(RUNS.glob("*/junit.xml"))) > 100 and not bad, bad
+
+
 @pytest.mark.parametrize("run_id", sorted(CLEAN))
 def test_healthy_h200_run_passes_todays_parity_limits(run_id: str) -> None:
     dtype, figures = _parity(run_id)

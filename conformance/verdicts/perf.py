@@ -311,10 +311,16 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
     """Each judged figure against its baseline; a judged figure this run did not measure fails. Its
     figures are `<figure>_vs_baseline` (`<figure>_vs_pinned` against a pinned baseline), this run's value
     over the baseline's. A figure's tolerance is perf.toml's, or the spread of the pinned runs where that is wider:
-    a move the same stack showed between its own runs is noise of this machine and figure, not a regression."""
+    a move the same stack showed between its own runs is noise of this machine and figure, not a regression. A
+    baseline of another request count (perf.toml's mix changed) fails the verdict, saying so: not like with like."""
     verdict = VerdictReport(f"against the {baseline.pinned}" if baseline.pinned else
                             f"against baseline run {baseline.run_id} ({baseline.started_at})")
     suffix = "_vs_pinned" if baseline.pinned else "_vs_baseline"
+    ran, pinned = current.get("completed"), baseline.figures.get("completed")
+    if ran is not None and pinned is not None and ran != pinned:  # a level's figures are figures of its request count
+        verdict.problems.append(f"the baseline measured {pinned:g} requests at this level and this run {ran:g}: not "
+                                "like with like (perf.toml's request mix changed since); promote a baseline of this "
+                                "mix with `conformance baseline promote`")
     for lim in limits:
         if lim.name not in current:
             verdict.problems.append(f"this run measured no {lim.name}, so it cannot be compared")
