@@ -15,7 +15,8 @@ OUTCOME_SHORT = {"passed": "pass", "failed": "fail", "error": "error", "skipped"
                  "xfailed": "xfail", "xpassed": "xpass"}
 CLASS_LABEL = {"new_failure": "new failure", "known_bug": "known bug", "capability_gap": "capability gap",
                "timeout": "timeout", "crash": "crash", "could_not_run": "could not run",
-               "shared_gpu": "GPU shared", "slower_host": "slower host"}
+               "shared_gpu": "GPU shared", "slower_host": "slower host",
+               "unlike_pin": "pin of another mix"}
 _GITHUB = re.compile(r"^/([^/]+)/([^/]+)/(?:issues|pull)/(\d+)")
 
 

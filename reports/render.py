@@ -39,7 +39,7 @@ def _tiles(data: SiteData) -> str:
     not_run = sum(1 for d in data.disagreements if d.kind == "not_run")
     new = sum(1 for checks in data.latest_checks.values() for c in checks
               if data.failure_class(c) in ("new_failure", "crash", "timeout", "could_not_run", "shared_gpu",
-                                           "slower_host"))
+                                           "slower_host", "unlike_pin"))
     red = sum(1 for t in data.transitions if t.transition.still_red)
     tiles = [
         ("Parity score", pct(overall.score if overall else None),

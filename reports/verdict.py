@@ -8,7 +8,8 @@ that ran it (`analysis.checks_of_latest_tiers`).
 
 * **not safe**: a check failed or errored (could not run, timed out, crashed: fail closed) in the newest evidence of
   its tier; the P0 gate's failures are named first;
-* a measurement the check itself said was not like for like (`shared_gpu`: another job held the GPU; `slower_host`:
+* a measurement the check itself said was not like for like (`shared_gpu`: another job held the GPU; `unlike_pin`:
+  a pin of another request mix; `slower_host`:
   a slower host than its pin's) is no verdict on the stack either way: it is named, and the lineage is at best
   **not enough evidence** until that tier is measured like for like;
 * **not enough evidence**: nothing failed, but P0 (the gate) or P1 (production) has no judged check in an evidence
@@ -38,7 +39,7 @@ REQUIRED_TIERS = ("p0", "p1")
 TIERS = ("p0", "p1", "p2", "p3")  # as results.schema.json enumerates them
 FAILING = frozenset({"failed", "error"})
 # Failure classes of a measurement that could not be compared like for like: not the stack's verdict, nor a pass.
-NOT_LIKE_FOR_LIKE = frozenset({"shared_gpu", "slower_host"})
+NOT_LIKE_FOR_LIKE = frozenset({"shared_gpu", "slower_host", "unlike_pin"})
 DECISION_ORDER = {"rocm": 0, "cuda": 1, "cpu": 2}  # ROCm combos first, each with its CUDA counterpart beside it
 
 

@@ -284,14 +284,26 @@ def test_a_pin_from_named_runs_keeps_their_spread_and_the_check_allows_no_more(s
 def test_a_pin_of_another_request_count_fails_the_level_as_unlike(store, tmp_path, monkeypatch):
     """perf.toml's GPU mix went from four waves per level to one (8 requests at c1 became 4, 32 at c8 became 8): a pin
     of the old mix is not compared with a run of the new one. The check's own body fails the level at the very
-    throughput and latencies of its pin, saying how many requests each measured; a pin of the same count passes."""
+    throughput and latencies of its pin as `unlike_pin` (not like for like, not the stack's failure), saying how many
+    requests each measured; a pin of the same count passes."""
+    from conformance.run import runrecord
     _ingest(store, _record("four-waves", _stamp(-3), "passed", _scaled(1.0), "cuda"))
     assert _promote(store, "cuda", "--runs", "1") == 0
     one_wave = _scaled(1.0) | {"completed": 8.0}
-    outcome, message, _ = _run_check(monkeypatch, tmp_path, "cuda", one_wave)
-    assert outcome == "failed" and "the baseline measured 32 requests at this level and this run 8: not like with " \
-        "like" in message, message
+    monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: compare.VerdictReport(
+        "vllm bench serve at concurrency 8", measured=dict(one_wave)))
+    run = run_ctx("cuda", run_dir=tmp_path)
+    run.combo = COMBO
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
+                             managed=False)
+    with pytest.raises(perf.UnlikePin) as failure:
+        perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
+                                                       SimpleNamespace(name=MODEL), _lineage("cuda"), Figures(),
+                                                       SimpleNamespace(node=SimpleNamespace(nodeid=CHECK)))
+    message = str(failure.value)
+    assert "the baseline measured 32 requests at this level and this run 8: not like with like" in message
     assert "regressed" not in message
+    assert runrecord.classify("failed", message, runrecord.exception_chain(failure.value)) == "unlike_pin"
     _ingest(store, _record("one-wave", _stamp(-1), "failed", one_wave, "cuda"))
     assert _promote(store, "cuda", "--run", "one-wave") == 0
     assert _run_check(monkeypatch, tmp_path, "cuda", one_wave)[0] == "passed"

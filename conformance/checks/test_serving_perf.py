@@ -49,7 +49,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     only slows), one that misses fails as `shared_gpu`, naming the process, not as the stack's failure; the
     measurement is never a baseline. Each level records the host's single-thread and memory-copy speeds as it
     starts (conformance/verdicts/host_speed.py); one that misses a pin measured on a host faster by either (perf.toml
-    [host_speed]) fails as `slower_host`, saying by how much: not a like-for-like comparison.
+    [host_speed]) fails as `slower_host`, saying by how much: not a like-for-like comparison. A pin that measured
+    another number of requests (perf.toml's mix changed since) fails the level as `unlike_pin`, saying so.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
@@ -62,7 +63,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
       tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
       tests/test_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check,
       tests/test_check_bodies_server.py::test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack,
-      tests/test_perf_pins.py::test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host
+      tests/test_perf_pins.py::test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host,
+      tests/test_perf_pins.py::test_a_pin_of_another_request_count_fails_the_level_as_unlike
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
@@ -102,6 +104,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
                                     f"and model {model!r} in {pins} (promote one from accepted runs with `conformance "
                                     f"baseline promote`, docs/results.md)", record_figure)
         return
+    if (unlike := perf.unlike_mix(result.measured, baseline)) is not None:
+        raise perf.UnlikePin(f"against the {baseline.pinned}: {unlike}")
     verdict = perf.regression_verdict(result.measured, baseline, limits)
     since: list[baselines.AcceptedRun] = []
     if db.is_file():  # the drift since the pin; the verdict is the pin's alone

@@ -25,6 +25,7 @@ from conformance.engines.base import Completion
 from conformance.engines.vllm_server import _tail  # the last lines of a child's log, for error messages
 from conformance.verdicts import compare
 from conformance.verdicts.compare import VerdictReport
+from conformance.verdicts.verdict import CheckFailed
 from env_checks import baselines
 
 PERF_DATA = datafiles.DATA / "perf.toml"
@@ -316,11 +317,8 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
     verdict = VerdictReport(f"against the {baseline.pinned}" if baseline.pinned else
                             f"against baseline run {baseline.run_id} ({baseline.started_at})")
     suffix = "_vs_pinned" if baseline.pinned else "_vs_baseline"
-    ran, pinned = current.get("completed"), baseline.figures.get("completed")
-    if ran is not None and pinned is not None and ran != pinned:  # a level's figures are figures of its request count
-        verdict.problems.append(f"the baseline measured {pinned:g} requests at this level and this run {ran:g}: not "
-                                "like with like (perf.toml's request mix changed since); promote a baseline of this "
-                                "mix with `conformance baseline promote`")
+    if (unlike := unlike_mix(current, baseline)) is not None:
+        verdict.problems.append(unlike)
     for lim in limits:
         if lim.name not in current:
             verdict.problems.append(f"this run measured no {lim.name}, so it cannot be compared")
@@ -345,6 +343,23 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
         if lim.regressed(value, base):
             verdict.problems.append(f"{lim.name} regressed to {value:.4g} from {base:.4g}")
     return verdict
+
+
+class UnlikePin(CheckFailed):
+    """A serving level whose pin measured another number of requests (perf.toml's mix changed since): not like for
+    like, so neither the stack's failure nor a pass. A run record classes the check `unlike_pin`."""
+
+    failure_class = "unlike_pin"
+
+
+def unlike_mix(current: dict[str, float], baseline: Baseline) -> str | None:
+    """Why `baseline` is not this level's like (it measured another number of requests), or None."""
+    ran, pinned = current.get("completed"), baseline.figures.get("completed")
+    if ran is None or pinned is None or ran == pinned:  # a level's figures are figures of its request count
+        return None
+    return (f"the baseline measured {pinned:g} requests at this level and this run {ran:g}: not like with like "
+            "(perf.toml's request mix changed since); promote a baseline of this mix with `conformance baseline "
+            "promote`")
 
 
 def history_path() -> Path:

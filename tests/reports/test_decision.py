@@ -250,13 +250,14 @@ def test_a_planted_fault_the_suite_did_not_see_keeps_a_lineage_from_production_s
 
 def test_a_measurement_not_like_for_like_is_no_verdict_on_the_stack_and_no_pass(tmp_path: Path) -> None:
     """The samples' safe CUDA lineage, then a newer whole run whose P2 serving level missed its pin: as `slower_host`
-    (a slower host than the pin's) or `shared_gpu` the lineage is not enough evidence, the level named as not like for
-    like; as the stack's own failure (`new_failure`) it is not safe."""
+    (a slower host than the pin's), `shared_gpu` or `unlike_pin` (a pin of another request mix) the lineage is not
+    enough evidence, the level named as not like for like; as the stack's own failure (`new_failure`) it is not
+    safe."""
     key = "cuda H200 · vllm · installed · gpt-oss-120b · bfloat16"
     green = load_fixture(_verdicts([FIXTURE_RUNS], tmp_path / "a")[key].run.source)
     level = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c64]"
     states = {}
-    for n, klass in enumerate(("slower_host", "shared_gpu", "new_failure")):
+    for n, klass in enumerate(("slower_host", "shared_gpu", "unlike_pin", "new_failure")):
         rec = copy.deepcopy(green)
         run_id = f"2030010{n + 1}T000000Z-cuda-{klass[:6]}"
         rec.update(run_id=run_id, started_at=f"2030-01-0{n + 1}T00:00:00Z", finished_at=f"2030-01-0{n + 1}T00:00:00Z",
@@ -273,4 +274,5 @@ def test_a_measurement_not_like_for_like_is_no_verdict_on_the_stack_and_no_pass(
             assert verdict.failures == [] and [c.id for c in verdict.unjudged] == [level]
             assert any(r.startswith(f"1 measurement not like for like ({klass}: not a verdict on the stack")
                        for r in verdict.reasons), verdict.reasons
-    assert states == {"slower_host": NOT_ENOUGH, "shared_gpu": NOT_ENOUGH, "new_failure": NOT_SAFE}
+    assert states == {"slower_host": NOT_ENOUGH, "shared_gpu": NOT_ENOUGH, "unlike_pin": NOT_ENOUGH,
+                      "new_failure": NOT_SAFE}
