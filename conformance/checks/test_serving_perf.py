@@ -104,8 +104,6 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
                                     f"and model {model!r} in {pins} (promote one from accepted runs with `conformance "
                                     f"baseline promote`, docs/results.md)", record_figure)
         return
-    if (unlike := perf.unlike_mix(result.measured, baseline)) is not None:
-        raise perf.UnlikePin(f"against the {baseline.pinned}: {unlike}")
     verdict = perf.regression_verdict(result.measured, baseline, limits)
     since: list[baselines.AcceptedRun] = []
     if db.is_file():  # the drift since the pin; the verdict is the pin's alone
@@ -118,7 +116,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             fail(str(exc))
     perf.drift_since_pin(verdict, result.measured, baseline, since, limits)
     record_figures(record_figure, verdict)
-    with watch.explains(), host_speed.explains(result.measured, baseline, perf.host_speed_tolerance()):
+    with perf.explains_mix(result.measured, baseline), watch.explains(), \
+            host_speed.explains(result.measured, baseline, perf.host_speed_tolerance()):
         verdict.raise_if_failed()
 
 

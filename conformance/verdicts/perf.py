@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -318,7 +319,8 @@ def regression_verdict(current: dict[str, float], baseline: Baseline, limits: li
                             f"against baseline run {baseline.run_id} ({baseline.started_at})")
     suffix = "_vs_pinned" if baseline.pinned else "_vs_baseline"
     if (unlike := unlike_mix(current, baseline)) is not None:
-        verdict.problems.append(unlike)
+        verdict.problems.append(unlike)  # no figure is compared: they are figures of other request counts
+        return verdict
     for lim in limits:
         if lim.name not in current:
             verdict.problems.append(f"this run measured no {lim.name}, so it cannot be compared")
@@ -360,6 +362,19 @@ def unlike_mix(current: dict[str, float], baseline: Baseline) -> str | None:
     return (f"the baseline measured {pinned:g} requests at this level and this run {ran:g}: not like with like "
             "(perf.toml's request mix changed since); promote a baseline of this mix with `conformance baseline "
             "promote`")
+
+
+@contextlib.contextmanager
+def explains_mix(current: dict[str, float], baseline: Baseline) -> Iterator[None]:
+    """A verdict against `baseline` that fails inside the block fails as `unlike_pin` where the baseline measured
+    another number of requests than this level (whatever else the block's other explanations said)."""
+    try:
+        yield
+    except CheckFailed as exc:
+        unlike = unlike_mix(current, baseline)
+        if unlike is None or isinstance(exc, UnlikePin):
+            raise
+        raise UnlikePin(f"against the {baseline.pinned or 'baseline run ' + baseline.run_id}: {unlike}") from exc
 
 
 def history_path() -> Path:
