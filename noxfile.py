@@ -435,6 +435,17 @@ def drill(session: nox.Session) -> None:
                        env=_stack_env(), external=True)
 
 
+@nox.session(python=False, requires=["stack"], default=False)
+def establish(session: nox.Session) -> None:
+    """Pin this machine's own serving figures and judge them once: N whole P2 runs here, their median and spread
+    pinned, then one more P2 judged against that pin (reports/baselines.py, docs/results.md "Pinned serving
+    baselines"): `nox -s establish -- --rocm`; `--runs N` (default 2) before the run options."""
+    if not _STACK:
+        session.error("the shared stack venv was not prepared: run establish without --no-dependencies.")
+    _run_interruptible(session, str(Path(_STACK["bin"]) / "conformance"), "baseline", "establish", *session.posargs,
+                       env=_stack_env(), external=True)
+
+
 # ------------------------------------------------------------------------ bench: where the time goes (issue 22)
 
 @nox.session(python=False, requires=["stack"], default=False)

