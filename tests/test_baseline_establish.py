@@ -25,21 +25,23 @@ def establish(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.Comp
 @pytest.mark.slow
 def test_establish_pins_this_machine_s_p2_and_judges_one_more_run_against_it(tmp_path):
     """One P2 to pin (its levels skip: no pin yet), its figures promoted, and a second P2 whose every serving level is
-    judged against that pin (figures `*_vs_pinned`): the command's exit status is the judged run's."""
+    judged against that pin (figures `*_vs_pinned`): the command's exit status is the judged run's (0 on a quiet
+    host, where every level passes)."""
     proc = establish(tmp_path, "--runs", "1")
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "P2 run 1 of 2 (to pin)" in out and "P2 run 2 of 2 (judged against the pin of the runs before)" in out
+    assert "P2 run 1 of 2 (to pin)" in out and "P2 run 2 of 2 (judged against the pin of the runs before)" in out, \
+        out[-4000:]
     first, second = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
     pins = baselines.load(tmp_path / baselines.PINS_FILE)
     record = json.loads((second / "results.json").read_text())
     serving = [c for c in record["checks"] if "test_serving_perf_a" in c["id"]]
-    assert len(serving) == 12 and record["exit_status"] == 0
-    for check in serving:
-        assert check["outcome"] == "passed" and "output_tok_s_vs_pinned" in check["figures"], check
+    assert len(serving) == 12 and record["complete"] and record["evidence"]
+    for check in serving:  # each level judged against the pin (a shared 2-core host may still move it past it)
+        assert check["outcome"] in ("passed", "failed") and "output_tok_s_vs_pinned" in check["figures"], check
         pin = next(p for p in pins.pins.values() if p.check_id == check["id"])
         assert [r.run_id for r in pin.runs] == [first.name]
-    assert f"{second.name} judged against the pin of {first.name}: exit status 0" in out
+    assert proc.returncode == record["exit_status"], out[-4000:]
+    assert f"{second.name} judged against the pin of {first.name}: exit status {record['exit_status']}" in out
 
 
 @pytest.mark.parametrize(("args", "why"), [
