@@ -133,17 +133,25 @@ def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     runs = tmp_path / "runs"
     drill_ = subprocess.Popen([sys.executable, "-m", "conformance", "drill", "--faults",
                                "temperature_ignored,seed_dropped", "--cpu", "--reports-dir", str(runs)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(drill_.stdout.readline, "")), daemon=True)
+    reader.start()
+    # the run is under way once it starts its engine (its run directory alone can appear only after its one check,
+    # on a loaded host as late as its last second: a signal then found the run already writing itself complete)
     deadline = time.monotonic() + 120
-    while not (runs.is_dir() and any(runs.iterdir())) and time.monotonic() < deadline:  # the run is under way
-        time.sleep(0.2)
+    while not any("engine start: started" in line for line in list(lines)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     drill_.send_signal(signal.SIGTERM)
-    out, _ = drill_.communicate(timeout=180)
+    drill_.wait(timeout=180)
+    reader.join(timeout=30)
+    out = "".join(lines)
     assert drill_.returncode == 2, out[-2000:]
     assert "drill: 0 of 1 faults caught; interrupted, 1 not run" in out, out[-2000:]
     (record,) = [json.loads(p.read_text()) for p in runs.glob("*/results.json")]
