@@ -143,8 +143,9 @@ def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(drill_.stdout.readline, "")), daemon=True)
     reader.start()
-    # the run is under way once it starts its engine (its run directory alone can appear only after its one check,
-    # on a loaded host as late as its last second: a signal then found the run already writing itself complete)
+    # the run is under way once it starts its engine. The test used to signal as soon as the run directory appeared
+    # (as the run's session starts); once, on a loaded CI host, that run then finished complete, as if the interrupt
+    # was lost in its start. Not reproduced since; the start's own handling has tests of its own (test_interrupt.py)
     deadline = time.monotonic() + 120
     while not any("engine start: started" in line for line in list(lines)) and time.monotonic() < deadline:
         time.sleep(0.1)
