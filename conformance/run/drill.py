@@ -227,13 +227,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _run(cmd: list[str]) -> bool:
     """Run one fault's `conformance run`; True where the drill was interrupted meanwhile. The run is passed the
-    interrupt and given RECORD_GRACE_S to write itself incomplete (subprocess.run would kill it after 0.25 s)."""
+    interrupt as SIGTERM, which it always takes (a drill started in the background passes its runs SIGINT ignored), and
+    given RECORD_GRACE_S to write itself incomplete (subprocess.run would kill it after 0.25 s)."""
     proc = subprocess.Popen(cmd)
     try:
         proc.wait()
         return False
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=RECORD_GRACE_S)
         except subprocess.TimeoutExpired:
