@@ -79,21 +79,26 @@ def _ingest(db: Path, *records: dict) -> None:
             history.ingest_record(record)
 
 
-def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float]
-               ) -> tuple[str, str, Figures]:
-    """The check's own body at c8 on a run whose benchmark measured `figures`: (outcome, message, figures)."""
+def _body(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float],
+          recorded: Figures) -> None:
+    """The check's own body at c8 on a run whose benchmark measured `figures` (what it says no with, raised)."""
     measured = compare.VerdictReport("vllm bench serve at concurrency 8", measured=dict(figures))
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: measured)
     run = run_ctx(target, run_dir=tmp_path)
     run.combo = COMBO
     server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
                              managed=False)
-    request = SimpleNamespace(node=SimpleNamespace(nodeid=CHECK))
+    perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
+                                                   SimpleNamespace(name=MODEL), _lineage(target), recorded,
+                                                   SimpleNamespace(node=SimpleNamespace(nodeid=CHECK)))
+
+
+def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float]
+               ) -> tuple[str, str, Figures]:
+    """The check's own body at c8 on a run whose benchmark measured `figures`: (outcome, message, figures)."""
     recorded = Figures()
     try:
-        perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
-                                                       SimpleNamespace(name=MODEL),
-                                                       _lineage(target), recorded, request)
+        _body(monkeypatch, tmp_path, target, figures, recorded)
     except FAILED as exc:
         return "failed", str(exc), recorded
     except pytest.skip.Exception as exc:
@@ -290,16 +295,8 @@ def test_a_pin_of_another_request_count_fails_the_level_as_unlike(store, tmp_pat
     _ingest(store, _record("four-waves", _stamp(-3), "passed", _scaled(1.0), "cuda"))
     assert _promote(store, "cuda", "--runs", "1") == 0
     one_wave = _scaled(1.0) | {"completed": 8.0}
-    monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: compare.VerdictReport(
-        "vllm bench serve at concurrency 8", measured=dict(one_wave)))
-    run = run_ctx("cuda", run_dir=tmp_path)
-    run.combo = COMBO
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
-                             managed=False)
     with pytest.raises(perf.UnlikePin) as failure:
-        perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
-                                                       SimpleNamespace(name=MODEL), _lineage("cuda"), Figures(),
-                                                       SimpleNamespace(node=SimpleNamespace(nodeid=CHECK)))
+        _body(monkeypatch, tmp_path, "cuda", one_wave, Figures())
     message = str(failure.value)
     assert "the baseline measured 32 requests at this level and this run 8: not like with like" in message
     assert "regressed" not in message
@@ -359,17 +356,9 @@ def test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host(st
     assert (said in capsys.readouterr().out) == (figure == baselines.HOST_FIGURE)
 
     def level(figures: dict[str, float]) -> tuple[CheckFailed | None, Figures]:
-        monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: compare.VerdictReport(
-            "vllm bench serve at concurrency 8", measured=dict(figures)))
-        run = run_ctx("cuda", run_dir=tmp_path)
-        run.combo = COMBO
-        server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
-                                 managed=False)
         recorded = Figures()
         try:
-            perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
-                                                           SimpleNamespace(name=MODEL), _lineage("cuda"), recorded,
-                                                           SimpleNamespace(node=SimpleNamespace(nodeid=CHECK)))
+            _body(monkeypatch, tmp_path, "cuda", figures, recorded)
         except CheckFailed as exc:
             return exc, recorded
         return None, recorded
