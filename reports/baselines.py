@@ -21,8 +21,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from env_checks import baselines
+
+if TYPE_CHECKING:
+    from reports.records import RunInfo
 
 DEFAULT_DB = Path("reports") / "history.sqlite"
 DEFAULT_RUNS = 3
@@ -161,7 +165,7 @@ def listing(db: Path, pins_file: Path, check: tuple[str, ...]) -> list[str]:
     return lines or [f"no run in {db} has {' or '.join(check)} passed or skipped with figures"]
 
 
-NARROWING = ("-k", "--tier", "--planted-fault", "--no-gate")
+NARROWING = ("-k", "--tier", "--planted-fault")
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -194,13 +198,31 @@ def _p2(n: int, total: int, reports_dir: Path, run_args: list[str], env: dict[st
     return code, made[0]
 
 
+def _ingested(n: int, total: int, db: Path, reports_dir: Path, run_args: list[str], env: dict[str, str]
+              ) -> tuple[int, RunInfo]:
+    """The `n`th P2 run, run and stored in the history store: (its exit status, its record there).
+    SystemExit, one sentence, where it is no platform result."""
+    from reports.history import History, HistoryError
+    from reports.results import ResultsError, load_run
+
+    code, run_dir = _p2(n, total, reports_dir, run_args, env)
+    try:
+        record = load_run(run_dir)
+        with History.open(db) as history:
+            history.ingest_record(record, source=run_dir.name)
+            (run,) = [r for r in history.runs() if r.run_id == record["run_id"]]
+    except (ResultsError, HistoryError) as exc:
+        raise SystemExit(str(exc)) from None
+    if not run.complete or run.not_evidence:
+        raise SystemExit(f"P2 run {n} ({run.run_id}) is no platform result "
+                         f"({run.not_evidence or 'it did not complete'}): nothing more is pinned or judged.")
+    return code, run
+
+
 def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str, run_args: list[str]) -> int:
     """`baseline establish`: `runs` P2 runs pinned (their median and spread), then one judged against the pin; the
     judged run's exit status. SystemExit, one sentence, where a run is no platform result or the runs differ in
     lineage or model."""
-    from reports.history import History, HistoryError
-    from reports.results import ResultsError, load_run
-
     narrowing = [a for a in run_args if a.split("=")[0] in NARROWING]
     if narrowing:
         raise SystemExit(f"establish runs the whole P2 and pins only platform results: {' '.join(narrowing)} "
@@ -209,35 +231,18 @@ def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str
         raise SystemExit("--runs must be at least 1.")
     env = os.environ | {"CONFORMANCE_HISTORY_DB": str(db), baselines.PINS_ENV: str(pins_file)}  # where the run looks
     signal.signal(signal.SIGTERM, _interrupted)  # nox passes SIGTERM on: stop as on Ctrl-C
-    pinned: list = []
-    for n in range(1, runs + 2):
-        code, run_dir = _p2(n, runs + 1, reports_dir, run_args, env)
-        try:
-            record = load_run(run_dir)
-            with History.open(db) as history:
-                history.ingest_record(record, source=run_dir.name)
-                (run,) = [r for r in history.runs() if r.run_id == record["run_id"]]
-        except (ResultsError, HistoryError) as exc:
-            raise SystemExit(str(exc)) from None
-        if not run.complete or run.not_evidence:
-            raise SystemExit(f"P2 run {n} ({run.run_id}) is no platform result "
-                             f"({run.not_evidence or 'it did not complete'}): nothing more is pinned or judged.")
-        if n > runs:
-            print(f"conformance baseline establish: {run.run_id} judged against the pin of "
-                  f"{', '.join(r.run_id for r in pinned)}: exit status {code}", flush=True)
-            return code
-        pinned.append(run)
-        if n < runs:
-            continue
-        keys = {(baselines.serving_lineage(r.lineage, r.dtype, r.profile), r.model) for r in pinned}
-        if len(keys) != 1:
-            raise SystemExit(f"the P2 runs to pin differ in serving lineage or model ({sorted(keys)}): nothing "
-                             "pinned.")
-        ((lineage, model),) = keys
-        print("\n".join(promote(db, pins_file, lineage, model, tuple(baselines.SERVING_CHECKS), runs,
-                                note or f"established from {runs} P2 run(s) on this machine",
-                                [r.run_id for r in pinned])), flush=True)
-    raise AssertionError("unreachable")  # the judged run returns
+    pinned = [_ingested(n, runs + 1, db, reports_dir, run_args, env)[1] for n in range(1, runs + 1)]
+    keys = {(baselines.serving_lineage(r.lineage, r.dtype, r.profile), r.model) for r in pinned}
+    if len(keys) != 1:
+        raise SystemExit(f"the P2 runs to pin differ in serving lineage or model ({sorted(keys)}): nothing pinned.")
+    ((lineage, model),) = keys
+    print("\n".join(promote(db, pins_file, lineage, model, tuple(baselines.SERVING_CHECKS), runs,
+                            note or f"established from {runs} P2 run(s) on this machine",
+                            [r.run_id for r in pinned])), flush=True)
+    code, judged = _ingested(runs + 1, runs + 1, db, reports_dir, run_args, env)
+    print(f"conformance baseline establish: {judged.run_id} judged against the pin of "
+          f"{', '.join(r.run_id for r in pinned)}: exit status {code}", flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
