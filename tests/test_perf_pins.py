@@ -51,13 +51,13 @@ def _scaled(factor: float) -> dict[str, float]:
 
 
 def _record(run_id: str, started: str, outcome: str, figures: dict, target: str, complete: bool = True,
-            check: str = CHECK, dtype: str = "bfloat16", **more: object) -> dict:
+            check: str = CHECK, dtype: str = "bfloat16", model: str = MODEL, **more: object) -> dict:
     summary = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0)
     summary[outcome] = 1
     return more | {
         "run_id": run_id, "started_at": started, "finished_at": started, "target": target, "engine": "vllm",
         "dtype": dtype, "profile": PROFILE, "combo": COMBO, "tiers": ["p2"], "complete": complete,
-        "model": {"name": MODEL, "content_hash": None}, "fingerprint": FP, "summary": summary,
+        "model": {"name": model, "content_hash": None}, "fingerprint": FP, "summary": summary,
         "checks": [{"id": check, "tier": "p2", "area": "performance", "outcome": outcome, "duration_s": 1.0,
                     "message": "", "reference": "", "figures": figures}]}
 
@@ -80,25 +80,25 @@ def _ingest(db: Path, *records: dict) -> None:
 
 
 def _body(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float],
-          recorded: Figures) -> None:
+          recorded: Figures, model: str = MODEL) -> None:
     """The check's own body at c8 on a run whose benchmark measured `figures` (what it says no with, raised)."""
     measured = compare.VerdictReport("vllm bench serve at concurrency 8", measured=dict(figures))
     monkeypatch.setattr(perf, "run_bench", lambda *args, **kwargs: measured)
     run = run_ctx(target, run_dir=tmp_path)
     run.combo = COMBO
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=MODEL, api_key=None,
+    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model=model, api_key=None,
                              managed=False)
     perf_checks.test_serving_perf_against_baseline(8, run.target, run.run_dir, server, tmp_path,
-                                                   SimpleNamespace(name=MODEL), _lineage(target), recorded,
+                                                   SimpleNamespace(name=model), _lineage(target), recorded,
                                                    SimpleNamespace(node=SimpleNamespace(nodeid=CHECK)))
 
 
-def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float]
-               ) -> tuple[str, str, Figures]:
+def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, figures: dict[str, float],
+               model: str = MODEL) -> tuple[str, str, Figures]:
     """The check's own body at c8 on a run whose benchmark measured `figures`: (outcome, message, figures)."""
     recorded = Figures()
     try:
-        _body(monkeypatch, tmp_path, target, figures, recorded)
+        _body(monkeypatch, tmp_path, target, figures, recorded, model)
     except FAILED as exc:
         return "failed", str(exc), recorded
     except pytest.skip.Exception as exc:
@@ -106,9 +106,9 @@ def _run_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, fig
     return "passed", "", recorded
 
 
-def _promote(db: Path, target: str, *extra: str, dtype: str = "bfloat16") -> int:
+def _promote(db: Path, target: str, *extra: str, dtype: str = "bfloat16", model: str = MODEL) -> int:
     return cli_main(["baseline", "promote", "--db", str(db), "--lineage", _lineage(target, dtype),
-                     "--model", MODEL, *extra])
+                     "--model", model, *extra])
 
 
 @pytest.mark.parametrize(("target", "step", "steps", "first_failing"), [
@@ -144,6 +144,28 @@ def test_a_drop_that_compounds_over_runs_fails_against_the_pin(store, tmp_path, 
     assert recorded.values["output_tok_s_drift_since_pin"] == pytest.approx(step ** (steps - 1))
     assert recorded.values["runs_since_pin"] == steps
     assert step ** steps <= 0.25
+
+
+def test_the_tiny_model_on_a_gpu_is_judged_for_a_collapse_not_for_its_hosts_swings(store, tmp_path, monkeypatch):
+    """The tiny model served on a GPU is host-bound (perf.toml [serving_host_bound]): the check's own body lets
+    through the swing one H100 node showed between P2 runs of one stack (round twenty-seven: 0.70x the pinned
+    output throughput, 1.77x its TTFT p50), which fails the real model; a collapse to 0.4x fails both."""
+    swing = dict(HEALTHY, output_tok_s=700.0, ttft_p50_ms=177.0, tpot_p50_ms=13.0, itl_p50_ms=13.0,
+                 ttft_p99_ms=400.0, itl_p99_ms=40.0)
+    collapse = _scaled(0.4)
+    outcomes = {}
+    for model in ("tiny-gpt-oss", MODEL):
+        _ingest(store, *(_record(f"{model}-{i}", _stamp(-10 + i), "passed", _scaled(f), "cuda", model=model)
+                         for i, f in enumerate((0.98, 1.0, 1.02))))
+        assert _promote(store, "cuda", model=model) == 0
+        outcomes[model] = [_run_check(monkeypatch, tmp_path, "cuda", figures, model)[:2]
+                           for figures in (swing, collapse)]
+    (tiny_swing, tiny_collapse), (real_swing, real_collapse) = outcomes["tiny-gpt-oss"], outcomes[MODEL]
+    assert tiny_swing == ("passed", ""), tiny_swing
+    assert real_swing[0] == "failed" and "ttft_p50_ms regressed to 177" in real_swing[1]
+    for outcome, message in (tiny_collapse, real_collapse):
+        assert outcome == "failed" and "output_tok_s regressed to 400" in message, message
+    assert "tolerance 50%" in tiny_collapse[1] and "tolerance 10%" in real_collapse[1]
 
 
 def test_a_run_never_becomes_the_baseline_by_itself(store, tmp_path, monkeypatch):

@@ -284,9 +284,15 @@ def host_speed_tolerance(data: dict[str, Any] | None = None) -> float:
     return float((data or perf_data())["host_speed"]["tolerance"])
 
 
-def regression_limits(target: str, data: dict[str, Any] | None = None) -> list[FigureLimit]:
-    table = (data or perf_data())["regression"]
-    rows = table.get(target, table["default"])
+def regression_limits(target: str, model: str | None = None, data: dict[str, Any] | None = None
+                      ) -> list[FigureLimit]:
+    """The figures a serving level is judged by against its baseline: the target's own table (the CPU's) where it
+    has one, else `[regression.host_bound]` for a model whose serving is host-bound on a GPU (perf.toml
+    [serving_host_bound]: the tiny model), else the default."""
+    data = data or perf_data()
+    table = data["regression"]
+    host_bound = model in data["serving_host_bound"]["models"]
+    rows = table.get(target) or table["host_bound" if host_bound else "default"]
     limits = []
     for name, row in rows.items():
         if row.get("better") not in ("higher", "lower"):
