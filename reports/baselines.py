@@ -199,8 +199,8 @@ def _p2(n: int, total: int, reports_dir: Path, run_args: list[str], env: dict[st
 
 
 def _ingested(n: int, total: int, db: Path, reports_dir: Path, run_args: list[str], env: dict[str, str]
-              ) -> tuple[int, RunInfo]:
-    """The `n`th P2 run, run and stored in the history store: (its exit status, its record there).
+              ) -> tuple[int, RunInfo, dict]:
+    """The `n`th P2 run, run and stored in the history store: (its exit status, its entry there, its record).
     SystemExit, one sentence, where it is no platform result."""
     from reports.history import History, HistoryError
     from reports.results import ResultsError, load_run
@@ -216,7 +216,22 @@ def _ingested(n: int, total: int, db: Path, reports_dir: Path, run_args: list[st
     if not run.complete or run.not_evidence:
         raise SystemExit(f"P2 run {n} ({run.run_id}) is no platform result "
                          f"({run.not_evidence or 'it did not complete'}): nothing more is pinned or judged.")
-    return code, run
+    return code, run, record
+
+
+def missed_own_pin(record: dict) -> str | None:
+    """What establish says where its judged run missed the pin just made of the same stack on the same machine at a
+    serving level, as the stack's failure: nothing changed between those runs, so the pin is narrower than this
+    machine's noise. None where no level did."""
+    missed = [c["id"].rsplit("::", 1)[-1] for c in record.get("checks", [])
+              if c.get("outcome") == "failed" and c.get("failure_class") == "new_failure"
+              and c["id"].split("[")[0] in baselines.SERVING_CHECKS]
+    if not missed:
+        return None
+    return (f"conformance baseline establish: the judged run missed the pin of its own stack, made minutes before on "
+            f"this machine, at {len(missed)} serving level(s) ({', '.join(missed)}): nothing changed between these "
+            "runs, so those figures move here more than the pinned runs showed. Pin more runs (--runs N) before an "
+            "upgrade is judged by them (docs/results.md, \"Pinned serving baselines\").")
 
 
 def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str, run_args: list[str]) -> int:
@@ -239,9 +254,11 @@ def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str
     print("\n".join(promote(db, pins_file, lineage, model, tuple(baselines.SERVING_CHECKS), runs,
                             note or f"established from {runs} P2 run(s) on this machine",
                             [r.run_id for r in pinned])), flush=True)
-    code, judged = _ingested(runs + 1, runs + 1, db, reports_dir, run_args, env)
+    code, judged, record = _ingested(runs + 1, runs + 1, db, reports_dir, run_args, env)
     print(f"conformance baseline establish: {judged.run_id} judged against the pin of "
           f"{', '.join(r.run_id for r in pinned)}: exit status {code}", flush=True)
+    if (noise := missed_own_pin(record)) is not None:
+        print(noise, flush=True)
     return code
 
 

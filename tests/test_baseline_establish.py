@@ -88,3 +88,19 @@ def test_an_interrupted_establish_lets_its_run_record_itself_and_pins_nothing(tm
     (record,) = [json.loads(p.read_text()) for p in runs.glob("*/results.json")]
     assert record["complete"] is False and record["tiers"] == ["p2"]
     assert not (tmp_path / baselines.PINS_FILE).exists()
+
+
+def test_establish_names_the_levels_its_judged_run_missed_against_its_own_pin():
+    """Round twenty-seven on an H100: establish's judged run missed the pin of the two runs before it at 2 levels as
+    the stack's failure, while nothing had changed. Establish says so of the kept record, naming the levels; a
+    judged run whose misses are not the stack's (a shared GPU) or that missed nothing gets no such sentence."""
+    from reports.baselines import missed_own_pin
+
+    kept = ROOT / "fixtures" / "device_runs" / "20261206T123131-cuda-07b55e" / "results.json"
+    record = json.loads(kept.read_text())
+    said = missed_own_pin(record)
+    assert said is not None and "at 2 serving level(s) (test_serving_perf_against_baseline[c32], " \
+        "test_serving_perf_at_shape[1k8k-c64])" in said and "--runs N" in said
+    shared = dict(record, checks=[dict(c, failure_class="shared_gpu") for c in record["checks"]])
+    passed = dict(record, checks=[c for c in record["checks"] if c["outcome"] != "failed"])
+    assert missed_own_pin(shared) is None and missed_own_pin(passed) is None
