@@ -1556,7 +1556,8 @@ def test_round_twenty_seven_establish_ran_on_an_h100_and_its_misses_were_the_hos
     against the pin of the same stack made minutes before, under the default table: this node's host swung the tiny
     model's serving 0.45-1.0x between runs (perf.toml [serving_host_bound]). Today the tiny model on a GPU is judged
     for a collapse only: re-judged so, every level of both judged runs meets the kept pin, no run of the four misses
-    a pin made of two others, and 0.4x of the pinned speed fails every level. The float32 GEMM passed its H100 floor;
+    a pin made of two others (on round twenty-six's node only its first run's cold c32 does), and 0.4x of the pinned
+    speed fails every level. The float32 GEMM passed its H100 floor;
     P3 ran its 4 checks, the accuracy ones skipped for want of the real weights."""
     from itertools import combinations
 
@@ -1597,6 +1598,12 @@ def test_round_twenty_seven_establish_ran_on_an_h100_and_its_misses_were_the_hos
             for check in _serving(judged):
                 pin = _median_pin([records[i] for i in pair], check["id"])
                 assert perf.regression_verdict(check["figures"], pin, host_bound).ok, (pair, check["id"])
+    quiet = [_record(r) for r in R26_P2]  # round twenty-six's node: only its first run's cold c32 misses
+    for pair in combinations(range(3), 2):
+        (judged,) = (quiet[i] for i in range(3) if i not in pair)
+        missed = [c["id"].split("[")[1][:-1] for c in _serving(judged) if not perf.regression_verdict(
+            c["figures"], _median_pin([quiet[i] for i in pair], c["id"]), host_bound).ok]
+        assert missed == (["c32"] if judged is quiet[0] else []), (pair, missed)
 
     p3 = _record(R27_P3)
     assert (p3["tiers"], p3["exit_status"], p3["complete"], p3["evidence"]) == (["p3"], 0, True, True)
