@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from env_checks import baselines
+from env_checks import baselines, child
 
 if TYPE_CHECKING:
     from reports.records import RunInfo
@@ -32,7 +31,6 @@ DEFAULT_DB = Path("reports") / "history.sqlite"
 DEFAULT_RUNS = 3
 ESTABLISH_RUNS = 2  # round twenty-six: one run's pin held the tolerances as they are and a level missed by 0.2 ms
 DEFAULT_REPORTS = Path("reports") / "runs"
-RECORD_GRACE_S = 60.0  # an interrupted run stops its engines and writes its record incomplete in this time
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,27 +166,16 @@ def listing(db: Path, pins_file: Path, check: tuple[str, ...]) -> list[str]:
 NARROWING = ("-k", "--tier", "--planted-fault")
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _p2(n: int, total: int, reports_dir: Path, run_args: list[str], env: dict[str, str]) -> tuple[int, Path]:
     """Run the `n`th of `total` P2 runs; (its exit status, its run directory). SystemExit when it wrote none."""
     print(f"conformance baseline establish: P2 run {n} of {total}"
           + (" (judged against the pin of the runs before)" if n == total else " (to pin)"), flush=True)
     before = set(reports_dir.iterdir()) if reports_dir.is_dir() else set()
-    proc = subprocess.Popen([sys.executable, "-m", "conformance", "run", "--tier", "p2", "--reports-dir",
-                             str(reports_dir), *run_args], env=env)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:  # the run is passed it (as SIGTERM, which it always takes) and records itself
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=RECORD_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    code = child.wait_recording(subprocess.Popen([sys.executable, "-m", "conformance", "run", "--tier", "p2",
+                                                  "--reports-dir", str(reports_dir), *run_args], env=env))
+    if code is None:
         raise SystemExit(f"interrupted during P2 run {n} of {total}: that run records itself incomplete; nothing "
-                         "more is pinned or judged.") from None
+                         "more is pinned or judged.")
     made = sorted(p for p in reports_dir.iterdir() if p not in before and (p / "results.json").is_file()) \
         if reports_dir.is_dir() else []
     if len(made) != 1:
@@ -245,7 +232,7 @@ def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str
     if runs < 1:
         raise SystemExit("--runs must be at least 1.")
     env = os.environ | {"CONFORMANCE_HISTORY_DB": str(db), baselines.PINS_ENV: str(pins_file)}  # where the run looks
-    signal.signal(signal.SIGTERM, _interrupted)  # nox passes SIGTERM on: stop as on Ctrl-C
+    child.interrupt_on_sigterm()  # nox passes SIGTERM on: stop as on Ctrl-C
     pinned = [_ingested(n, runs + 1, db, reports_dir, run_args, env)[1] for n in range(1, runs + 1)]
     keys = {(baselines.serving_lineage(r.lineage, r.dtype, r.profile), r.model) for r in pinned}
     if len(keys) != 1:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -31,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from conformance import datafiles
+from env_checks import child
 from env_checks.results import VERDICT_FAILURE
 
 FAULTS_FILE = datafiles.DATA / "faults.toml"
 CAUGHT, BLIND, NOT_RUN = "caught", "blind", "could not run"
-RECORD_GRACE_S = 60.0  # an interrupted run stops its engines and writes its record incomplete in this time
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     reports = Path(run_ns.reports_dir)
     reports.mkdir(parents=True, exist_ok=True)
     outcomes, interrupted = [], False
-    signal.signal(signal.SIGTERM, _interrupt)  # nox passes SIGTERM on: stop as on Ctrl-C, the run recording itself
+    child.interrupt_on_sigterm()  # nox passes SIGTERM on: stop as on Ctrl-C, the run recording itself
     print(f"drill: {len(chosen)} fault{'s' * (len(chosen) != 1)} for the {engine} engine, one run each: "
           f"{', '.join(f.name for f in chosen)}", flush=True)
     options, pytest_args = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
@@ -221,23 +220,7 @@ def write_junit(path: Path, outcomes: list[Outcome], engine: str) -> None:
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _run(cmd: list[str]) -> bool:
-    """Run one fault's `conformance run`; True where the drill was interrupted meanwhile. The run is passed the
-    interrupt as SIGTERM, which it always takes (a drill started in the background passes its runs SIGINT ignored), and
-    given RECORD_GRACE_S to write itself incomplete (subprocess.run would kill it after 0.25 s)."""
-    proc = subprocess.Popen(cmd)
-    try:
-        proc.wait()
-        return False
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=RECORD_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return True
+    """Run one fault's `conformance run`; True where the drill was interrupted meanwhile: the run was passed the
+    interrupt and recorded itself incomplete (env_checks.child)."""
+    return child.wait_recording(subprocess.Popen(cmd)) is None
