@@ -43,8 +43,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     median of accepted runs, promoted with `conformance baseline promote`; a run never becomes the
     baseline by itself), with the drift over the runs since the pin. The tiny model on a GPU is host-bound
     and judged for a collapse only (perf.toml [serving_host_bound]: one H100 node's runs of one stack swung
-    0.45-1.0x). Without a pin the real model is
-    judged against its absolute floor (data/perf_floors.toml); only a combination without one skips. The first
+    0.45-1.0x). Without a pin the real model is judged against its absolute floor (data/perf_floors.toml); only a
+    combination without one skips. The first
     level on a GPU server first warms it once, unmeasured, with distinct prompts at the top concurrency (perf.toml
     [bench.server_warmup]); a server that fails those requests fails here. Where another process held the GPU while
     the level ran (NVML or amdsmi, on a server the suite started), a level that still meets its pin passes (sharing
