@@ -70,20 +70,13 @@ def test_a_refused_p2_run_stops_establish_with_nothing_pinned(tmp_path):
 def test_an_interrupted_establish_lets_its_run_record_itself_and_pins_nothing(tmp_path):
     """SIGTERM (nox passes Ctrl-C on so) to establish while its first P2 runs, started with SIGINT ignored as a
     background job is: the run is passed the interrupt and writes itself incomplete, and nothing is pinned."""
-    import signal
-    import time
+    from tests.background import interrupted_in_background
 
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "conformance", "baseline", "establish", "--db",
-                             str(tmp_path / "history.sqlite"), "--reports-dir", str(runs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.monotonic() + 120
-    while not (runs.is_dir() and any(runs.iterdir())) and time.monotonic() < deadline:  # the run is under way
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode != 0 and "interrupted during P2 run 1 of 3: that run records itself incomplete" in err, \
+    code, out, err = interrupted_in_background([sys.executable, "-m", "conformance", "baseline", "establish", "--db",
+                                                str(tmp_path / "history.sqlite"), "--reports-dir", str(runs)],
+                                               runs, cwd=ROOT)
+    assert code != 0 and "interrupted during P2 run 1 of 3: that run records itself incomplete" in err, \
         out[-2000:] + err[-2000:]
     (record,) = [json.loads(p.read_text()) for p in runs.glob("*/results.json")]
     assert record["complete"] is False and record["tiers"] == ["p2"]

@@ -132,22 +132,16 @@ def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):
     writes itself incomplete, the drill stops there, judges that fault as could not run and exits 2. The drill here
     starts with SIGINT ignored, as a job started in the background does: the drill once passed the run SIGINT, which
     such a run inherits ignored, and the run finished complete (found by a fresh-clone CI run started with nohup)."""
-    import signal
     import subprocess
     import sys
-    import time
+
+    from tests.background import interrupted_in_background
 
     runs = tmp_path / "runs"
-    drill_ = subprocess.Popen([sys.executable, "-m", "conformance", "drill", "--faults",
-                               "temperature_ignored,seed_dropped", "--cpu", "--reports-dir", str(runs)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.monotonic() + 120
-    while not (runs.is_dir() and any(runs.iterdir())) and time.monotonic() < deadline:  # the run is under way
-        time.sleep(0.2)
-    drill_.send_signal(signal.SIGTERM)
-    out, _ = drill_.communicate(timeout=180)
-    assert drill_.returncode == 2, out[-2000:]
+    code, out, _ = interrupted_in_background([sys.executable, "-m", "conformance", "drill", "--faults",
+                                              "temperature_ignored,seed_dropped", "--cpu", "--reports-dir",
+                                              str(runs)], runs, stderr=subprocess.STDOUT)
+    assert code == 2, out[-2000:]
     assert "drill: 0 of 1 faults caught; interrupted, 1 not run" in out, out[-2000:]
     (record,) = [json.loads(p.read_text()) for p in runs.glob("*/results.json")]
     assert record["planted_fault"] == "temperature_ignored" and record["complete"] is False
