@@ -1645,10 +1645,10 @@ def test_the_h200_s_p2_misses_of_rounds_ten_and_twelve_were_the_host_s_swings_to
 
 def test_under_the_host_bound_table_a_node_s_later_runs_meet_a_pin_of_its_first_run_alone():
     """Why `baseline establish --runs 1` would do for the tiny model on a GPU (docs/wheelhouse.md, round twenty-eight):
-    on both nodes whose P2 runs are kept as one node's (round twenty-six's and round twenty-seven's H100s, one GPU
-    UUID each), every later run meets, at every level, a pin of that node's first run alone, judged by the host-bound
-    table. The other way round fails: the first run on a fresh node was cold at one level, and a pin of a later run
-    alone misses it there (c32, or c8 on round twenty-seven's node)."""
+    on the three nodes whose P2 runs are kept as one node's (the H100s of rounds twenty-six and twenty-seven in bf16,
+    round twenty-nine's in fp16; one GPU UUID each), every later run meets, at every level, a pin of that node's first
+    run alone, judged by the host-bound table. The other way round fails: the first run on a fresh node was cold at
+    one level, and a pin of a later run alone misses it there (c32, or c8 on round twenty-seven's node)."""
     from conformance.verdicts import perf
 
     host_bound = perf.regression_limits("cuda", TINY)
@@ -1657,10 +1657,77 @@ def test_under_the_host_bound_table_a_node_s_later_runs_meet_a_pin_of_its_first_
         return [c["id"].split("[")[1][:-1] for c in _serving(judged)
                 if not perf.regression_verdict(c["figures"], _median_pin([pinned], c["id"]), host_bound).ok]
 
-    for node in (R26_P2, R27_P2):
+    for node in (R26_P2, R27_P2, R29_P2_FP16):
         first, *later = [_record(r) for r in node]
         assert len({r["fingerprint"]["platform"]["gpu_uuids"][0] for r in [first, *later]}) == 1
         for judged in later:
             assert misses(first, judged) == [], judged["run_id"]
         cold = {level for judged in later for level in misses(judged, first)}
         assert cold and cold <= {"c32", "c8"}, (first["run_id"], cold)
+
+
+R29_P2_FP16 = ("20261206T170957-cuda-a968ab", "20261206T171501-cuda-94ca39", "20261206T171941-cuda-99c9d1")
+R29_LOGS = H100_LOGS / "p2-fp16-against-a-pin-round-twenty-nine-vllm-0.26.0"
+FP16_LINEAGE = "cuda H100 80GB HBM3 · vllm · installed · float16 · profile h100-tiny:cuda-triton"
+
+
+def test_round_twenty_nine_judged_fp16_serving_against_a_pin_and_only_a_fresh_node_s_cold_c32_missed():
+    """Round twenty-nine (#34): three whole P2 runs in fp16 on one H100 node (no H200 came), each judged against a pin
+    of round twenty-six's fp16 run on another H100 node: the first time fp16 serving met a pin. The node's second and
+    third runs PASS at all 12 levels. Its first failed c32 alone: the whole wave waited about 0.9 s for its first
+    token (TTFT p50 10x the pin, p99 within 3% of p50) while decode kept its pace, as round twenty-six's first bf16
+    run did at c32 (858 ms). The server counted no compile in any measured level; its two JIT warnings came outside
+    them (vLLM warns once per kernel, so a later compile of a warned kernel goes unlogged). By the default table the
+    other node's pin would have failed 5, 11 and 8 levels; the host-bound table judges the tiny model for a
+    collapse, and 0.4x of the pin fails every level. Graph mode and the device floors passed in every run."""
+    from conformance.verdicts import perf
+    from env_checks import baselines
+
+    records = [_record(r) for r in R29_P2_FP16]
+    pin_node = _record(R26_P2_FP16)["fingerprint"]["platform"]["gpu_uuids"]
+    assert len({r["fingerprint"]["platform"]["gpu_uuids"][0] for r in records}) == 1
+    assert records[0]["fingerprint"]["platform"]["gpu_uuids"] != pin_node
+    assert all(r["complete"] and r["evidence"] and r["narrowed_by"] is None and r["dtype"] == "float16"
+               and r["profile"] == "h100-tiny:cuda-triton" for r in records)
+    assert [r["exit_status"] for r in records] == [1, 0, 0]
+    for record in records:
+        assert all(c["outcome"] == "passed" or ONE_GPU in c["message"] for c in record["checks"]
+                   if "[c32]" not in c["id"] or record is not records[0]), record["run_id"]
+        graph = _check(record, "test_graph_mode_matches_eager")
+        assert graph["outcome"] == "passed" and graph["figures"]["greedy_divergences"] == 3.0
+        assert all(c["figures"]["jit_compiles_during_run"] == 0 for c in _serving(record))
+    cold = _check(records[0], "test_serving_perf_against_baseline[c32]")
+    assert (cold["outcome"], cold["failure_class"]) == ("failed", "new_failure")
+    assert "ttft_p50_ms regressed to 971.1 from 97.14" in cold["message"]
+    f = cold["figures"]
+    assert f["ttft_p50_ms_vs_pinned"] > 9.5 and f["ttft_p99_ms"] / f["ttft_p50_ms"] < 1.03
+    assert f["tpot_p50_ms_vs_pinned"] < 1.1
+    bf16_cold = _check(_record(R26_P2[0]), "test_serving_perf_against_baseline[c32]")["figures"]
+    assert 800 < bf16_cold["ttft_p50_ms"] and bf16_cold["ttft_p99_ms"] / bf16_cold["ttft_p50_ms"] < 1.03
+
+    log = (R29_LOGS / "run1-vllm-server.log").read_text()
+    warned = [line.split("during inference: ")[1].split(".")[0] for line in log.splitlines()
+              if "JIT compilation during inference" in line]
+    assert warned == ["kernel_unified_attention", "fused_moe_kernel"]
+    assert "Warming up with 32 requests" in (R29_LOGS / "run1-bench-c32.log").read_text()
+
+    pins, default, host_bound = (baselines.load(R29_LOGS / "baselines.json"), perf.regression_limits("cuda"),
+                                 perf.regression_limits("cuda", TINY))
+    missed_default, missed_host_bound = [], []
+    for record in records:
+        assert len(_serving(record)) == 12
+        missed_default.append(0)
+        missed_host_bound.append([])
+        for check in _serving(record):
+            pin = pins.get(check["id"], FP16_LINEAGE, TINY)
+            assert pin is not None and [r.run_id for r in pin.runs] == [R26_P2_FP16], check["id"]
+            pinned = perf.Baseline.of_pin(pin)
+            missed_default[-1] += not perf.regression_verdict(check["figures"], pinned, default).ok
+            if not perf.regression_verdict(check["figures"], pinned, host_bound).ok:
+                missed_host_bound[-1].append(check["id"].split("[")[1][:-1])
+            slow = {k: v * 0.4 if k == "output_tok_s" else v / 0.4 if k.endswith("_p50_ms") else v
+                    for k, v in check["figures"].items()}
+            assert not perf.regression_verdict(slow, pinned, host_bound).ok, (check["id"], record["run_id"])
+    assert missed_default == [5, 11, 8]
+    assert missed_host_bound == [["c32"], [], []]
+    assert [c["id"].split("[")[1][:-1] for c in records[0]["checks"] if c["outcome"] == "failed"] == ["c32"]
