@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import datafiles
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.run import run_target
 from conformance.verdicts import compare, perf
@@ -237,9 +238,9 @@ def test_real_bench_serve_against_short_replies_fails(half_tokens_server: str, t
 @pytest.mark.slow
 def test_real_bench_serve_warms_a_gpu_server_once_and_its_short_replies_fail(half_tokens_server: str, tmp_path: Path,
                                                                               monkeypatch):
-    """The server warm-up is a real `vllm bench serve` run (the CUDA target's: 64 prompts of 1024 tokens at once): the
-    stub's half-length replies fail it, its output is saved as server-warmup.json, and the same server is not warmed
-    a second time."""
+    """The server warm-up is real `vllm bench serve` runs (the CUDA target's first: 64 prompts of 1024 tokens at
+    once): the stub's half-length replies fail it, its output is saved as server-warmup-c64.json, the runs after a
+    failed one are not made, and the same server is not warmed a second time."""
     from conformance.checkpoints.tokenizer import hf_build, vocab
     from conformance.engines import server_fork
 
@@ -250,7 +251,8 @@ def test_real_bench_serve_warms_a_gpu_server_once_and_its_short_replies_fail(hal
             server_fork.client_context(cpu))
     warmed = perf.warm_server_once("cuda", *args)
     assert warmed is not None and not warmed.ok and "cut short" in warmed.failure_message()
-    assert warmed.measured["server_warmup_s"] > 0 and (tmp_path / "server-warmup.json").is_file()
+    assert warmed.measured["server_warmup_s"] > 0 and (tmp_path / "server-warmup-c64.json").is_file()
+    assert not (tmp_path / "server-warmup-c32.json").exists()
     assert perf.warm_server_once("cuda", *args) is None
 
 
@@ -321,22 +323,29 @@ def _bench_check(monkeypatch, tmp_path, concurrency, plans, warmup_problems=()):
     return figures, raised.value
 
 
-def test_a_gpu_server_is_warmed_once_with_distinct_prompts_before_its_first_measured_level(monkeypatch, tmp_path):
-    """perf.toml [bench.server_warmup]: before the first measured level a CUDA server gets one unmeasured run of 64
-    distinct prompts (another seed than the measured ones, all at once); later levels on that server get none. bench
-    serve's own warm-up repeats one prompt, which the prefix cache serves: on the H200 c8 still met a kernel compile."""
+def test_a_gpu_server_is_warmed_once_at_every_level_before_its_first_measured_level(monkeypatch, tmp_path):
+    """perf.toml [bench.server_warmup]: before the first measured level a CUDA server gets one unmeasured run at each
+    concurrency of the sweep, that many distinct prompts at once, each with a seed of its own and none the measured
+    prompts'; later levels on that server get none. bench serve's own warm-up repeats one prompt, which the prefix
+    cache serves (on the H200 c8 still met a kernel compile), and one run of 64 prompts left a fresh node's first c32
+    cold (TTFT p50 971 ms against 97 ms)."""
     monkeypatch.setattr(perf, "_WARMED", set())
     monkeypatch.setenv(perf.HISTORY_ENV, str(tmp_path / "h.sqlite"))
     plans: list = []
     figures, _ = _bench_check(monkeypatch, tmp_path, 1, plans)
-    (warm_name, warm), (name, measured) = plans
-    assert warm_name == "server-warmup" and name is None
-    assert (warm.num_prompts, warm.concurrency, warm.input_len) == (64, 64, measured.input_len)
-    assert warm.seed != measured.seed and warm.num_warmups == 0 and "server_warmup_s" in figures.values
+    *warm, (name, measured) = plans
+    assert [n for n, _ in warm] == [f"server-warmup-c{c}" for c in (64, 32, 8, 1)] and name is None
+    assert sorted(p.concurrency for _, p in warm) == sorted(perf.perf_data()["bench"]["concurrency"])
+    assert all((p.num_prompts, p.input_len, p.num_warmups) == (p.concurrency, measured.input_len, 0) for _, p in warm)
+    seeds = [p.seed for _, p in warm]
+    assert len(set(seeds)) == len(seeds) and measured.seed not in seeds and "server_warmup_s" in figures.values
     plans.clear()
     _bench_check(monkeypatch, tmp_path, 8, plans)
     assert [name for name, _ in plans] == [None]
-    assert perf.server_warmup_plan("cpu") is None  # vLLM-CPU compiles no Triton kernel
+    assert perf.server_warmup_plans("cpu") == []  # vLLM-CPU compiles no Triton kernel
+    with pytest.raises(datafiles.DataError, match="at least 1"):
+        perf.server_warmup_plans("cuda", perf.perf_data() | {"bench": perf.perf_data()["bench"] | {
+            "server_warmup": {"concurrency": {"cuda": [64, 0]}, "output_len": 16}}})
 
 
 def test_a_server_that_fails_its_warm_up_fails_the_check(monkeypatch, tmp_path):

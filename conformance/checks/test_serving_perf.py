@@ -37,22 +37,21 @@ def bench_tokenizer(target, server, request) -> Path:
 @pytest.mark.parametrize("concurrency", CONCURRENCY, ids=[f"c{c}" for c in CONCURRENCY])
 def test_serving_perf_against_baseline(concurrency, target, run_dir, server, bench_tokenizer, model_under_test,
                                        run_lineage, record_figure, request):
-    """`vllm bench serve` (random prompts of fixed length, greedy, ignore_eos) at this concurrency:
-    every request completes, and TTFT, TPOT, inter-token latency P50/P99 and output tokens/s are
-    within the tolerance (data/perf.toml) of the pinned baseline of this check, lineage and model (the
-    median of accepted runs, promoted with `conformance baseline promote`; a run never becomes the
-    baseline by itself), with the drift over the runs since the pin. The tiny model on a GPU is host-bound
-    and judged for a collapse only (perf.toml [serving_host_bound]: one H100 node's runs of one stack swung
-    0.45-1.0x). Without a pin the real model is judged against its absolute floor (data/perf_floors.toml); only a
-    combination without one skips. The first
-    level on a GPU server first warms it once, unmeasured, with distinct prompts at the top concurrency (perf.toml
-    [bench.server_warmup]); a server that fails those requests fails here. Where another process held the GPU while
-    the level ran (NVML or amdsmi, on a server the suite started), a level that still meets its pin passes (sharing
-    only slows), one that misses fails as `shared_gpu`, naming the process, not as the stack's failure; the
-    measurement is never a baseline. Each level records the host's single-thread and memory-copy speeds as it
-    starts (conformance/verdicts/host_speed.py); one that misses a pin measured on a host faster by either (perf.toml
-    [host_speed]) fails as `slower_host`, saying by how much: not a like-for-like comparison. A pin that measured
-    another number of requests (perf.toml's mix changed since) fails the level as `unlike_pin`, saying so.
+    """`vllm bench serve` (random prompts of fixed length, greedy, ignore_eos) at this concurrency: every request
+    completes, and TTFT, TPOT, inter-token latency P50/P99 and output tokens/s are within the tolerance (data/perf.toml)
+    of the pinned baseline of this check, lineage and model (the median of accepted runs, promoted with `conformance
+    baseline promote`; a run never becomes the baseline by itself), with the drift over the runs since the pin. The tiny
+    model on a GPU is host-bound and judged for a collapse only (perf.toml [serving_host_bound]: one H100 node's runs of
+    one stack swung 0.45-1.0x). Without a pin the real model is judged against its absolute floor
+    (data/perf_floors.toml); only a combination without one skips. The first level on a GPU server first warms it once,
+    unmeasured, with distinct prompts at each concurrency of the sweep (perf.toml [bench.server_warmup]); a server that
+    fails those requests fails here. Where another process held the GPU while the level ran (NVML or amdsmi, on a server
+    the suite started), a level that still meets its pin passes (sharing only slows), one that misses fails as
+    `shared_gpu`, naming the process, not as the stack's failure; the measurement is never a baseline. Each level
+    records the host's single-thread and memory-copy speeds as it starts (conformance/verdicts/host_speed.py); one that
+    misses a pin measured on a host faster by either (perf.toml [host_speed]) fails as `slower_host`, saying by how
+    much: not a like-for-like comparison. A pin that measured another number of requests (perf.toml's mix changed since)
+    fails the level as `unlike_pin`, saying so.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,

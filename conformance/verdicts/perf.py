@@ -94,16 +94,19 @@ def bench_plan(target: str, concurrency: int, data: dict[str, Any] | None = None
                      concurrency * warm)
 
 
-def server_warmup_plan(target: str, data: dict[str, Any] | None = None) -> BenchPlan | None:
-    """The one unmeasured run that warms a server before its first measured level (perf.toml
-    [bench.server_warmup]); None where the target warms none."""
+def server_warmup_plans(target: str, data: dict[str, Any] | None = None) -> list[BenchPlan]:
+    """The unmeasured runs that warm a server before its first measured level (perf.toml [bench.server_warmup]): at
+    each listed concurrency that many distinct prompts at once, each run with a seed of its own so that the prefix
+    cache serves none of them; [] where the target warms none."""
     data = data or perf_data()
     bench, warm = data["bench"], data["bench"].get("server_warmup", {})
-    prompts = int(warm.get("prompts", {}).get(target, 0))
-    if prompts <= 0:
-        return None
-    return BenchPlan(prompts, prompts, int(bench[target]["input_len"]), int(warm["output_len"]), int(bench["seed"]) + 1,
-                     tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]))
+    levels = [int(c) for c in warm.get("concurrency", {}).get(target, [])]
+    if any(c < 1 for c in levels):
+        raise datafiles.DataError(f"perf.toml [bench.server_warmup] concurrency.{target}: each level must be at least "
+                                  f"1, not {levels}.")
+    return [BenchPlan(c, c, int(bench[target]["input_len"]), int(warm["output_len"]), int(bench["seed"]) + 1 + i,
+                      tuple(int(p) for p in bench["percentiles"]), float(bench["timeout_s"]))
+            for i, c in enumerate(levels)]
 
 
 _WARMED: set[str] = set()  # the servers (base URLs) this process has warmed
@@ -111,16 +114,21 @@ _WARMED: set[str] = set()  # the servers (base URLs) this process has warmed
 
 def warm_server_once(target: str, base_url: str, model: str, tokenizer: Path, api_key: str | None, out_dir: Path,
                      env: dict[str, str], fork_ctx: Any = None) -> VerdictReport | None:
-    """Warm the server at `base_url` with its target's warm-up run unless this process already has: the run's
-    report (its problems are the check's: a server that fails unmeasured requests fails), or None."""
-    plan = server_warmup_plan(target)
-    if plan is None or base_url in _WARMED:
+    """Warm the server at `base_url` with its target's warm-up runs unless this process already has: their report
+    (the first failing run's problems are the check's: a server that fails unmeasured requests fails), or None."""
+    plans = server_warmup_plans(target)
+    if not plans or base_url in _WARMED:
         return None
-    started = time.perf_counter()
-    report = run_bench(plan, base_url, model, tokenizer, api_key, out_dir, env, fork_ctx, name="server-warmup")
+    started, problems = time.perf_counter(), []
+    for plan in plans:
+        problems = run_bench(plan, base_url, model, tokenizer, api_key, out_dir, env, fork_ctx,
+                             name=f"server-warmup-c{plan.concurrency}").problems
+        if problems:  # a server that fails one warm-up fails the next too: no need to wait for it
+            break
     _WARMED.add(base_url)
-    return VerdictReport(f"the server's warm-up ({plan.num_prompts} prompts of {plan.input_len} tokens at once)",
-                         {"server_warmup_s": time.perf_counter() - started}, report.problems)
+    counts = ", ".join(str(p.num_prompts) for p in plans)
+    return VerdictReport(f"the server's warm-up ({counts} prompts of {plans[0].input_len} tokens at once)",
+                         {"server_warmup_s": time.perf_counter() - started}, problems)
 
 
 def bench_command(plan: BenchPlan, base_url: str, model: str, tokenizer: Path, result_dir: Path,
