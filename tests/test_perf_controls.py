@@ -47,6 +47,20 @@ def test_complete_bench_result_parses_every_figure():
             "itl_p99_ms"} <= set(result.measured)
 
 
+def test_a_real_bench_result_records_its_mean_first_token_time_unjudged():
+    """The mean TTFT beside p50 and p99 says how much of a wave waited (a kept H200 run's bench serve JSON); no table
+    judges it."""
+    from dataclasses import replace
+
+    data = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200" /
+                       "p2-bf16-cut-off-vllm-0.26.0" / "bench-1024x1024-c8.json").read_text())
+    result = perf.parse_bench_result(data, replace(perf.bench_plan("cuda", 8), num_prompts=int(data["completed"])))
+    assert result.ok, result.problems
+    assert result.measured["ttft_mean_ms"] == data["mean_ttft_ms"] != result.measured["ttft_p50_ms"]
+    for target, model in (("cuda", None), ("cuda", "tiny-gpt-oss"), ("cpu", None)):
+        assert "ttft_mean_ms" not in {lim.name for lim in perf.regression_limits(target, model)}
+
+
 def test_missing_figure_in_bench_result_fails():
     data = _bench_json()
     del data["p99_ttft_ms"]
