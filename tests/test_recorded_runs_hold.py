@@ -559,6 +559,18 @@ def _serving(record: dict) -> list[dict]:
     return [c for c in record["checks"] if "test_serving_perf_a" in c["id"]]
 
 
+def _level(check: dict) -> str:
+    """A serving check's level: its parameter (`c32`, `1k8k-c64`)."""
+    return check["id"].split("[")[1][:-1]
+
+
+def _collapsed(figures: dict, pinned: Any) -> dict:
+    """`figures` with the judged speeds at 0.4x of the pin's: a stack serving at less than half the pinned speed."""
+    pin = pinned.figures
+    return dict(figures, output_tok_s=0.4 * pin["output_tok_s"], ttft_p50_ms=pin["ttft_p50_ms"] / 0.4,
+                tpot_p50_ms=pin["tpot_p50_ms"] / 0.4)
+
+
 def test_p2_in_bf16_ran_whole_on_the_h200_and_failed_only_on_graph_mode_s_two_sided_rule():
     """The whole P2, unfiltered: the five device floors passed; every serving level ran `vllm bench serve` to the end
     with no failed request and, with no pin yet, was measured and skipped saying so; the collectives skipped for the
@@ -1635,10 +1647,8 @@ def test_the_h200_s_p2_misses_of_rounds_ten_and_twelve_were_the_host_s_swings_to
             pinned = pin_of[run_id](check["id"])
             assert perf.regression_verdict(check["figures"], pinned, default).ok is (check["outcome"] == "passed")
             assert perf.regression_verdict(check["figures"], pinned, host_bound).ok, (run_id, check["id"])
-            pin_f = pinned.figures
-            slow = dict(check["figures"], output_tok_s=0.4 * pin_f["output_tok_s"],
-                        ttft_p50_ms=pin_f["ttft_p50_ms"] / 0.4, tpot_p50_ms=pin_f["tpot_p50_ms"] / 0.4)
-            assert not perf.regression_verdict(slow, pinned, host_bound).ok, (run_id, check["id"])
+            assert not perf.regression_verdict(_collapsed(check["figures"], pinned), pinned, host_bound).ok, (
+                run_id, check["id"])
             judged += 1
         assert judged == 11 and sum(c["outcome"] == "failed" for c in _serving(_record(run_id))) == misses
 
@@ -1654,7 +1664,7 @@ def test_under_the_host_bound_table_a_node_s_later_runs_meet_a_pin_of_its_first_
     host_bound = perf.regression_limits("cuda", TINY)
 
     def misses(pinned: dict, judged: dict) -> list[str]:
-        return [c["id"].split("[")[1][:-1] for c in _serving(judged)
+        return [_level(c) for c in _serving(judged)
                 if not perf.regression_verdict(c["figures"], _median_pin([pinned], c["id"]), host_bound).ok]
 
     for node in (R26_P2, R27_P2, R29_P2_FP16):
@@ -1724,10 +1734,9 @@ def test_round_twenty_nine_judged_fp16_serving_against_a_pin_and_only_a_fresh_no
             pinned = perf.Baseline.of_pin(pin)
             missed_default[-1] += not perf.regression_verdict(check["figures"], pinned, default).ok
             if not perf.regression_verdict(check["figures"], pinned, host_bound).ok:
-                missed_host_bound[-1].append(check["id"].split("[")[1][:-1])
-            slow = {k: v * 0.4 if k == "output_tok_s" else v / 0.4 if k.endswith("_p50_ms") else v
-                    for k, v in check["figures"].items()}
-            assert not perf.regression_verdict(slow, pinned, host_bound).ok, (check["id"], record["run_id"])
+                missed_host_bound[-1].append(_level(check))
+            assert not perf.regression_verdict(_collapsed(check["figures"], pinned), pinned, host_bound).ok, (
+                check["id"], record["run_id"])
     assert missed_default == [5, 11, 8]
     assert missed_host_bound == [["c32"], [], []]
-    assert [c["id"].split("[")[1][:-1] for c in records[0]["checks"] if c["outcome"] == "failed"] == ["c32"]
+    assert [_level(c) for c in records[0]["checks"] if c["outcome"] == "failed"] == ["c32"]
