@@ -303,6 +303,43 @@ def test_serving_perf_check_judges_as_before_when_the_gpu_is_not_seen_shared(mon
     assert figures.values.get("gpu_foreign_processes") == (0.0 if seen == "own" else None)
 
 
+@pytest.mark.parametrize("built", [0, 2])
+def test_serving_perf_records_the_triton_kernels_its_server_built_while_measured(monkeypatch, tmp_path, built):
+    """vLLM names a compiled kernel once a server, so its log misses a kernel compiled again for a new shape; Triton's
+    cache folder does not: each kernel built while the level was measured adds an entry, one read back adds none."""
+    from conformance.verdicts import perf
+
+    cache = tmp_path / "triton"
+    (cache / "a-kernel-the-warm-up-built").mkdir(parents=True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    (check, *args), figures = _perf_level(monkeypatch, tmp_path, None)
+    measured = perf.run_bench
+
+    def bench_that_builds(*a, **kw):
+        for n in range(built):
+            (cache / f"built-while-measured-{n}").mkdir()
+        return measured(*a, **kw)
+
+    monkeypatch.setattr(perf, "run_bench", bench_that_builds)
+    assert _outcome(check, *args) == "skipped"
+    assert figures.values["triton_kernels_built_during_run"] == float(built)
+    (check, *args), figures = _perf_level(monkeypatch, tmp_path, None)
+    args[3].managed = False  # a server the suite did not start: its cache is not known
+    _outcome(check, *args)
+    assert "triton_kernels_built_during_run" not in figures.values
+
+
+def test_triton_s_cache_folder_is_where_triton_keeps_it(tmp_path):
+    from pathlib import Path
+
+    from conformance.verdicts import perf
+
+    assert perf.triton_cache_dir({"TRITON_CACHE_DIR": "/c", "TRITON_HOME": "/h"}) == Path("/c")
+    assert perf.triton_cache_dir({"TRITON_HOME": "/h"}) == Path("/h/.triton/cache")
+    assert perf.triton_cache_dir({}) == Path.home() / ".triton" / "cache"
+    assert perf.cache_entries(tmp_path / "none") is None and perf.cache_entries(tmp_path) == 0
+
+
 def _graph_check(tmp_path, eager_out, graph_out, reference_out, dtype, twin_out=None, layers=2, monkeypatch=None):
     """test_graph_mode_matches_eager's own body on scripted eager and graph engines (the graph one logged its
     capture) and a scripted fp64 reference of a `layers`-deep model: `*_out(prompt)` gives each side's completion of

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -163,6 +163,24 @@ def jit_compiles_since(path: Path | None, offset: int) -> int | None:
         log.seek(offset)
         marker = str(perf_data()["bench"]["jit_log_marker"]).encode()
         return sum(marker in line for line in log)
+
+
+def triton_cache_dir(env: Mapping[str, str]) -> Path:
+    """Where a process with `env` keeps Triton's compiled kernels: TRITON_CACHE_DIR, else `.triton/cache` under
+    TRITON_HOME or the home folder (triton.knobs)."""
+    if folder := env.get("TRITON_CACHE_DIR"):
+        return Path(folder)
+    return Path(env.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+
+
+def cache_entries(folder: Path) -> int | None:
+    """How many entries Triton's cache folder holds (a compiled kernel adds one of its own; a kernel read back from
+    it adds none); None where there is no such folder."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(1 for _ in entries)
+    except OSError:
+        return None
 
 
 def bench_keys(percentiles: tuple[int, ...]) -> dict[str, str]:
