@@ -306,38 +306,46 @@ def test_serving_perf_check_judges_as_before_when_the_gpu_is_not_seen_shared(mon
 @pytest.mark.parametrize("built", [0, 2])
 def test_serving_perf_records_the_triton_kernels_its_server_built_while_measured(monkeypatch, tmp_path, built):
     """vLLM names a compiled kernel once a server, so its log misses a kernel compiled again for a new shape; Triton's
-    cache folder does not: each kernel built while the level was measured adds an entry, one read back adds none."""
+    cache folders do not: each kernel built while the level was measured adds an entry (in the folder vLLM points
+    Triton at beside its torch.compile cache, or Triton's own), one read back adds none."""
     from conformance.verdicts import perf
 
-    cache = tmp_path / "triton"
-    (cache / "a-kernel-the-warm-up-built").mkdir(parents=True)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    own = tmp_path / "triton"
+    vllm = tmp_path / "vllm" / "torch_compile_cache" / "12bd437238" / "rank_0_0" / "triton_cache"
+    for folder in (own, vllm):
+        (folder / "a-kernel-the-warm-up-built").mkdir(parents=True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(own))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
     (check, *args), figures = _perf_level(monkeypatch, tmp_path, None)
     measured = perf.run_bench
 
     def bench_that_builds(*a, **kw):
         for n in range(built):
-            (cache / f"built-while-measured-{n}").mkdir()
+            ((own, vllm)[n % 2] / f"built-while-measured-{n}").mkdir()
         return measured(*a, **kw)
 
     monkeypatch.setattr(perf, "run_bench", bench_that_builds)
     assert _outcome(check, *args) == "skipped"
     assert figures.values["triton_kernels_built_during_run"] == float(built)
     (check, *args), figures = _perf_level(monkeypatch, tmp_path, None)
-    args[3].managed = False  # a server the suite did not start: its cache is not known
+    args[3].managed = False  # a server the suite did not start: its caches are not known
     _outcome(check, *args)
     assert "triton_kernels_built_during_run" not in figures.values
 
 
-def test_triton_s_cache_folder_is_where_triton_keeps_it(tmp_path):
+def test_triton_s_cache_folders_are_where_triton_and_vllm_keep_them(tmp_path):
     from pathlib import Path
 
     from conformance.verdicts import perf
 
-    assert perf.triton_cache_dir({"TRITON_CACHE_DIR": "/c", "TRITON_HOME": "/h"}) == Path("/c")
-    assert perf.triton_cache_dir({"TRITON_HOME": "/h"}) == Path("/h/.triton/cache")
-    assert perf.triton_cache_dir({}) == Path.home() / ".triton" / "cache"
-    assert perf.cache_entries(tmp_path / "none") is None and perf.cache_entries(tmp_path) == 0
+    env = {"TRITON_CACHE_DIR": "/c", "TRITON_HOME": "/h", "VLLM_CACHE_ROOT": str(tmp_path)}
+    assert perf.triton_cache_dirs(env) == [Path("/c")]
+    assert perf.triton_cache_dirs({"TRITON_HOME": "/h", "XDG_CACHE_HOME": str(tmp_path)})[0] == Path("/h/.triton/cache")
+    assert perf.triton_cache_dirs({})[0] == Path.home() / ".triton" / "cache"
+    compiled = tmp_path / "vllm" / "torch_compile_cache" / "key" / "rank_0_0" / "triton_cache"
+    compiled.mkdir(parents=True)
+    assert perf.triton_cache_dirs({"TRITON_CACHE_DIR": "/c", "XDG_CACHE_HOME": str(tmp_path)}) == [Path("/c"), compiled]
+    assert perf.cache_entries([tmp_path / "none"]) is None and perf.cache_entries([tmp_path / "none", compiled]) == 0
 
 
 def _graph_check(tmp_path, eager_out, graph_out, reference_out, dtype, twin_out=None, layers=2, monkeypatch=None):

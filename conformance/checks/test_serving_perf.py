@@ -80,8 +80,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
             record_figures(record_figure, warmed)
             warmed.raise_if_failed()
         log_start = perf.log_size(server_log)
-        triton_cache = perf.triton_cache_dir(os.environ | target.process_env("vllm")) if server.managed else None
-        kernels_before = perf.cache_entries(triton_cache) if triton_cache else None
+        triton_caches = perf.triton_cache_dirs(os.environ | target.process_env("vllm")) if server.managed else []
+        kernels_before = perf.cache_entries(triton_caches)
         watch = shared_gpu.Watch(judge=server.managed)  # a server of the suite's: its processes are known
         host = host_speeds()  # the host as the level starts: pins are figures of their host too
         result = perf.run_bench(plan, *bench_args)
@@ -91,7 +91,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     result.measured["num_warmups"] = float(plan.num_warmups)
     if (jit := perf.jit_compiles_since(server_log, log_start)) is not None:
         result.measured["jit_compiles_during_run"] = float(jit)
-    if triton_cache and (kernels_after := perf.cache_entries(triton_cache)) is not None:  # not judged yet
+    if (kernels_after := perf.cache_entries(triton_caches)) is not None:  # recorded, not judged yet
         result.measured["triton_kernels_built_during_run"] = float(kernels_after - (kernels_before or 0))
     result.measured |= watch.figures() | host
     record_figures(record_figure, result)

@@ -165,22 +165,25 @@ def jit_compiles_since(path: Path | None, offset: int) -> int | None:
         return sum(marker in line for line in log)
 
 
-def triton_cache_dir(env: Mapping[str, str]) -> Path:
-    """Where a process with `env` keeps Triton's compiled kernels: TRITON_CACHE_DIR, else `.triton/cache` under
-    TRITON_HOME or the home folder (triton.knobs)."""
-    if folder := env.get("TRITON_CACHE_DIR"):
-        return Path(folder)
-    return Path(env.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+def triton_cache_dirs(env: Mapping[str, str]) -> list[Path]:
+    """Where a vLLM server started with `env` keeps Triton's compiled kernels: Triton's own folder (TRITON_CACHE_DIR,
+    else `.triton/cache` under TRITON_HOME or the home folder: triton.knobs) and the `triton_cache` folders vLLM
+    points Triton at beside its torch.compile cache (vllm/compilation/compiler_interface.py, under VLLM_CACHE_ROOT,
+    else `vllm` under XDG_CACHE_HOME or `~/.cache`)."""
+    triton = Path(env["TRITON_CACHE_DIR"]) if env.get("TRITON_CACHE_DIR") else Path(
+        env.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+    vllm = Path(env.get("VLLM_CACHE_ROOT") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm")
+    return [triton, *sorted(vllm.glob("torch_compile_cache/*/rank_*/triton_cache"))]
 
 
-def cache_entries(folder: Path) -> int | None:
-    """How many entries Triton's cache folder holds (a compiled kernel adds one of its own; a kernel read back from
-    it adds none); None where there is no such folder."""
-    try:
-        with os.scandir(folder) as entries:
-            return sum(1 for _ in entries)
-    except OSError:
-        return None
+def cache_entries(folders: list[Path]) -> int | None:
+    """How many entries Triton's cache folders hold together (a compiled kernel adds one of its own; a kernel read
+    back adds none); None where there is no such folder."""
+    counts = []
+    for folder in folders:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            counts.append(sum(1 for _ in entries))
+    return sum(counts) if counts else None
 
 
 def bench_keys(percentiles: tuple[int, ...]) -> dict[str, str]:
