@@ -333,6 +333,21 @@ def test_serving_perf_records_the_triton_kernels_its_server_built_while_measured
     assert "triton_kernels_built_during_run" not in figures.values
 
 
+def test_serving_perf_records_the_host_s_speed_as_each_level_starts_and_as_it_ends(monkeypatch, tmp_path):
+    """One host probe a level, at its start, cannot say which speed the level ran at: on one node the probes flipped
+    between two speeds within minutes. The level's own body records both ends."""
+    from conformance.checks import test_serving_perf as perf_checks
+
+    speeds = iter([{"host_single_thread_mops": 7.0, "host_copy_gbs": 12.0},
+                   {"host_single_thread_mops": 3.5, "host_copy_gbs": 6.0}])
+    monkeypatch.setattr(perf_checks, "host_speeds", lambda: next(speeds))
+    (check, *args), figures = _perf_level(monkeypatch, tmp_path, None)
+    assert _outcome(check, *args) == "skipped"
+    assert {k: v for k, v in figures.values.items() if k.startswith("host_") and "cpu" not in k} == {
+        "host_single_thread_mops": 7.0, "host_copy_gbs": 12.0,
+        "host_single_thread_mops_after": 3.5, "host_copy_gbs_after": 6.0}
+
+
 def test_triton_s_cache_folders_are_where_triton_and_vllm_keep_them(tmp_path):
     from pathlib import Path
 

@@ -86,6 +86,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
         host = host_speeds()  # the host as the level starts: pins are figures of their host too
         result = perf.run_bench(plan, *bench_args)
         watch.stop()
+        host_after = {f"{figure}_after": speed for figure, speed in host_speeds().items()}  # recorded, not judged
     except perf.PerfError as exc:
         fail(str(exc))
     result.measured["num_warmups"] = float(plan.num_warmups)
@@ -93,7 +94,7 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
         result.measured["jit_compiles_during_run"] = float(jit)
     if (kernels_after := perf.cache_entries(triton_caches)) is not None:  # recorded, not judged yet
         result.measured["triton_kernels_built_during_run"] = float(kernels_after - (kernels_before or 0))
-    result.measured |= watch.figures() | host
+    result.measured |= watch.figures() | host | host_after
     record_figures(record_figure, result)
     with watch.explains():
         result.raise_if_failed()
