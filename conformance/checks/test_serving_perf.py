@@ -52,7 +52,9 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     records the host's single-thread and memory-copy speeds as it starts (conformance/verdicts/host_speed.py); one that
     misses a pin measured on a host faster by either (perf.toml [host_speed]) fails as `slower_host`, saying by how
     much: not a like-for-like comparison. A pin that measured another number of requests (perf.toml's mix changed since)
-    fails the level as `unlike_pin`, saying so.
+    fails the level as `unlike_pin`, saying so. Recorded, not judged: the host's speeds again as the level ends
+    (`*_after`) and, on a server the suite started, the Triton kernels it built while measured (new entries in
+    Triton's cache folders), which vLLM's once-a-kernel compile log misses.
 
     Catches: a stack that is correct but slow — attention or MoE backends falling back to slow paths
     after an upgrade, lost kernel tuning, scheduler regressions that starve decode under concurrency,
