@@ -1813,3 +1813,66 @@ def test_round_thirty_s_warm_up_at_every_level_kept_a_fresh_node_warm_at_c32_and
             assert not perf.regression_verdict(_collapsed(check["figures"], pinned), pinned, limits).ok
     assert [r.run_id for r in bf16_pins.get(_serving(records[1])[0]["id"], H100_LINEAGE, TINY).runs] == list(
         R26_P2[:2])
+
+
+R31_P2 = ("20261206T203433-cuda-f40735", "20261206T204046-cuda-9c96ba", "20261206T204501-cuda-8a2739",
+          "20261206T204951-cuda-47138f")
+R31_LOGS = RUNS.parent / "recorded" / "h200" / "p2-establish-round-thirty-one-vllm-0.26.0"
+
+
+def test_round_thirty_one_p2_passes_whole_on_vllm_on_an_h200_against_a_pin_of_that_node():
+    """Round thirty-one (#34): `conformance baseline establish -- --cuda` on a fresh H200 node (one GPU UUID no kept run
+    had): two whole bf16 P2 runs pinned, a third judged against that pin, then a fourth by hand against the same pin.
+    Both judged runs PASS whole: 18 passed, the 3 collectives skipped for the one GPU and nothing else, every serving
+    level judged against the pin (tiny model: the host-bound table, perf.toml). The server's warm-up at every level
+    took the cold compile cache's waits in the node's first run (mean TTFT over 1 s at c32 and c64, later runs under
+    0.3 s); no measured level of any run built a Triton kernel or logged a compile. Under the default table the two
+    judged runs would have missed 1 and 4 levels: the host's swings again, not the stack's. A stack serving at 0.4x
+    of the pin's speed fails every level of both judged runs. The device floors passed in every run, HBM at 4.2 TB/s."""
+    from conformance.verdicts import perf
+    from env_checks import baselines
+
+    records = [_record(r) for r in R31_P2]
+    node = {r["fingerprint"]["platform"]["gpu_uuids"][0] for r in records}
+    assert len(node) == 1 and {r["fingerprint"]["platform"]["gpu_names"][0] for r in records} == {"NVIDIA H200"}
+    others = [p.parent.name for p in RUNS.glob("*/fingerprint.json") if p.parent.name not in R31_P2]
+    assert node.isdisjoint((_record(r)["fingerprint"]["platform"].get("gpu_uuids") or [None])[0] for r in others)
+    assert all(r["engine"] == "vllm" and r["complete"] and r["evidence"] and r["narrowed_by"] is None
+               and r["tiers"] == ["p2"] and (r["dtype"], r["profile"]) == ("bfloat16", "h200-tiny")
+               and r["exit_status"] == 0 for r in records)
+    for record in records[:2]:
+        assert all(c["outcome"] == "skipped" and "no pinned baseline" in c["message"] for c in _serving(record))
+    for record in records:
+        assert all(c["outcome"] == "passed" or ONE_GPU in c["message"] or (
+            record in records[:2] and "no pinned baseline" in c["message"]) for c in record["checks"])
+        assert _check(record, "test_graph_mode_matches_eager")["outcome"] == "passed"
+        assert _check(record, "test_hbm_bandwidth_floor")["figures"]["hbm_gbps"] > 4200
+        assert all(c["figures"]["jit_compiles_during_run"] == 0 == c["figures"]["triton_kernels_built_during_run"]
+                   for c in _serving(record)), record["run_id"]
+    assert [r["summary"]["passed"] for r in records[2:]] == [18, 18]
+    log = (R31_LOGS / "01-est.log").read_text()
+    assert f"{R31_P2[2]} judged against the pin of {R31_P2[0]}, {R31_P2[1]}: exit status 0" in log
+    assert f"verdict: PASS   run written to <reports>/{R31_P2[3]}/" in (R31_LOGS / "02-p2.log").read_text()
+
+    for run_id, cold_cache in zip(R31_P2, (True, False, False, False)):
+        for level in (32, 64):
+            warm = json.loads((R31_LOGS / f"warmup-{run_id}" / f"server-warmup-c{level}.json").read_text())
+            assert warm["completed"] == level and warm["failed"] == 0
+            assert (warm["mean_ttft_ms"] > 1000) is cold_cache, (run_id, level)
+
+    pins, default, host_bound = (baselines.load(R31_LOGS / "baselines.json"), perf.regression_limits("cuda"),
+                                 perf.regression_limits("cuda", TINY))
+    missed_default = []
+    for record in records[2:]:
+        assert len(_serving(record)) == 12
+        missed_default.append(0)
+        for check in _serving(record):
+            pin = pins.get(check["id"], H200_LINEAGE, TINY)
+            assert pin is not None and [r.run_id for r in pin.runs] == list(R31_P2[:2]), check["id"]
+            pinned = perf.Baseline.of_pin(pin)
+            assert "output_tok_s_vs_pinned" in check["figures"], check["id"]
+            assert perf.regression_verdict(check["figures"], pinned, host_bound).ok, (record["run_id"], check["id"])
+            assert not perf.regression_verdict(_collapsed(check["figures"], pinned), pinned, host_bound).ok, (
+                record["run_id"], check["id"])
+            missed_default[-1] += not perf.regression_verdict(check["figures"], pinned, default).ok
+    assert missed_default == [1, 4]
