@@ -6,9 +6,12 @@
                                                     baselines")
   conformance diagnose FILE|- [FILE ...] [--json]   (what pasted tool outputs/logs say, cross-checked; see --help)
   conformance drill [--faults NAME,...] [RUN OPTIONS]   (does P0 see each planted fault on this stack? see --help)
+  conformance compare BEFORE AFTER [--markdown|--json] [--db FILE]   (the upgrade diff of two runs; exit 1 on a
+                                                    regression, 2 on bad input; see --help)
 
-Exit codes of `run`: 0 every selected check passed (skips and known-bug xfails allowed),
-1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error."""
+Exit codes of `run`: 0 every check of the tiers ran and passed (skips and known-bug xfails allowed),
+1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error, 4 narrowed: the checks
+that ran passed, but checks of the tiers did not run (-k, --lf, --deselect, node ids …): not a pass, no evidence."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import sys
 from pathlib import Path
 
 from conformance.run import options
+from conformance.run.coverage import NARROWED_EXIT, NARROWED_STATUS
 from conformance.run.tiers import DEFAULT_TIERS
 
 CHECKS = Path(__file__).parent.parent / "checks"
@@ -69,7 +73,13 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("drill", help="plant each fault of data/faults.toml in the engine under test, one run each, and "
                                  "say whether P0's checks caught it", add_help=False)
+    sub.add_parser("compare", help="the upgrade diff: what changed from run BEFORE to run AFTER, per check, "
+                                   "against the recorded limits (exit 1 on a regression)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        from reports.upgrade_diff_report import main as compare_main
+
+        return compare_main(argv[1:])
     if argv[:1] == ["drill"]:
         from conformance.run import drill
 
@@ -91,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
 
-    exit_of = {0: 0, 1: 1, 2: 2, 3: 3, 4: 2, 5: 1}
+    exit_of = {0: 0, 1: 1, 2: 2, 3: 3, 4: 2, 5: 1, NARROWED_STATUS: NARROWED_EXIT}
     try:
         from conformance.run import profile_rows
         from conformance.verdicts import profiles
