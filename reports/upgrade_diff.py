@@ -248,7 +248,7 @@ def figure_shift(check_id: str, name: str, before: CheckResult, after: CheckResu
     """How one figure of a check that ran on both sides moved (module docstring); None when it is not worth a line."""
     b, a = before.figures.get(name), after.figures.get(name)
     limit = after.limits.get(name) or before.limits.get(name)
-    if b == a or limit is None and _INPUT_FIGURE.search(name):
+    if b == a or (limit is None and _INPUT_FIGURE.search(name)):
         return None
     if limit is None:
         if b is not None and a is not None and abs(a - b) <= INFORMATIONAL_SHIFT * abs(b):
