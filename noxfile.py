@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import nox
+import nox.command
 
 sys.path.insert(0, str(Path(__file__).parent))  # the checkout: tiers, run_target (standard library only)
 from conformance.run import run_target  # noqa: E402
@@ -153,6 +154,9 @@ def _install(session: nox.Session, *args: str) -> None:
 # How long an interrupted tier run has to stop its engines and server and write its record before nox sends it
 # SIGTERM (then, 10 s on, SIGKILL): a full P0 on two cores took 1-3 s from Ctrl-C to exit.
 RECORD_GRACE_S = 60.0
+# The exit codes of `conformance run` that nox passes on as they are (README "Reading the verdict"): 2 interrupted or
+# refused (bad usage), 3 an internal error, 4 narrowed; 1 (a check failed) is nox's own failure code already.
+PASSED_ON = (2, 3, 4)
 # The shared stack venv of this nox invocation: set by the `stack` session, used by the tier sessions.
 _STACK: dict[str, str] = {}
 
@@ -232,6 +236,10 @@ def _run_interruptible(session: nox.Session, *args: str, **kwargs: Any) -> None:
     except KeyboardInterrupt:
         session.warn("interrupted: the run is written with complete: false")
         raise SystemExit(2) from None  # the run's own exit code (nox's would be 130)
+    except nox.command.CommandFailed as exc:
+        if exc.return_code in PASSED_ON:  # nox would exit 1, the code of a failed check, for each of them
+            raise SystemExit(exc.return_code) from None
+        raise
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)

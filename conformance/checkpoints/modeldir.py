@@ -18,6 +18,9 @@ DTYPE_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, 
               "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
               "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64}
 MAX_HEADER_BYTES = 100 << 20  # the library's own limit
+# config.json `torch_dtype` values a gpt-oss checkpoint may carry: the float dtypes its unquantized tensors are held in
+# (MXFP4 expert weights are U8 blocks beside them, described by quantization_config, not by torch_dtype)
+STORED_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelDirError(ValueError):
@@ -117,6 +120,11 @@ def inspect_model_dir(path: Path) -> ModelInfo:
     if config.get("model_type") != "gpt_oss":
         raise ModelDirError(f"{cfg_path} says model_type {config.get('model_type')!r}, not 'gpt_oss': "
                             f"this suite tests gpt-oss checkpoints.")
+    stored = config.get("torch_dtype", config.get("dtype"))  # transformers 5 writes `dtype`
+    if stored is not None and stored not in STORED_DTYPES:
+        raise ModelDirError(f"{cfg_path} says its weights are {stored!r} (torch_dtype), which is no dtype a gpt-oss "
+                            f"checkpoint is stored in ({', '.join(STORED_DTYPES)}): fix config.json or re-export "
+                            "the checkpoint.")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise ModelDirError(f"{path} holds no *.safetensors files: the weights are missing.")

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from conformance.run.runcontext import RunContext, ctx_of
 from conformance.verdicts import settings
 from conformance.verdicts.compare import LogprobTolerance
 from conformance.verdicts.limits import Limits, limits_for
+from conformance.verdicts.verdict import FigureLimit
 
 # Above this many parameters the fp64 reference streams: one layer's weights at a time.
 STREAMING_ABOVE_PARAMS = 500_000_000
@@ -496,11 +497,22 @@ def engine_greedy(engine: EngineProcess, prompts: PromptSet, tolerance: Any,
     return out, time.perf_counter() - started
 
 
+@dataclass(frozen=True)
+class FigureRecorder:
+    """`record_figure(name, value)`: a measured figure, into results.json and the junit properties;
+    `record_figure.limit(name, FigureLimit)`: the limit that figure was judged by, into the check's `limits`
+    (record_figures calls it with each verdict's limits())."""
+
+    node: pytest.Item
+
+    def __call__(self, name: str, value: float) -> None:
+        self.node.user_properties.append((f"figure:{name}", float(value)))
+
+    def limit(self, name: str, limit: FigureLimit) -> None:
+        self.node.user_properties.append((f"limit:{name}", limit.as_dict()))
+
+
 @pytest.fixture
-def record_figure(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
-    """Record a measured figure; it lands in results.json and the junit properties."""
-
-    def record(name: str, value: float) -> None:
-        request.node.user_properties.append((f"figure:{name}", float(value)))
-
-    return record
+def record_figure(request: pytest.FixtureRequest) -> FigureRecorder:
+    """Record a measured figure (and, through record_figures, the limit it was judged by)."""
+    return FigureRecorder(request.node)

@@ -19,7 +19,16 @@ import pytest
 
 from conformance import datafiles
 from conformance.engines import vllm_server
-from conformance.run import capabilities, expectations, machine_health, options, run_options, run_target, runrecord
+from conformance.run import (
+    capabilities,
+    coverage,
+    expectations,
+    machine_health,
+    options,
+    run_options,
+    run_target,
+    runrecord,
+)
 from conformance.run.cpu_features import amx as _cpu_amx
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
@@ -99,8 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if run_dir.exists():
         raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
     config.stash[REPORTS_EXISTED] = run_dir.parent.exists()
-    narrowed_by = " ".join(f"{flag} {value!r}" for flag, value in (("-k", opt.keyword), ("-m", opt.markexpr))
-                           if value) or None
+    narrowed_by = coverage.narrowing_options(opt, list(config.args))
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), target, opt.combo, opt.planted_fault, narrowed_by)
     config.stash[RUN_KEY] = ctx
     _CONFIG["config"] = config
@@ -110,7 +118,8 @@ def pytest_configure(config: pytest.Config) -> None:
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     from conformance.run import preflight  # every argument, once, before any check, engine or server starts
 
-    bad = preflight.problems(opt, report, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None)
+    bad = preflight.problems(opt, report, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None,
+                             target.engine)
     if bad:
         raise pytest.UsageError("\n".join(bad))
     if opt.compile_cache:  # before any engine, server or forkserver starts: they inherit the variables
@@ -161,6 +170,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
     run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
     config.stash[TIER_CHECKS] = len(items)
+    ctx.ledger.expected = coverage.tier_functions(run_options.selected_tiers(config))
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """A check of the run's tiers taken out after collection (-k, -m, --deselect, --lf, a plugin): the run no longer
+    judges its whole tiers. The other tiers' checks, deselected by --tier, are not the run's."""
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    tiers = run_options.selected_tiers(config)
+    ctx_of(config).ledger.deselected += [runrecord.check_id(item.nodeid) for item in items
+                                         if runrecord.tier_of_item(item) in tiers]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -175,10 +196,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if none:
         raise pytest.UsageError(none)  # pytest_sessionfinish records nothing
     for item in items:
-        tier = next(m.name for m in item.iter_markers() if m.name in runrecord.TIERS)
+        tier = runrecord.tier_of_item(item)
         ref = runrecord.docstring_field(item.function, "Reference") or ""
         ctx.records[item.nodeid] = CheckRecord(runrecord.check_id(item.nodeid), tier, runrecord.area_of(item), ref)
     ctx.collected = len(items)
+    ctx.ledger.collected = [r.id for r in ctx.records.values()]
     target = ctx.target
     from conformance.engines import forkserver
     from conformance.run import phases
@@ -252,6 +274,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if str(key).startswith("figure:"):
             rec.figures[key.removeprefix("figure:")] = value
+        elif str(key).startswith("limit:"):
+            rec.limits[key.removeprefix("limit:")] = value
     outcome = None
     if report.when == "setup" and report.failed:
         outcome = "error"
@@ -262,6 +286,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.when == "teardown" and report.failed and rec.outcome == "passed":
         outcome = "error"
     if outcome is not None:
+        ctx_of(config).ledger.reported.add(rec.id)
         rec.outcome, rec.message = outcome, _message(report)
         rec.failure_class = runrecord.classify(outcome, rec.message, getattr(report, "exception_chain", None))
         rec.bug_link = expectations.link_of(rec.message) if outcome in ("xfailed", "xpassed") else None
@@ -331,7 +356,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     serving_fixtures.discard_prestarted()
     ctx = ctx_of(session.config)
-    if exitstatus == pytest.ExitCode.USAGE_ERROR:  # refused once the session began (-k selecting none): no run
+    if exitstatus == pytest.ExitCode.USAGE_ERROR or session.config.option.collectonly:
+        # refused once the session began (-k selecting none), or a listing (--collect-only): no run is recorded
         machine_health.finish()  # its telemetry stopped; its record goes nowhere
         _discard(ctx.run_dir, session.config)
         return
@@ -347,8 +373,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ctx.shortfall = run_minimum.shortfall(ctx.records.values())
     if ctx.shortfall and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # every check skipped, or P0 without its core verdicts
+    if ctx.ledger.not_run() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = coverage.NARROWED_STATUS  # what ran passed, but not all the tiers' checks ran: no pass
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    recorder.write(ctx, int(session.exitstatus), complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))
+    status = int(session.exitstatus)  # recorded as `conformance run` exits (a narrowed run: 4)
+    recorder.write(ctx, coverage.NARROWED_EXIT if status == coverage.NARROWED_STATUS else status,
+                   complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))
 
 
 def _discard(run_dir: Path, config: pytest.Config) -> None:
@@ -365,6 +395,10 @@ def _discard(run_dir: Path, config: pytest.Config) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if exitstatus == pytest.ExitCode.USAGE_ERROR:
         return  # a refused run: its one sentence, no table and no verdict
+    if config.option.collectonly:
+        terminalreporter.write_line(f"--collect-only: {ctx_of(config).collected} check(s) listed; nothing ran and "
+                                    "no run was recorded", yellow=True)
+        return
     from conformance.run import recorder
 
     recorder.print_summary(terminalreporter, ctx_of(config))

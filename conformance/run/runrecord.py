@@ -30,6 +30,8 @@ class CheckRecord:
     message: str = ""
     failure_class: str | None = None
     bug_link: str | None = None
+    # figure -> {value, kind, source}: the limit each judged figure was held to, as this run judged it
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +65,11 @@ def check_metadata_problems(item: Any) -> list[str]:
 
     problems += controls.problems(docstring_field(func, controls.FIELD), inspect.getsourcefile(func) if func else None)
     return problems
+
+
+def tier_of_item(item: Any) -> str | None:
+    """The tier marker of a collected check (None for an item without one)."""
+    return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
 
 
 def area_of(item: Any) -> str:

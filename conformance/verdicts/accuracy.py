@@ -17,7 +17,7 @@ from conformance import datafiles
 from conformance.engines.vllm_server import ServerClient, _tail
 from conformance.verdicts.compare import VerdictReport
 from conformance.verdicts.perf import PerfError, child_env, run_in_group
-from conformance.verdicts.verdict import Verdict
+from conformance.verdicts.verdict import FigureLimit, Verdict
 
 ACCURACY_DATA = datafiles.DATA / "accuracy.toml"
 # The directory with the eval datasets (the `--eval-data DIR` option is meant to set it).
@@ -295,6 +295,10 @@ class AccuracyVerdict(Verdict):
         if self.score.stderr is not None:
             out["score_stderr"] = self.score.stderr
         return out
+
+    def limits(self) -> dict[str, FigureLimit]:
+        return {"score": FigureLimit(self.pass_mark, "min", f"the pass mark of {self.reference.value:g} "
+                                     "(data/accuracy.toml)")}
 
     def failure_message(self) -> str:
         r = self.reference

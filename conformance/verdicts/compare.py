@@ -13,7 +13,7 @@ from conformance.engines.base import Completion, KVState, StepLogprobs
 from conformance.engines.observations import KVLayout, RequestBlocks, StepwiseRun, SubmitOutcome
 from conformance.reference import kv_model
 from conformance.verdicts.verdict import CheckFailed as CheckFailed  # re-exported: checks import it from here
-from conformance.verdicts.verdict import Verdict, record_figures
+from conformance.verdicts.verdict import FigureLimit, Verdict, record_figures
 
 POSITION_BANDS = (0, 128, 256, 1024, 4096)  # the window, past 256 (bf16 positions), 1k, the 4k YaRN context
 MIN_STRATUM = 20  # |Δlogprob| values a stratum needs before its own median is judged
@@ -50,6 +50,7 @@ class LogprobTolerance:
     # engine's decode bands stand further above the twin's the deeper the model (docs/verdicts.md "Greedy parity at
     # depth")
     decode_noise_depth: float | None = None
+    widened: bool = False  # set by above_noise: these limits are the noise twin's, not the table's
 
     def decode_ratio(self, layers: int | None) -> float:
         """The ratio the decode bands widen by on a model of `layers` layers (`decode_noise_depth`)."""
@@ -76,7 +77,8 @@ class LogprobTolerance:
                        p99=up(self.p99, noise["p99_abs_dlogprob"]),
                        median=up(self.median, noise["median_abs_dlogprob"]),
                        stratum_median=up(self.stratum_median, largest_stratum_median(noise)),
-                       band_limits=bands if self.widen_by_band and self.stratum_median is not None else ())
+                       band_limits=bands if self.widen_by_band and self.stratum_median is not None else (),
+                       widened=True)
 
 
 def largest_stratum_median(figures: dict[str, float], default: float = 0.0) -> float:
@@ -154,6 +156,12 @@ class ParityReport(Verdict):
                 figs[f"median_abs_dlogprob_{phase}_{band}"] = statistics.median(values)
         return figs
 
+    def limits(self) -> dict[str, FigureLimit]:
+        source = ("tolerances.toml logprobs, widened to noise_ratio x the noise twin's figures"
+                  if self.tolerance.widened else "tolerances.toml logprobs (or the check's own tolerance)")
+        return {name: FigureLimit(value, "max", source)
+                for name, value in figure_limits(self.figures(), self.tolerance).items()}
+
     def finish(self) -> ParityReport:
         if self.compared_steps == 0:
             self.problems.append("nothing was compared: no steps came back")
@@ -171,25 +179,32 @@ class ParityReport(Verdict):
         return self.summary() + "\n  " + "\n  ".join(self.problems[:10])
 
 
-def over_limits(figs: dict[str, float], tol: LogprobTolerance) -> list[str]:
-    """What of a comparison's figures (`ParityReport.figures`, as a run records them) exceeds `tol`: the global
-    limits, then each judged stratum's median against its band's limit (`band_limits`) or `stratum_median`."""
-    problems = []
-    limits = (("max_abs_dlogprob", tol.max_abs), ("p99_abs_dlogprob", tol.p99), ("median_abs_dlogprob", tol.median))
-    for name, limit in limits:
-        if limit is not None and not figs[name] <= limit:  # NaN fails too
-            problems.append(f"{name} = {figs[name]:.3g} exceeds the tolerance {limit:.3g}")
+def figure_limits(figs: dict[str, float], tol: LogprobTolerance) -> dict[str, float]:
+    """Each figure of a comparison (`ParityReport.figures`) that `tol` judges, with its limit: the global ones, then
+    each judged stratum's median against its band's limit (`band_limits`) or `stratum_median`."""
+    out = {name: float(limit) for name, limit in (("max_abs_dlogprob", tol.max_abs), ("p99_abs_dlogprob", tol.p99),
+                                                 ("median_abs_dlogprob", tol.median)) if limit is not None}
     bands = dict(tol.band_limits)
-    for key, median in figs.items():
+    for key in figs:
         # strata too small for a median say nothing (figures() leaves them out); the global limits still hold
-        if not key.startswith("median_abs_dlogprob_") or tol.stratum_median is None:
+        if key.startswith("median_abs_dlogprob_") and tol.stratum_median is not None:
+            out[key] = float(bands.get(key.removeprefix("median_abs_dlogprob_"), tol.stratum_median))
+    return out
+
+
+def over_limits(figs: dict[str, float], tol: LogprobTolerance) -> list[str]:
+    """What of a comparison's figures (`ParityReport.figures`, as a run records them) exceeds `tol` (figure_limits);
+    a NaN exceeds every limit."""
+    problems = []
+    for name, limit in figure_limits(figs, tol).items():
+        if figs[name] <= limit:
             continue
-        stratum = key.removeprefix("median_abs_dlogprob_")
-        limit = bands.get(stratum, tol.stratum_median)
-        if not median <= limit:
-            phase, band = stratum.split("_")
-            problems.append(f"{phase} positions {band}: median |Δlogprob| {median:.3g} "
+        if name.startswith("median_abs_dlogprob_"):
+            phase, band = name.removeprefix("median_abs_dlogprob_").split("_")
+            problems.append(f"{phase} positions {band}: median |Δlogprob| {figs[name]:.3g} "
                             f"exceeds the stratum tolerance {limit:.3g}")
+        else:
+            problems.append(f"{name} = {figs[name]:.3g} exceeds the tolerance {limit:.3g}")
     return problems
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from conformance import datafiles
-from conformance.verdicts.verdict import Verdict
+from conformance.verdicts.verdict import FigureLimit, Verdict
 from env_checks import isa
 
 ISA_KIND = {"rocm": "hip", "cuda": "cuda"}
@@ -190,6 +190,13 @@ class GemmReport(Verdict):
                 "gemm_entry_err": worst([v.entry_err for v in self.verdicts]),
                 "entries_checked": sum(v.entries for v in self.verdicts), "shapes": len(self.verdicts),
                 "shapes_not_applicable": len(self.not_applicable), "seed": self.seed}
+
+    def limits(self) -> dict[str, FigureLimit]:
+        if not self.verdicts:
+            return {}
+        tol, where = self.verdicts[0].tolerance, f"devices.toml gemm_numerics.tolerance.{self.dtype}"
+        return {"gemm_rel_err": FigureLimit(tol.rel_fro, "max", f"{where}.rel_fro"),
+                "gemm_entry_err": FigureLimit(tol.entry, "max", f"{where}.entry")}
 
     @property
     def problems(self) -> list[str]:

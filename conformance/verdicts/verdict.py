@@ -19,6 +19,20 @@ class CheckFailed(AssertionError):
     """A conformance verdict: the stack disagrees with its reference beyond the tolerance."""
 
 
+@dataclass(frozen=True)
+class FigureLimit:
+    """The limit a figure was judged against, as the run judged it: `kind` "max" (the figure must stay at or below
+    `value`) or "min" (at or above), and where the value came from. Recorded beside the figure (results.json
+    `checks[].limits`), so a kept run reads later exactly as it was judged."""
+
+    value: float
+    kind: str
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"value": float(self.value), "kind": self.kind, "source": self.source}
+
+
 class Verdict:
     """Base of every report dataclass. Subclasses hold `problems` (a list of sentences, or a property that
     derives them) and override `ok`, `figures` or `failure_message` where theirs differ from the default."""
@@ -30,6 +44,11 @@ class Verdict:
         return not self.problems
 
     def figures(self) -> dict[str, float]:
+        return {}
+
+    def limits(self) -> dict[str, FigureLimit]:
+        """The limit each judged figure was held to (figure name -> FigureLimit); figures that are counts or inputs
+        have none."""
         return {}
 
     def failure_message(self) -> str:
@@ -48,14 +67,20 @@ class Problems(Verdict):
     problems: list[str] = field(default_factory=list)
     headline: str = ""
     note: str = ""
+    judged_by: dict[str, FigureLimit] = field(default_factory=dict)  # figure -> the limit it was held to
+
+    def limits(self) -> dict[str, FigureLimit]:
+        return dict(self.judged_by)
 
     def failure_message(self) -> str:
         return self.headline + "; ".join(self.problems) + self.note
 
 
-def at_least(value: float, floor: float, sentence: str) -> Problems:
-    """`value` at or above `floor`, else `sentence` is the problem; a NaN value fails (NaN >= x is false)."""
-    return Problems([] if value >= floor else [sentence])
+def at_least(value: float, floor: float, sentence: str, figure: str | None = None, source: str = "") -> Problems:
+    """`value` at or above `floor`, else `sentence` is the problem; a NaN value fails (NaN >= x is false). With
+    `figure`, the verdict's limits() name the floor that figure was held to (and `source`, where it comes from)."""
+    judged = {figure: FigureLimit(float(floor), "min", source)} if figure else {}
+    return Problems([] if value >= floor else [sentence], judged_by=judged)
 
 
 def fail(sentence: str) -> NoReturn:
@@ -81,6 +106,11 @@ def figure_values(report: Verdict | Mapping[str, float]) -> dict[str, float]:
 
 def record_figures(record: Callable[[str, float], Any], report: Verdict | Mapping[str, float],
                    prefix: str = "") -> None:
-    """The one way a check records a report's figures: each through the `record_figure` fixture, in order."""
+    """The one way a check records a report's figures: each through the `record_figure` fixture, in order, and
+    the limit each was judged by (`Verdict.limits`) through the fixture's `limit` where it has one."""
     for name, value in figure_values(report).items():
         record(f"{prefix}{name}", value)
+    record_limit = getattr(record, "limit", None)
+    if record_limit is not None and isinstance(report, Verdict):
+        for name, limit in report.limits().items():
+            record_limit(f"{prefix}{name}", limit)
