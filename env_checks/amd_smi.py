@@ -10,6 +10,7 @@ kept as a fallback for older installs: its `--json` output is an object of `card
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,3 +210,44 @@ def probe_amd_smi_bad_pages() -> AmdSmiBadPages | ProbeFailure:
 def probe_rocm_smi() -> RocmSmi | ProbeFailure:
     argv = ["rocm-smi", "--showproductname", "--showdriverversion", "--showfw", "--json"]
     return parse_with("rocm-smi", parse_rocm_smi, run_tool(argv))
+
+
+# ---------------------------------------------------------------- pasted output: facts the text readers leave unread
+
+
+def _json_gpus(text: str) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(text[json_start(text):])
+    except json.JSONDecodeError:
+        return []
+    if isinstance(data, dict):
+        data = data.get("gpu_data", [data])
+    return [g for g in data if isinstance(g, dict) and "gpu" in g] if isinstance(data, list) else []
+
+
+def _number(value: str) -> int | float:
+    return float(value) if "." in value else int(value)
+
+
+def enrich_amd_smi_paste(text: str, r: Any) -> None:
+    """Facts a pasted amd-smi output states that `textforms.read_amd_smi` leaves unread: compute units (`static
+    --asic`, text and JSON), socket power per GPU (`metric --power`, text and JSON), the process ids and names of
+    `process` (text), and the AMD SMI library and HSMP driver versions of `version`. `r` is a `textforms.Reading`."""
+    for units in re.findall(r'^\s*NUM_COMPUTE_UNITS:\s*(\d+)\s*$|"num_compute_units"\s*:\s*(\d+)', text, re.M):
+        r.add("compute_units", units[0] or units[1])
+    for gpu in smi_text_tree(text) if json_start(text) < 0 else _json_gpus(text):
+        power = gpu.get("power")  # metric's POWER section; static's LIMIT section states a cap, not a reading
+        socket = power.get("socket_power") if isinstance(power, dict) else None
+        unit = socket.get("unit", "W") if isinstance(socket, dict) else "W"
+        found = re.fullmatch(r"(\d+(?:\.\d+)?)(?: W)?", _leaf(socket) or "")
+        if found and unit == "W":
+            r.facts.setdefault("socket_power_w", {}).setdefault(str(gpu.get("gpu")), _number(found.group(1)))
+    blocks = re.split(r"^\s*GPU: (\d+)\s*$", text, flags=re.MULTILINE)
+    for _gpu, body in zip(blocks[1::2], blocks[2::2]):
+        for name, pid in re.findall(r"^\s*PROCESS_INFO:\s*\n\s*NAME:\s*(.*?)\s*\n\s*PID:\s*(\d+)", body, re.M):
+            r.add("process_ids", pid)
+            r.add("process_names", name)
+    library = re.search(r"AMDSMI Library version:\s*([^|\s]+)", text)
+    r.put("amdsmi_library_version", library.group(1) if library else None)
+    hsmp = re.search(r"amd_hsmp version:\s*([^|\n]+?)\s*(?:\||$)", text, re.MULTILINE)
+    r.put("amd_hsmp_version", hsmp.group(1) if hsmp else None)

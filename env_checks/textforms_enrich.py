@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from env_checks import amd_smi, amdgpu_log, collect_env, rocm_smi, rocminfo
 from env_checks import textforms_extra as extra
 from env_checks import textforms_faults as faults
 from env_checks import textforms_fragments as fragments
@@ -133,9 +134,11 @@ def _both(*fns: Callable[[str, Reading], None]) -> Callable[[str, Reading], None
 
 
 ENRICHERS: dict[str, Callable[[str, Reading], None]] = {
-    "rocminfo": enrich_rocminfo, "amd-smi": enrich_amd_smi, "rocm-smi": enrich_rocm_smi,
+    "rocminfo": _both(enrich_rocminfo, rocminfo.enrich_rocminfo),
+    "amd-smi": _both(enrich_amd_smi, amd_smi.enrich_amd_smi_paste),
+    "rocm-smi": _both(enrich_rocm_smi, rocm_smi.enrich_rocm_smi),
     "collect_env": _both(enrich_collect_env, enrich_target_ids), "error trace": enrich_target_ids,
-    "kernel log": faults.enrich_kernel_log, "hipconfig": faults.enrich_hipconfig,
+    "kernel log": _both(faults.enrich_kernel_log, amdgpu_log.enrich_amdgpu_log), "hipconfig": faults.enrich_hipconfig,
 }
 
 
@@ -149,17 +152,28 @@ def _enriched(read: Callable[[str], Reading], enrich: Callable[[str, Reading], N
     return reader
 
 
+# Parts of a collect_env the whole-output detector does not recognise (cut before `PyTorch version`, or a tail).
+COLLECT_ENV_PARTS: list[Detector] = [
+    ("collect_env (part)", collect_env.is_collect_env_part,
+     _enriched(collect_env.read_collect_env_part, _both(enrich_collect_env, enrich_target_ids))),
+    ("collect_env (tail: GPU topology)", collect_env.is_topology_tail, collect_env.read_topology_tail),
+]
+
+
 def extend(detectors: list[Detector]) -> list[Detector]:
     """`detectors` with the readers of `textforms_extra` put first and the base readers enriched; a rocminfo
     fragment is only read when no other reader for rocminfo fires."""
     rocminfo = next((detect for kind, detect, _ in detectors if kind == "rocminfo"), None)
     out: list[Detector] = list(extra.DETECTORS) + list(fragments.DETECTORS)
     out.append(("HIP runtime log", faults.is_hip_log, faults.read_hip_log))
+    out += COLLECT_ENV_PARTS
     for kind, detect, read in extra.FRAGMENTS:
         out.append((kind, _unless(detect, rocminfo), read))
     for kind, detect, read in detectors:
         if kind == "amd-smi":
             detect = _unless_any(detect, fragments.SUPERSEDE_AMD_SMI)
+        elif kind == "rocm-smi":  # the rocm-smi topology a collect_env part embeds is read as part of it
+            detect = _unless_any(detect, (collect_env.is_collect_env_part,))
         elif kind == "collect_env":
             detect = _either(detect, _NEW_COLLECT_ENV)
         out.append((kind, detect, _enriched(read, ENRICHERS[kind]) if kind in ENRICHERS else read))

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from reports.history_schema import MIGRATIONS, SCHEMA_VERSION
-from reports.records import CheckRow, RunInfo, not_evidence
+from reports.limits import Limit, limits_from_json, limits_json
+from reports.records import CheckRow, RunInfo, not_evidence, why_test_model
 from reports.results import OUTCOMES, RESULTS_FILE, ResultsError, load_run, parse_time
 from reports.stack import identify
 
@@ -184,16 +185,20 @@ class History:
                  summary["passed"], summary["failed"], summary["error"], summary["skipped"],
                  summary["xfailed"], summary["xpassed"], source, *derived.values()))
             if cursor.rowcount == 0:
-                self.conn.execute("ROLLBACK")
-                # a run stored by an older suite is read again: its lineage, options and whether it is evidence
+                # a run stored by an older suite is read again: its lineage, options, whether it is evidence, and
+                # the limits and suite it was judged by
                 self.conn.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in derived)} WHERE run_id = ?",
                                   (*derived.values(), record["run_id"]))
+                self.conn.executemany("UPDATE checks SET limits = ? WHERE run_id = ? AND id = ?",
+                                      [(limits_json(c.get("limits")), record["run_id"], c["id"])
+                                       for c in record["checks"]])
+                self.conn.execute("COMMIT")
                 return False
             self.conn.executemany(
                 "INSERT INTO checks (run_id, id, tier, area, outcome, duration, message, failure_class, "
-                "bug_link, reference) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "bug_link, reference, limits) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [(record["run_id"], c["id"], c["tier"], c["area"], c["outcome"], c["duration_s"],
-                  c["message"], c.get("failure_class"), c.get("bug_link"), c["reference"])
+                  c["message"], c.get("failure_class"), c.get("bug_link"), c["reference"], limits_json(c.get("limits")))
                  for c in record["checks"]])
             self.conn.executemany(
                 "INSERT INTO figures (run_id, check_id, name, value) VALUES (?,?,?,?)",
@@ -248,9 +253,11 @@ class History:
         rows = self.conn.execute(
             "SELECT run_id, started_at, target, engine, combo, tiers, complete, model, platform, lineage, "
             "fingerprint, passed, failed, error, skipped, xfailed, xpassed, not_evidence, dtype, profile, "
-            "planted_fault, narrowed_by, exit_status, model_hash, source FROM runs ORDER BY started_at, run_id")
+            "planted_fault, narrowed_by, exit_status, model_hash, source, suite, test_model FROM runs "
+            "ORDER BY started_at, run_id")
         return [RunInfo(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), bool(r[6]), r[7], r[8], r[9],
-                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)), *r[17:])
+                        json.loads(r[10]), dict(zip(OUTCOMES, r[11:17], strict=True)), *r[17:25],
+                        suite=json.loads(r[25]) if r[25] else None, test_model=r[26])
                 for r in rows]
 
     def checks(self, run_ids: Iterable[str]) -> dict[str, list[CheckRow]]:
@@ -266,8 +273,18 @@ class History:
                 figures.setdefault((run_id, check_id), {})[name] = value
             for row in self.conn.execute(
                     "SELECT run_id, id, tier, area, outcome, duration, message, failure_class, bug_link, "
-                    f"reference FROM checks WHERE run_id IN ({marks}) ORDER BY id", chunk):
-                out[row[0]].append(CheckRow(*row, figures=figures.get((row[0], row[1]), {})))
+                    f"reference, limits FROM checks WHERE run_id IN ({marks}) ORDER BY id", chunk):
+                out[row[0]].append(CheckRow(*row[:10], figures=figures.get((row[0], row[1]), {}),
+                                            limits=limits_from_json(row[10])))
+        return out
+
+    def outcomes(self) -> dict[str, list[tuple[str, str, str, str | None]]]:
+        """Every stored check's (check id, tier, outcome, failure class), by run id: the flips of a check across a
+        lineage's runs (reports/flaky.py) without loading messages and figures."""
+        out: dict[str, list[tuple[str, str, str, str | None]]] = {}
+        for run_id, check_id, tier, outcome, failure_class in self.conn.execute(
+                "SELECT run_id, id, tier, outcome, failure_class FROM checks ORDER BY run_id, id"):
+            out.setdefault(run_id, []).append((check_id, tier, outcome, failure_class))
         return out
 
     def tier_counts(self) -> dict[tuple[str, str], dict[str, int]]:
@@ -297,11 +314,20 @@ class History:
                 out[run_id] = (verdict, json.loads(tel))
         return out
 
-    def figure_points(self) -> list[tuple[str, str, str, str, float]]:
-        """(check id, figure name, run id, started_at, value) for every numeric figure, oldest first."""
-        return list(self.conn.execute(
-            "SELECT f.check_id, f.name, r.run_id, r.started_at, f.value FROM figures f JOIN runs r "
-            "ON r.run_id = f.run_id WHERE f.value IS NOT NULL ORDER BY f.check_id, f.name, r.started_at"))
+    def figure_points(self) -> list[tuple[str, str, str, str, float, Limit | None]]:
+        """(check id, figure name, run id, started_at, value, the limit the run recorded for it or None) for every
+        numeric figure, oldest first."""
+        rows = self.conn.execute(
+            "SELECT f.check_id, f.name, r.run_id, r.started_at, f.value, c.limits FROM figures f JOIN runs r "
+            "ON r.run_id = f.run_id LEFT JOIN checks c ON c.run_id = f.run_id AND c.id = f.check_id "
+            "WHERE f.value IS NOT NULL ORDER BY f.check_id, f.name, r.started_at")
+        parsed: dict[str | None, dict[str, Limit] | None] = {}
+        out = []
+        for check_id, name, run_id, started_at, value, limits in rows:
+            if limits not in parsed:
+                parsed[limits] = limits_from_json(limits)
+            out.append((check_id, name, run_id, started_at, value, (parsed[limits] or {}).get(name)))
+        return out
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
@@ -316,7 +342,9 @@ def _derived(record: dict) -> dict[str, Any]:
     return {"lineage": ident.lineage(record["combo"], record.get("engine")), "not_evidence": not_evidence(record),
             "dtype": record.get("dtype"), "profile": record.get("profile"),
             "planted_fault": record.get("planted_fault"), "narrowed_by": record.get("narrowed_by"),
-            "exit_status": record.get("exit_status"), "derived_by": SCHEMA_VERSION}
+            "exit_status": record.get("exit_status"), "derived_by": SCHEMA_VERSION,
+            "suite": json.dumps(record["suite"], sort_keys=True) if isinstance(record.get("suite"), dict) else None,
+            "test_model": why_test_model(record["model"])}
 
 
 def _utc(stamp: str) -> str:

@@ -98,5 +98,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN derived_by INTEGER NOT NULL DEFAULT 6;
     CREATE INDEX runs_by_derivation ON runs (derived_by);
     """,
+    # 8: a kept run reads as it was judged: each check's limits as its record carries them (JSON; NULL: the record
+    #    carries none, written before results.json recorded them) and the suite that judged the run (version, commit,
+    #    data hash; NULL: not recorded); and why the run's model is a test model (NULL: nothing says so), which caps
+    #    its lineage below production-safe. Rows stored before are read again from their run directories
+    #    (`derived_by` < 8), which fills these in and judges again whether each run is evidence.
+    """
+    ALTER TABLE checks ADD COLUMN limits TEXT;
+    ALTER TABLE runs ADD COLUMN suite TEXT;
+    ALTER TABLE runs ADD COLUMN test_model TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,9 +1,11 @@
 """A page per run (`runs/<run id>.html`) and a page per check (`checks/<name>-<hash>.html`) beside index.html.
 
-A run page holds the run's header (lineage, options, whether it counts as evidence and why not), every check with
-its figures and, where known, their limits (reports/limits.py), the failure or skip message, links to the run's logs
-(copied next to the page from its run directory) and what changed since the previous run on the same platform.
-A check page holds the check's history across lineages and each limited figure plotted against its limit.
+A run page holds the run's header (lineage, options, whether it counts as evidence and why not, the suite that judged
+it: version, commit, data hash), every check with its figures and the limits it was judged by **as its record carries
+them** (reports/limits.py: never today's data files; "limit not recorded" for a run written before records carried
+them), the failure or skip message, links to the run's logs (copied next to the page from its run directory) and
+what changed since the previous run on the same platform. A check page holds the check's history across lineages and
+each figure some run recorded a limit for, plotted against the limits as recorded.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from reports.htmlbits import (
     target_badge,
 )
 from reports.htmlbits import check_page as check_file
-from reports.limits import limit_of
+from reports.limits import NOT_RECORDED, Limit, limit_of, recorded
 from reports.numbers import short_number
 from reports.records import CheckRow, RunInfo, diff_runs
 from reports.render import page
@@ -45,20 +47,34 @@ def _nav(anchor_back: str) -> str:
     return f'<a href="{UP}index.html">Dashboard</a><a href="{UP}index.html#{anchor_back}">Back</a>'
 
 
-def _figures(check: CheckRow, run: RunInfo) -> str:
+def _figures(check: CheckRow) -> str:
+    """The check's figures, each beside the limit its run recorded for it (and any recorded limit of a figure the
+    check did not measure)."""
     rows = []
-    for name, value in sorted(check.figures.items()):
-        limit = limit_of(check.id, name, run)
-        shown = "null" if value is None else short_number(value)
+    for name in sorted(set(check.figures) | set(check.limits or {})):
+        value = check.figures.get(name)
+        limit = limit_of(check, name)
+        shown = "–" if name not in check.figures else "null" if value is None else short_number(value)
         if limit is None:
+            why = NOT_RECORDED if not recorded(check) else "no limit (an input or a count)"
             rows.append(f'<tr data-figure="{e(name)}"><td><code>{e(name)}</code></td><td class="num">{e(shown)}</td>'
-                        '<td class="muted">no limit (an input or a count)</td></tr>')
+                        f'<td class="muted" data-limit-recorded="{int(recorded(check))}">{e(why)}</td></tr>')
             continue
         held = value is not None and limit.holds(value)
-        rows.append(f'<tr data-figure="{e(name)}" data-limit="{limit.value:g}"><td><code>{e(name)}</code></td>'
-                    f'<td class="num {"held" if held else "broken"}">{e(shown)}</td>'
+        rows.append(f'<tr data-figure="{e(name)}" data-limit="{limit.value:g}" data-limit-kind="{e(limit.kind)}">'
+                    f'<td><code>{e(name)}</code></td><td class="num {"held" if held else "broken"}">{e(shown)}</td>'
                     f"<td>{e(limit.describe())}</td></tr>")
     return f'<table class="compact figs">{"".join(rows)}</table>' if rows else '<span class="muted">–</span>'
+
+
+def _suite(run: RunInfo) -> str:
+    suite = run.suite
+    if not suite:
+        return ('<span class="muted" data-suite="not recorded">not recorded (written before results.json carried '
+                "the suite; its limits are shown only where its checks recorded them)</span>")
+    parts = [("version", suite.get("version")), ("commit", suite.get("commit")), ("data hash", suite.get("data_hash"))]
+    return "<span data-suite=\"recorded\">" + " · ".join(
+        f"{name} <code>{e(value if value is not None else 'none')}</code>" for name, value in parts) + "</span>"
 
 
 def run_page(run: RunInfo, checks: list[CheckRow], data: SiteData, logs: list[tuple[str, str]],
@@ -73,16 +89,16 @@ def run_page(run: RunInfo, checks: list[CheckRow], data: SiteData, logs: list[tu
             ("Started", e(run.started_at)), ("Complete", e(f"{run.complete} (exit {run.exit_status})")),
             ("Evidence", f'<span data-evidence="{int(run.not_evidence is None)}">{e(status)}</span>'),
             ("Planted fault", e(run.planted_fault or "–")), ("Narrowed by", e(run.narrowed_by or "–")),
-            ("Coverage", coverage_html(coverage(checks, data.universe).get("all")))]
+            ("Judged by", _suite(run)), ("Coverage", coverage_html(coverage(checks, data.universe).get("all")))]
     header = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in head)
     log_links = " · ".join(f'<a href="{e(run.run_id)}/{e(name)}">{e(text)}</a>' for name, text in logs)
     header += f"<dt>Logs</dt><dd>{log_links or '<span class=muted>none in the run directory</span>'}</dd>"
     rows = [f'<tr data-outcome="{e(c.outcome)}" data-check="{e(c.id)}"><td>{check_cell(c.id, UP)}</td>'
             f"<td>{e(c.tier.upper())}</td><td>{e(c.area)}</td><td>{pill(c.outcome)}</td>"
-            f'<td class="num">{c.duration:.1f} s</td><td>{_figures(c, run)}</td>'
+            f'<td class="num">{c.duration:.1f} s</td><td>{_figures(c)}</td>'
             f"<td>{clip(c.message) if c.message else ''}{'<br>' + link(c.bug_link) if c.bug_link else ''}</td></tr>"
             for c in checks]
-    listing = table(["Check", "Tier", "Area", "Outcome", "Time", "Figures (limit)", "Message"], rows, "list",
+    listing = table(["Check", "Tier", "Area", "Outcome", "Time", "Figures (limit as judged)", "Message"], rows, "list",
                     'id="run-checks"')
     fingerprint = "".join(f"<tr><td><code>{e(k)}</code></td><td><code>{e(v)}</code></td></tr>"
                           for k, v in flatten(run.fingerprint).items())
@@ -118,26 +134,34 @@ def check_page(check_id: str, history: list[tuple[RunInfo, CheckRow]], data: Sit
             for r, c in sorted(history, key=lambda rc: rc[0].started_at, reverse=True)[:MAX_HISTORY]]
     listing = table(["Run", "Started", "Lineage", "Outcome", "Figures", "Message"], rows, "list", 'id="check-history"')
     charts = []
-    by_figure: dict[tuple[str, object], dict[str, list[tuple[str, float]]]] = defaultdict(lambda: defaultdict(list))
-    for run, check in history:
+    by_figure: dict[str, dict[str, list[tuple[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    limits: dict[str, list[Limit]] = defaultdict(list)
+    for run, check in sorted(history, key=lambda rc: rc[0].started_at):
         if run.not_evidence is not None:
             continue
         for name, value in check.figures.items():
-            limit = limit_of(check_id, name, run)
-            if limit is not None and value is not None:
-                by_figure[(name, limit)][run.series].append((run.started_at, value))
-    for (name, limit), lineages in sorted(by_figure.items(), key=lambda kv: (kv[0][0], kv[0][1].value)):
+            limit = limit_of(check, name)
+            if value is not None:
+                by_figure[name][run.series].append((run.started_at, value))
+            if limit is not None and limit not in limits[name]:
+                limits[name].append(limit)
+    for name in sorted(n for n in by_figure if limits[n]):
+        lineages = by_figure[name]
         series = [Series(k, data.colors.get(k, PALETTE[i % len(PALETTE)]), pts)
                   for i, (k, pts) in enumerate(sorted(lineages.items()))]
-        chart = line_chart(series, label=f"{name} of {check_id}", limits=[(limit.value, f"limit {limit.describe()}")])
+        chart = line_chart(series, label=f"{name} of {check_id}",
+                           limits=[(limit.value, f"limit {limit.describe()}") for limit in limits[name]])
         keys = "".join(f"<li>{e(s.name)}</li>" for s in series)
-        charts.append(f'<div class="card" data-figure="{e(name)}" data-limit="{limit.value:g}"><h3><code>{e(name)}'
-                      f"</code> <small>{e(limit.describe())}</small></h3>{chart}<ul>{keys}</ul></div>")
+        newest = limits[name][-1]
+        charts.append(f'<div class="card" data-figure="{e(name)}" data-limit="{newest.value:g}" data-limits="'
+                      f'{" ".join(f"{limit.value:g}" for limit in limits[name])}"><h3><code>{e(name)}'
+                      f"</code> <small>{e(newest.describe())}</small></h3>{chart}<ul>{keys}</ul></div>")
     trend = (f'<div class="charts">{"".join(charts)}</div>' if charts
-             else '<p class="muted">This check records no figure with a known limit.</p>')
+             else '<p class="muted">No run of this check recorded a limit for a figure (limits are shown as each '
+                  "run recorded them, never read from today's data).</p>")
     body = (section("history", short_check(check_id), f"<p><code>{e(check_id)}</code></p>{listing}")
             + section("figures", "Figures against their limits", trend,
-                      "Counted runs only, one line per lineage; the dashed line is the limit."))
+                      "Counted runs only, one line per lineage; each dashed line is a limit as a run recorded it."))
     return page(short_check(check_id), check_id, _nav("matrix"), body, UP)
 
 

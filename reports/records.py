@@ -1,5 +1,6 @@
 """What the history store hands out: a stored run (`RunInfo`) and a stored check (`CheckRow`), and the rule that says
-whether a run is platform evidence (`not_evidence`).
+whether a run is platform evidence (`not_evidence`): complete, judged, of the target and combination its fingerprint
+shows (reports/claims.py), every check of its tiers run; and whether its model is a test model (`why_test_model`).
 
 A run belongs to two series. Its **platform lineage** (`RunInfo.lineage`: platform, engine under test and combo,
 ``cuda H200 · vllm · installed``) is what the serving baselines key on, together with the model. The dashboard's
@@ -13,15 +14,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reports.claims import CertifiedCombo, certified_combos, combo_contradiction, target_contradiction
+from reports.limits import Limit
 from reports.stack import FingerprintChange, diff_fingerprints
 
 TORCH_BUILD_CHECK = "test_torch_build_matches_target"
 UNKNOWN_DTYPE = "dtype ?"  # rows stored before schema 7 and not read again since
+# The suite's own generated model: 3 million parameters, the real architecture's features, no meaningful answers.
+TEST_MODEL_NAMES = frozenset({"tiny-gpt-oss"})
+# Below this many parameters no checkpoint is the real gpt-oss (gpt-oss-20b has 21 billion).
+REAL_MODEL_MIN_PARAMS = 1_000_000_000
+# `model` fields by which a record may say its checkpoint is a test model (e.g. {"test_model": true}).
+TEST_MODEL_FLAGS = ("test_model", "tiny")
+TEST_MODEL_KINDS = frozenset({"test", "tiny", "random", "synthetic"})
 
 
-def not_evidence(record: dict) -> str | None:
+def _problems(record: dict) -> str | None:
+    problems = [str(p) for p in record.get("evidence_problems") or [] if str(p).strip()]
+    return "; ".join(problems) if problems else None
+
+
+def not_evidence(record: dict, combos: tuple[CertifiedCombo, ...] | None = None) -> str | None:
     """Why a run may not count towards a release decision, in a few words; None when it may. Records written before
-    results.json said so (`evidence`) are judged from what they hold."""
+    results.json said so (`evidence`) are judged from what they hold, and every record is held against its own
+    fingerprint (reports/claims.py) and the combinations of ci/matrix.toml (`combos`; None: the checkout's)."""
     if not record["complete"]:
         return "interrupted (complete: false)"
     if record.get("planted_fault"):
@@ -34,8 +50,38 @@ def not_evidence(record: dict) -> str | None:
         return f"refused: the installed torch is no {record['target']} build (a usage mistake, not a platform result)"
     if record.get("exit_status") not in (None, 0, 1):
         return f"stopped (exit {record['exit_status']})"
+    not_run = [str(c) for c in record.get("not_run") or []]
+    if not_run:
+        shown = ", ".join(not_run[:3]) + (f" and {len(not_run) - 3} more" if len(not_run) > 3 else "")
+        return _problems(record) or f"{len(not_run)} check{'s' * (len(not_run) != 1)} of its tiers did not run: {shown}"
     if record.get("evidence") is False:
-        return "not evidence (its results.json says so)"
+        return _problems(record) or "not evidence (its results.json says so)"
+    contradiction = target_contradiction(record)
+    if contradiction:
+        return contradiction
+    try:
+        matrix = certified_combos() if combos is None else combos
+    except ValueError as exc:  # an unreadable matrix: a record filed under a combo cannot be checked against it
+        return f"combo {record['combo']} cannot be checked: {exc}" if record.get("combo") else None
+    return combo_contradiction(record, matrix)
+
+
+def why_test_model(model: dict) -> str | None:
+    """Why the record's model is a test model and not the real gpt-oss (the suite's tiny model, random weights at the
+    real dimensions, too few parameters, or the record says so); None when nothing says it is one."""
+    name = str(model.get("name") or "")
+    label = model_label(name) if name else "the model"
+    if label in TEST_MODEL_NAMES:
+        params = model.get("num_params")
+        size = f", {params / 1e6:.0f} million parameters" if isinstance(params, int) else ""
+        return f"{label}: the suite's generated test model{size}"
+    if any(model.get(flag) is True for flag in TEST_MODEL_FLAGS) or model.get("kind") in TEST_MODEL_KINDS:
+        return f"{label}: its record says it is a test model"
+    if "realdim" in name.lower():
+        return f"{label}: random weights at the real model's dimensions (a test model)"
+    params = model.get("num_params")
+    if isinstance(params, int) and not isinstance(params, bool) and params < REAL_MODEL_MIN_PARAMS:
+        return f"{label}: {params:,} parameters, too few for the real model"
     return None
 
 
@@ -74,6 +120,8 @@ class RunInfo:
     exit_status: int | None = None
     model_hash: str | None = None
     source: str | None = None  # the run directory's name it was read from
+    suite: dict | None = None  # the suite that judged it: {version, commit, data_hash}; None: not recorded
+    test_model: str | None = None  # why its model is a test model (`why_test_model`); None: nothing says so
 
     @property
     def green(self) -> bool:
@@ -115,3 +163,4 @@ class CheckRow:
     bug_link: str | None = None
     reference: str = ""
     figures: dict = field(default_factory=dict)
+    limits: dict[str, Limit] | None = None  # the limits it was judged by, as recorded; None: not recorded

@@ -1,5 +1,7 @@
-"""The dashboard page: its shell (inline CSS and JS from `templates/`) and the overview sections —
-headline tiles, pass rates per platform × tier, parity scores per tier × area and the parity matrix.
+"""The dashboard page: its shell (inline CSS and JS from `templates/`), opened by the release decision
+(`render_decision`, the first screen), then the overview sections — headline tiles (no count of zero over nothing
+compared reads as agreement: "no ROCm evidence"), the runs that do not count, pass rates per platform × tier, parity
+scores per tier × area and the parity matrix.
 
 The detail sections (disagreements, combinations, failures, what changed, trends, runs) are in
 `render_detail`. The page loads nothing from anywhere: a Content-Security-Policy forbids every fetch.
@@ -7,6 +9,7 @@ The detail sections (disagreements, combinations, failures, what changed, trends
 
 from __future__ import annotations
 
+from collections import Counter
 from importlib import resources
 
 from reports import analysis, render_detail, verdict
@@ -20,7 +23,7 @@ from reports.telemetry_view import machine_section
 TEMPLATES = resources.files("reports") / "templates"  # package data
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
-NAV = (("overview", "Overview"), ("decision", "Decision"), ("platforms", "Platforms"), ("parity", "Parity"),
+NAV = (("decision", "Decision"), ("overview", "Overview"), ("platforms", "Platforms"), ("parity", "Parity"),
        ("matrix", "Matrix"), ("rocm-cuda", "ROCm vs CUDA"), ("combos", "Combinations"), ("failures", "Failures"),
        ("changes", "What changed"), ("trends", "Trends"), ("runs", "Runs"), ("machine", "Machine"),
        ("diagnosis", "Diagnosis"))
@@ -33,23 +36,35 @@ def column_head(column: Column) -> str:
             f'<small>{e(run.combo if run and run.combo else "installed stack")}</small><small>{e(what)}</small></div>')
 
 
-def _tiles(data: SiteData) -> str:
-    overall = next((s for s in data.scores if s.tier == ALL and s.area == ALL), None)
+def _rocm_tile(data: SiteData) -> tuple[str, str, str, str]:
+    lineages, compared = render_detail.rocm_cuda_evidence(data)
+    if not lineages:
+        return ("ROCm vs CUDA", "no ROCm evidence", "no counted ROCm run: nothing compared", "warn")
+    if not compared:
+        return ("ROCm vs CUDA", "no evidence", f"{lineages} ROCm lineage(s) but no check also judged on CUDA", "warn")
     failed = sum(1 for d in data.disagreements if d.kind == "failed")
     not_run = sum(1 for d in data.disagreements if d.kind == "not_run")
+    return ("ROCm vs CUDA", str(failed), f"checks pass on CUDA, fail on ROCm · {not_run} not run on ROCm · "
+            f"{compared} compared", "bad" if failed else "good")
+
+
+def _tiles(data: SiteData) -> str:
+    overall = next((s for s in data.scores if s.tier == ALL and s.area == ALL), None)
     new = sum(1 for checks in data.latest_checks.values() for c in checks
               if data.failure_class(c) in ("new_failure", "crash", "timeout", "could_not_run", "shared_gpu",
                                            "slower_host", "unlike_pin"))
     red = sum(1 for t in data.transitions if t.transition.still_red)
+    twice = sum(1 for n in Counter(r.series for r in data.runs).values() if n > 1)
     tiles = [
         ("Parity score", pct(overall.score if overall else None),
-         f"{overall.passing} of {overall.ran} checks pass on every platform" if overall else "no checks ran",
-         "good" if overall and overall.score == 1 else "warn"),
-        ("ROCm vs CUDA", str(failed), f"checks pass on CUDA, fail on ROCm · {not_run} not run on ROCm",
-         "bad" if failed else "good"),
-        ("Open failures", str(new), "new, crashed, timed-out, unrunnable or GPU-shared checks in latest runs",
-         "bad" if new else "good"),
-        ("Regressions", str(red), "lineages red since a green run", "bad" if red else "good"),
+         f"{overall.passing} of {overall.ran} checks pass on every platform" if overall and overall.ran
+         else "no counted run: no evidence", "good" if overall and overall.score == 1 else "warn"),
+        _rocm_tile(data),
+        ("Open failures", str(new) if data.runs else "no evidence",
+         "new, crashed, timed-out, unrunnable or GPU-shared checks in latest runs" if data.runs
+         else "no counted run", ("bad" if new else "good") if data.runs else "warn"),
+        ("Regressions", str(red), f"lineages red since a green run ({twice} lineages have two counted runs)",
+         "bad" if red else "good" if twice else "neutral"),
         ("History", str(len(data.runs)), f"runs of {len(data.columns)} platform lineages", "neutral"),
     ]
     cards = "".join(f'<div class="tile {tone}" data-tile="{e(name)}"><div class="tname">{e(name)}</div>'
@@ -171,19 +186,20 @@ def render_page(data: SiteData) -> str:
     """The whole self-contained index.html."""
     nav = "".join(f'<a href="#{anchor}">{e(name)}</a>' for anchor, name in NAV)
     notices = "".join(f'<div class="notice">{e(n)}</div>' for n in data.notices)
+    below = ""  # what does not count goes under the decision, never before it
     if data.skipped_inputs:
         items = "".join(f"<li><code>{e(path)}</code> — {e(why)}</li>" for path, why in data.skipped_inputs)
-        notices += (f'<div class="notice" id="skipped-inputs"><b>{len(data.skipped_inputs)} run '
-                    f"director{'y was' if len(data.skipped_inputs) == 1 else 'ies were'} skipped</b> "
-                    f"(left in place, not ingested):<ul>{items}</ul></div>")
+        below += (f'<div class="notice" id="skipped-inputs"><b>{len(data.skipped_inputs)} run '
+                  f"director{'y was' if len(data.skipped_inputs) == 1 else 'ies were'} skipped</b> "
+                  f"(left in place, not ingested):<ul>{items}</ul></div>")
     if data.not_counted:
         items = "".join(f"<li>{run_link(r.run_id)} ({e(r.platform)}, {e(r.engine)}) — {e(r.not_evidence)}</li>"
                         for r in data.not_counted)
-        notices += (f'<div class="notice" id="not-counted"><b>{len(data.not_counted)} run'
-                    f"{'' if len(data.not_counted) == 1 else 's'} not counted as platform evidence</b> "
-                    f"(shown here and in the decision view only):<ul>{items}</ul></div>")
+        below += (f'<div class="notice" id="not-counted"><b>{len(data.not_counted)} run'
+                  f"{'' if len(data.not_counted) == 1 else 's'} not counted as platform evidence</b> "
+                  f"(shown here and in the decision view only):<ul>{items}</ul></div>")
     body = "".join([
-        _tiles(data), decision(data), _platforms(data), _parity(data), _matrix(data),
+        decision(data), _tiles(data), below, _platforms(data), _parity(data), _matrix(data),
         render_detail.disagreements(data), render_detail.combinations(data), render_detail.failures(data),
         render_detail.what_changed(data), render_detail.trends(data), render_detail.runs(data),
         machine_section(data), render_detail.catalogue(),

@@ -47,7 +47,22 @@ def _diagnosis_html(data: SiteData, check: CheckRow) -> str:
             f'{"<br>" + link(sig.link) if sig.link else ""}</div>')
 
 
+def rocm_cuda_evidence(data: SiteData) -> tuple[int, int]:
+    """(ROCm lineages with a counted run, checks compared between ROCm and CUDA): either 0 means the ROCm-vs-CUDA
+    count stands on no evidence and must not read as agreement."""
+    rocm = [c.key for c in data.columns if c.target == "rocm"]
+    return len(rocm), sum(analysis.agreement(data.matrix, key)[1] for key in rocm)
+
+
 def disagreements(data: SiteData) -> str:
+    lineages, compared = rocm_cuda_evidence(data)
+    if not lineages or not compared:
+        why = ("no counted ROCm run: no ROCm lineage to hold against CUDA" if not lineages else
+               f"{lineages} ROCm lineage(s) with counted runs, but no check judged on both ROCm and CUDA")
+        body = (f'<p class="no-evidence" data-rocm-evidence="0"><b id="disagreement-count">'
+                f'{"no ROCm evidence" if not lineages else "no evidence"}</b>: {e(why)}. Nothing here says ROCm '
+                "agrees with CUDA.</p>")
+        return section("rocm-cuda", "ROCm vs CUDA", _compared(data) + body)
     short = {c.key: platform_short(c.target, c.label) for c in data.columns}
     rows = []
     for d in data.disagreements:
@@ -65,10 +80,10 @@ def disagreements(data: SiteData) -> str:
     not_run = len(data.disagreements) - failed
     intro = (f'<b id="disagreement-count">{failed}</b> checks pass on every CUDA platform that ran them and '
              f"ran but did not pass on ROCm; {not_run} more pass on CUDA and were not run (skipped or "
-             "absent) on ROCm.")
+             f"absent) on ROCm; {compared} checks compared.")
     body = (table(["Check", "Tier", "Area", "Kind", "CUDA", "ROCm", "ROCm message and diagnosis"], rows,
                   "list", 'id="rocm-cuda-table"')
-            if rows else '<p class="ok">ROCm agrees with CUDA on every check both ran.</p>')
+            if rows else f'<p class="ok">ROCm agrees with CUDA on all {compared} checks compared.</p>')
     return section("rocm-cuda", "ROCm vs CUDA", _compared(data) + body, intro)
 
 
@@ -104,7 +119,7 @@ def combinations(data: SiteData) -> str:
         for tier in [*tiers, ALL]:
             cells.append(f'<td class="num">{coverage_html(cov.get(tier))}</td>')
         agree, compared = analysis.agreement(data.matrix, column.key)
-        agree_html = f"{agree}/{compared}" if compared else '<span class="muted">–</span>'
+        agree_html = f"{agree}/{compared}" if compared else '<span class="muted">no evidence</span>'
         rows.append(f"<tr><td>{e(run.combo or 'installed')}</td><td>{target_badge(run.target)} "
                     f"{e(ident.device)}</td><td>{e(ident.runtime_version or '–')}</td>"
                     f"<td>{e(ident.torch or '–')}</td><td>{e(ident.vllm or '–')}</td><td>{e(run.engine)}</td>"
@@ -188,17 +203,18 @@ def trends(data: SiteData) -> str:
     parts.append("</div><h3 class=\"sub\">Measured figures per check</h3><div class=\"charts\">")
     for trend in data.figure_trends:
         fig_series = [Series(k, data.colors.get(k, "#444"), pts) for k, pts in trend.lineages.items()]
-        limit = trend.limit
+        newest = trend.limits[-1]
         chart = line_chart(fig_series, label=f"{trend.name} of {trend.check_id}",
-                           limits=[(limit.value, f"limit {limit.describe()}")])
-        parts.append(f'<div class="card" data-figure="{e(trend.name)}" data-limit="{limit.value:g}">'
-                     f"<h3><code>{e(trend.name)}</code> <small>{e(limit.describe())}</small></h3>"
+                           limits=[(limit.value, f"limit {limit.describe()}") for limit in trend.limits])
+        parts.append(f'<div class="card" data-figure="{e(trend.name)}" data-limit="{newest.value:g}" '
+                     f'data-limits="{" ".join(f"{limit.value:g}" for limit in trend.limits)}">'
+                     f"<h3><code>{e(trend.name)}</code> <small>{e(newest.describe())}</small></h3>"
                      f'<p class="figcheck">{check_cell(trend.check_id)}</p>{chart}</div>')
     parts.append("</div>")
-    intro = ("Every counted run of each lineage over time; hover a dot for its value. Figures are plotted only "
-             "where they have a limit (the dashed line, from the suite's data files: docs/dashboard.md), against "
-             "it; inputs and counts (seeds, shapes, steps compared) are on the run and check pages. Figures "
-             "spanning decades use a log axis.")
+    intro = ("Every counted run of each lineage over time; hover a dot for its value. Figures are plotted where a "
+             "run recorded the limit it was judged by (the dashed line, as recorded: a limit that moved shows as "
+             "two lines; runs that recorded none add their points without a line); inputs and counts are on the "
+             "run and check pages. Figures spanning decades use a log axis.")
     return section("trends", "Trends", "".join(parts), intro)
 
 

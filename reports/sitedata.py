@@ -12,8 +12,9 @@ from datetime import datetime, timezone
 
 from reports import analysis, verdict
 from reports.analysis import Column, Disagreement, Matrix, ParityScore, Transition
+from reports.claims import CertifiedCombo, MatrixUnreadable, certified_combos
 from reports.history import CheckRow, History, RunInfo
-from reports.limits import Limit, limit_of
+from reports.limits import Limit
 from reports.signatures import Diagnosis, diagnose
 from reports.svg import PALETTE
 
@@ -31,11 +32,12 @@ class TransitionView:
 
 @dataclass(frozen=True)
 class FigureTrend:
-    """One figure of one check over time, per lineage, against the limit those lineages share."""
+    """One figure of one check over time, per lineage, against the limits its runs recorded (oldest first, each once:
+    a limit that moved shows as two lines); points of runs that recorded none are plotted without a line."""
 
     check_id: str
     name: str
-    limit: Limit
+    limits: tuple[Limit, ...]
     lineages: dict[str, list[tuple[str, float]]]
 
 
@@ -54,7 +56,7 @@ class SiteData:
     transitions: list[TransitionView] = field(default_factory=list)
     pass_trend: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     tier_trend: dict[tuple[str, str], list[tuple[str, float]]] = field(default_factory=dict)
-    # figures that have a limit (reports/limits.py), evidence runs only; inputs and counts are left out
+    # figures some run recorded a limit for (reports/limits.py), evidence runs only; inputs and counts are left out
     figure_trends: list[FigureTrend] = field(default_factory=list)
     diagnoses: dict[tuple[str, str], Diagnosis] = field(default_factory=dict)
     skipped_inputs: list[tuple[str, str]] = field(default_factory=list)
@@ -70,6 +72,7 @@ class SiteData:
     # the release decision per lineage (reports/verdict.py), ROCm first, and tier -> every check id seen
     verdicts: list[verdict.Verdict] = field(default_factory=list)
     universe: dict[str, set[str]] = field(default_factory=dict)
+    certified: tuple[CertifiedCombo, ...] = ()  # the combinations of ci/matrix.toml
 
     @property
     def tiers(self) -> list[str]:
@@ -97,8 +100,10 @@ def _figure_order(check_id: str, name: str) -> tuple[int, str, str]:
     return rank, name, check_id
 
 
-def collect(history: History, now: datetime | None = None) -> SiteData:
-    """Read the history store and compute every view of the dashboard."""
+def collect(history: History, now: datetime | None = None,
+            combos: tuple[CertifiedCombo, ...] | None = None) -> SiteData:
+    """Read the history store and compute every view of the dashboard; `combos`: the combinations the decision lists
+    (None: those of the checkout's ci/matrix.toml)."""
     every = history.runs()
     runs = [r for r in every if r.not_evidence is None]  # only platform evidence reaches parity, lineages, trends
     latest = analysis.latest_per_lineage(runs)
@@ -145,23 +150,29 @@ def collect(history: History, now: datetime | None = None) -> SiteData:
     data.health = history.health(run.run_id for run in latest.values())
     data.universe = verdict.universe_of(matrix)
     controls = history.checks(r.run_id for r in every if r.planted_fault)  # what each planted fault's run saw
-    data.verdicts = verdict.verdicts(every, latest_checks, data.universe, controls)
+    try:
+        data.certified = certified_combos() if combos is None else combos
+    except MatrixUnreadable as exc:
+        data.notices.append(f"No combination of ci/matrix.toml is listed: {exc}")
+    data.verdicts = verdict.verdicts(every, latest_checks, data.universe, controls, history.outcomes(),
+                                     data.certified)
     return data
 
 
-def figure_trends(points: list[tuple[str, str, str, str, float]], runs: dict[str, RunInfo]) -> list[FigureTrend]:
-    """`History.figure_points` of the runs in `runs` (the evidence) grouped into one trend per check, figure and
-    limit; a figure without a known limit (an input, a count) has no trend."""
-    grouped: dict[tuple[str, str, Limit], dict[str, list[tuple[str, float]]]] = defaultdict(dict)
-    limits: dict[tuple[str, str, str], Limit | None] = {}
-    for check_id, name, run_id, started_at, value in points:
+def figure_trends(points: list[tuple[str, str, str, str, float, Limit | None]],
+                  runs: dict[str, RunInfo]) -> list[FigureTrend]:
+    """`History.figure_points` of the runs in `runs` (the evidence) grouped into one trend per check and figure that
+    some run recorded a limit for; a figure no run recorded a limit for (an input, a count, or runs written before
+    limits were recorded) has no trend."""
+    grouped: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = defaultdict(dict)
+    limits: dict[tuple[str, str], list[Limit]] = defaultdict(list)
+    for check_id, name, run_id, started_at, value, limit in points:
         run = runs.get(run_id)
         if run is None:
             continue
-        key = (check_id, name, run.series)
-        if key not in limits:
-            limits[key] = limit_of(check_id, name, run)
-        if limits[key] is not None:
-            grouped[(check_id, name, limits[key])].setdefault(run.series, []).append((started_at, value))
-    ordered = sorted(grouped.items(), key=lambda kv: (*_figure_order(kv[0][0], kv[0][1]), kv[0][2].value))
-    return [FigureTrend(check_id, name, limit, lineages) for (check_id, name, limit), lineages in ordered]
+        grouped[(check_id, name)].setdefault(run.series, []).append((started_at, value))
+        if limit is not None and limit not in limits[(check_id, name)]:
+            limits[(check_id, name)].append(limit)
+    ordered = sorted((key for key in grouped if limits[key]), key=lambda k: _figure_order(k[0], k[1]))
+    return [FigureTrend(check_id, name, tuple(limits[(check_id, name)]), grouped[(check_id, name)])
+            for check_id, name in ordered]

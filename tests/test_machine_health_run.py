@@ -53,7 +53,7 @@ def test_a_planted_gpu_reset_fails_the_run_with_its_signature(tmp_path):
 
     # the same planted line under the CPU default's own policy: recorded, shown, not a failure
     proc, record = run(tmp_path, "default")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert record["machine_health"]["verdict"] == "recorded" and "verdict: PASS" in proc.stdout
-    assert "not a platform result: the run was narrowed (-k 'torch_build')" in proc.stdout and not record["evidence"]
+    assert proc.returncode == 4, proc.stdout[-3000:]  # what ran passed; narrowed by -k, so no pass (exit 4)
+    assert record["machine_health"]["verdict"] == "recorded" and "verdict: NOT A PASS (narrowed" in proc.stdout
+    assert "were deselected (-k 'torch_build')" in proc.stdout and not record["evidence"]
     assert f"machine fault {expected}" in proc.stdout

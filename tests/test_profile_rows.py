@@ -76,8 +76,8 @@ def test_cpu_all_rows_through_the_cli_records_each_row_as_its_own_run(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--reports-dir", str(tmp_path),
                            "--profile", "cpu:all", "--tier", "p0", "-k", "torch_build"],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "profile row 1/1: cpu:cpu" in proc.stdout and "cpu:cpu -> exit 0" in proc.stdout
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-2000:]  # passed, narrowed by -k
+    assert "profile row 1/1: cpu:cpu" in proc.stdout and "cpu:cpu -> exit 4" in proc.stdout
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     record = json.loads((run_dir / "results.json").read_text())
     assert record["profile"] == "cpu" and record["profile_settings"]["backend"] == "cpu"

@@ -53,9 +53,12 @@ def row_args(args: list[str], checks_dir: Path, row: Row, table: dict[str, Any] 
     return out
 
 
+SEVERITY = (0, 4, 1, 2, 3)  # passed < narrowed (passed, not whole) < failed < usage/interrupted < internal error
+
+
 def worst(codes: list[int]) -> int:
-    """3 internal error > 2 usage/interrupted > 1 failed > 0 passed."""
-    return max(codes, default=3)
+    """The most severe exit code of the rows (SEVERITY); an unknown code counts as an internal error."""
+    return max(codes, key=lambda c: SEVERITY.index(c) if c in SEVERITY else len(SEVERITY), default=3)
 
 
 def run_rows(rows: list[Row], args: list[str], checks_dir: Path, run_one: Callable[[list[str]], int],
