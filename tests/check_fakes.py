@@ -62,13 +62,17 @@ class ScriptedEngines:
 
 
 class Figures:
-    """The `record_figure` fixture: figures kept in a dict."""
+    """The `record_figure` fixture: figures kept in a dict, and the limit each was judged by in another."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
+        self.limits: dict[str, Any] = {}
 
     def __call__(self, name: str, value: Any) -> None:
         self.values[name] = value
+
+    def limit(self, name: str, limit: Any) -> None:
+        self.limits[name] = limit
 
 
 def target_of(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", devices: list[str] | None = None,

@@ -81,7 +81,7 @@ def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
         verdicts.append(device.gemm_verdict(dtype, out["a"], out["w"].t(), out["c"], shape=shape))
     report = device.GemmReport(dtype, seed, verdicts, plan.not_applicable)
     figures = report.figures()
-    record_figures(record_figure, figures)
+    record_figures(record_figure, report)
     if plan.tf32:  # 0 where the stack computes fp32 anyway (NVIDIA_TF32_OVERRIDE=0, no xf32 on the GPU)
         record_figure("tf32_effective", float(figures["gemm_rel_err"] > device.gemm_tolerance("float32").rel_fro))
     report.raise_if_failed()

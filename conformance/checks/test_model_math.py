@@ -14,7 +14,7 @@ from conformance.engines.engine_configs import LIMITED_SCHEDULER
 from conformance.engines.worker import EngineError
 from conformance.reference import MUTATIONS, Reference
 from conformance.verdicts import compare, mathcheck
-from conformance.verdicts.verdict import fail, record_figures
+from conformance.verdicts.verdict import FigureLimit, fail, record_figures, record_limit
 
 AREA = "model-math"
 ROPE_POSITIONS = [0, 1, 2, 63, 127, 128, 129, 255, 256, 257, 511, 1023, 4095, 4096, 4097, 32768, 65535, 100000, 131071]
@@ -98,6 +98,8 @@ def test_moe_block_matches_reference(m, engine, reference, limits, call_timeout_
         worst = max(worst, report.measured.get("moe_max_rel_err", float("inf")))
         report.raise_if_failed()
     record_figure("moe_max_rel_err", worst)
+    where = f"gpt_oss.toml tolerances.moe.{limits.dtype}"
+    record_limit(record_figure, "moe_max_rel_err", FigureLimit(tol, "max", where))
 
 
 @pytest.mark.p1

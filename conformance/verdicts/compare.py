@@ -370,6 +370,7 @@ class VerdictReport(Verdict):
     problems: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     require_figures: bool = False
+    judged_by: dict[str, FigureLimit] = field(default_factory=dict)  # figure -> the limit it was held to
 
     @property
     def ok(self) -> bool:
@@ -377,6 +378,9 @@ class VerdictReport(Verdict):
 
     def figures(self) -> dict[str, float]:
         return dict(self.measured)
+
+    def limits(self) -> dict[str, FigureLimit]:
+        return dict(self.judged_by)
 
     def failure_message(self) -> str:
         more = ("\n  " + "\n  ".join(self.details[:12])) if self.details else ""

@@ -14,6 +14,7 @@ import torch
 
 from conformance.reference.gpt_oss import top_experts
 from conformance.verdicts.compare import LayerTolerance, VerdictReport, position_band
+from conformance.verdicts.verdict import FigureLimit
 
 MANTISSA_BITS = {"float32": (23, -126), "bfloat16": (7, -126), "float16": (10, -14)}
 
@@ -68,6 +69,14 @@ def rope_close(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor,
                       "rope_table_max_storage_excess": excess.max().item(),
                       f"rope_angle_err_rad_at_{positions[far]}": angle_err[far].item(),
                       "rope_angle_err_rad_max": angle_err.max().item()}
+    where = f"gpt_oss.toml tolerances.rope.{dtype}"
+    report.judged_by = {
+        "rope_concentration_abs_err": FigureLimit(tol["concentration_abs"], "max", f"{where}.concentration_abs"),
+        "rope_table_max_storage_excess": FigureLimit(1.0, "max", f"a ratio to the allowed error ({where})"),
+        f"rope_angle_err_rad_at_{positions[far]}": FigureLimit(angle_allowed[far].item(), "max",
+                                                               f"{where}.angle_abs + angle_per_position x position")}
+    if "inv_freq_rel" in tol:
+        report.judged_by["rope_inv_freq_max_rel_err"] = FigureLimit(tol["inv_freq_rel"], "max", f"{where}.inv_freq_rel")
     report.details = ["angle error by position: " + ", ".join(
         f"{p}: {e:.2g} rad" for p, e in zip(positions, angle_err.tolist()))]
     if "inv_freq_rel" in tol and not inv_rel <= tol["inv_freq_rel"]:
@@ -294,6 +303,7 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
         lim = type(base)(base.median * grow, base.p90 * grow, base.max * grow)
         name = f"layer_{block}_{kind}_{band}_{phase}"
         report.measured[name + "_p90"] = p90
+        report.judged_by[name + "_p90"] = FigureLimit(lim.p90, "max", "tolerances.toml layers p90, grown with position")
         ratio = max(med / lim.median, p90 / lim.p90, top / lim.max)
         worst = max(worst, ratio if math.isfinite(ratio) else math.inf)
         line = (f"{block:4s} {kind:7s} positions {band:9s} {phase:7s}: median {med:.3g} p90 {p90:.3g} max {top:.3g} "
@@ -305,6 +315,7 @@ def layers_close(probes: list[dict], reference: Any, tol: LayerTolerance) -> Ver
                                    f"{top:.3g} (limit {lim.max:.3g})")
     if strata:
         report.measured["layer_worst_ratio_to_limit"] = worst
+        report.judged_by["layer_worst_ratio_to_limit"] = FigureLimit(1.0, "max", "a ratio to its own limit")
         report.measured["layer_moe_router_ties"] = float(ties.get("tied", 0))
         report.measured["layer_moe_rerouted"] = float(ties.get("rerouted", 0))
         every = [v for values in strata.values() for v in values]

@@ -99,6 +99,14 @@ def raise_all(*verdicts: Verdict) -> None:
         raise CheckFailed("\n".join(failures))
 
 
+def record_limit(record: Callable[[str, float], Any], name: str, limit: FigureLimit) -> None:
+    """The limit a hand-recorded figure was judged by, through the `record_figure` fixture's `limit` (a stand-in
+    recorder without one records nothing)."""
+    record_limit_of = getattr(record, "limit", None)
+    if record_limit_of is not None:
+        record_limit_of(name, limit)
+
+
 def figure_values(report: Verdict | Mapping[str, float]) -> dict[str, float]:
     """A report's figures: a mapping as it is, else the verdict's `figures()`."""
     return dict(report) if isinstance(report, Mapping) else report.figures()
@@ -110,7 +118,6 @@ def record_figures(record: Callable[[str, float], Any], report: Verdict | Mappin
     the limit each was judged by (`Verdict.limits`) through the fixture's `limit` where it has one."""
     for name, value in figure_values(report).items():
         record(f"{prefix}{name}", value)
-    record_limit = getattr(record, "limit", None)
-    if record_limit is not None and isinstance(report, Verdict):
+    if isinstance(report, Verdict):
         for name, limit in report.limits().items():
-            record_limit(f"{prefix}{name}", limit)
+            record_limit(record, f"{prefix}{name}", limit)
