@@ -137,8 +137,9 @@ def diagnose_text(text: str) -> Report:
 # The families diagnose reads, named as people know them (the refusal sentence and --help list them).
 KNOWN = ("rocminfo (whole or part of an agent block), amd-smi (default view, static, metric, monitor, list, "
          "topology, xgmi, partition, firmware, bad-pages, process, version; text, --csv, --json or a jq fragment), "
-         "rocm-smi, nvidia-smi, collect_env (PyTorch's and vLLM's, CUDA 12/13 and ROCm), hipconfig, modinfo amdgpu, "
-         "amdgpu_firmware_info, KFD topology mem_banks properties, update-alternatives --display rocm, a kernel log, "
+         "rocm-smi, nvidia-smi, collect_env (PyTorch's and vLLM's, CUDA 12/13 and ROCm; whole, cut or a tail), "
+         "hipconfig, modinfo amdgpu, amdgpu_firmware_info, KFD topology mem_banks properties, "
+         "update-alternatives --display rocm, a kernel log, "
          "a HIP runtime log (AMD_LOG_LEVEL, hipErrorNoBinaryForGpu), a vLLM log or an error trace")
 
 
