@@ -11,8 +11,9 @@ from reports.sitedata import SiteData
 from reports.stack import identify
 from reports.verdict import NO_EVIDENCE, NOT_SAFE, SAFE, TEST_MODEL, TIERS, Coverage, Verdict
 
-HEAD = ("Combination / lineage", "Stack", "Verdict", "Why (click for every reason)",
-        "Coverage (passed/failed/skipped/not run)", "CUDA counterpart", "Newest counted run")
+HEAD = ("Combination / lineage (newest counted run)", "Stack", "Verdict", "Why (click for every reason)",
+        "Coverage: passed/failed/skipped/not run", "CUDA counterpart")
+WIDTHS = ("20%", "15%", "10%", "22%", "19%", "14%")  # a fixed layout keeps every row to two or three lines
 LEVEL_RULES = (
     (NOT_SAFE, "a check failed or errored in the newest counted run of its tier (fail closed: could not run, timed "
                "out, crashed), P0 the gate first; or a check is <b>flaky</b>: it passed, failed and passed again (or "
@@ -61,13 +62,16 @@ def _stack(verdict: Verdict) -> str:
     run = verdict.any_run
     if run is None:
         combo = verdict.certified
-        what = combo.stack() if combo else "–"
-        platform = combo.platform if combo else "?"
-        return f"{_badge(verdict.target)}{e(platform)}<br><small>{e(what)}</small>"
+        if combo is None:
+            return f"{_badge(verdict.target)}–"
+        runtime = f" {combo.target.upper()} {combo.runtime}" if combo.runtime else ""
+        engine = f"vLLM {combo.vllm}" if combo.vllm else combo.engine
+        return (f"{_badge(verdict.target)}{e(combo.platform)}<small>{e(runtime)}</small><br>"
+                f"<small>torch {e(combo.torch)} · {e(engine)}</small>")
     ident = identify(run.target, run.fingerprint)
-    parts = [f"{run.target.upper()} {ident.runtime_version or '?'}" if run.target != "cpu" else "CPU",
-             f"torch {ident.torch or '–'}", f"vLLM {ident.vllm or '–'}"]
-    return f"{_badge(run.target)}{e(ident.device)}<br><small>{e(' · '.join(parts))}</small>"
+    runtime = f" {run.target.upper()} {ident.runtime_version or '?'}" if run.target != "cpu" else ""
+    return (f"{_badge(run.target)}{e(ident.device)}<small>{e(runtime)}</small><br>"
+            f"<small>{e(f'torch {ident.torch or chr(8211)} · vLLM {ident.vllm or chr(8211)}')}</small>")
 
 
 def _badge(target: str) -> str:
@@ -75,12 +79,14 @@ def _badge(target: str) -> str:
 
 
 def _label(verdict: Verdict) -> str:
+    newest = (f'<br><small class="newest">{run_link(verdict.run.run_id)}</small>' if verdict.run else
+              "" if verdict.any_run is None else '<br><small class="muted">no counted run</small>')
     if verdict.certified is not None:
         what = "never run" if verdict.any_run is None else verdict.key
-        return f"<b>{e(verdict.certified.id)}</b><br><small>{e(what)}</small>"
+        return f'<b>{e(verdict.certified.id)}</b><br><small class="key">{e(what)}</small>{newest}'
     combo = verdict.combo
     note = f"<b>{e(combo)}</b> <small>(not in ci/matrix.toml)</small><br>" if combo else ""
-    return f'{note}<small class="key">{e(verdict.key)}</small>'
+    return f'{note}<small class="key">{e(verdict.key)}</small>{newest}'
 
 
 def _counterpart(verdict: Verdict) -> str:
@@ -109,15 +115,13 @@ def reasons_html(verdict: Verdict) -> str:
 
 
 def _row(verdict: Verdict) -> str:
-    run = verdict.run
-    newest = run_link(run.run_id) if run else '<span class="muted">none counts</span>'
     flaky = f' <span class="badge c-new_failure" title="flaky checks">{len(verdict.flaky)} flaky</span>' \
         if verdict.flaky else ""
     return (f'<tr data-lineage="{e(verdict.key)}" data-target="{e(verdict.target)}" data-verdict="{e(verdict.state)}" '
             f'data-combo="{e(verdict.combo or "installed")}" data-certified="{int(verdict.certified is not None)}" '
             f'data-flaky="{len(verdict.flaky)}"><td class="label">{_label(verdict)}</td><td>{_stack(verdict)}</td>'
             f"<td>{verdict_badge(verdict.state)}{flaky}</td><td class=\"why\">{reasons_html(verdict)}</td>"
-            f"<td>{_tier_coverage(verdict)}</td><td>{_counterpart(verdict)}</td><td>{newest}</td></tr>")
+            f"<td>{_tier_coverage(verdict)}</td><td>{_counterpart(verdict)}</td></tr>")
 
 
 def decision(data: SiteData) -> str:
@@ -127,7 +131,9 @@ def decision(data: SiteData) -> str:
                      f'<small>({len(rows)})</small></th></tr>{"".join(_row(v) for v in rows)}</tbody>'
                      for cls, title, rows in groups if rows)
     header = "".join(f"<th>{e(h)}</th>" for h in HEAD)
-    body = (f'<table class="list decision" id="decision-table"><thead><tr>{header}</tr></thead>{bodies}</table>'
+    cols = "".join(f'<col style="width:{w}">' for w in WIDTHS)
+    body = (f'<table class="list decision" id="decision-table"><colgroup>{cols}</colgroup><thead><tr>{header}</tr>'
+            f"</thead>{bodies}</table>"
             if bodies else '<p class="muted">No runs yet and no combination listed.</p>')
     rules = "".join(f'<dt>{verdict_badge(level)}</dt><dd>{text}</dd>' for level, text in LEVEL_RULES)
     body += (f'<details class="levels" id="decision-levels" open><summary>What each level requires</summary>'
@@ -137,9 +143,9 @@ def decision(data: SiteData) -> str:
              "read across all of them. The CUDA counterpart of a certified combination is its CUDA pair in the "
              "matrix (same engine, then the same torch and vLLM); of any other lineage, the CUDA lineage of the "
              "same engine, model and dtype, or the nearest one with what differs.</p></details>")
-    intro = ("One row per combination of ci/matrix.toml (never run: <b>no evidence</b>) and per installed lineage, "
-             "ROCm first, the CUDA counterpart beside it. Levels: <b>not safe</b> · <b>no evidence</b> · <b>stack "
-             "conformant (test model)</b> · <b>production-safe</b> (the real model, P0 and P1 complete, P3 accuracy "
-             "judged). A <b>flaky</b> check (passed, failed, passed again across counted runs) makes a lineage not "
-             "safe: the newest run alone does not decide. The rules are under the table.")
+    intro = ("Per combination of ci/matrix.toml (never run: <b>no evidence</b>) and per installed lineage, CUDA "
+             "counterpart beside it. <b>production-safe</b> needs the real model, P0 and P1 complete and P3 accuracy "
+             "judged; a test model is at best <b>stack conformant</b>. A <b>flaky</b> check (passed, failed, passed "
+             "again across counted runs) makes a lineage <b>not safe</b>: the newest run alone does not decide. "
+             "Rules under the table.")
     return section("decision", "Release decision per combination", body, intro)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,27 @@ GOOD_RUNS = sorted(p.name for p in FIXTURE_RUNS.iterdir() if p.is_dir() and p.na
 ROCM_GREEN, ROCM_RED = "20250604T031512Z-rocm-a1f3c9", "20250612T031633Z-rocm-5e0d47"
 
 
-def load_fixture(run_id: str) -> dict:
-    return json.loads((FIXTURE_RUNS / run_id / "results.json").read_text(encoding="utf-8"))
+DEVICE_RUNS = FIXTURE_RUNS.parent / "device_runs"
+CPU_RUNS = FIXTURE_RUNS.parent / "cpu_runs"
+CUDA_GREEN = "20250611T020044Z-cuda-e25b9f"  # the samples' real-model CUDA lineage: P0, P1, P2 pass, no P3
+ACCURACY_CHECK = "conformance/checks/test_accuracy.py::test_accuracy_meets_published_figure[{}]"
+
+
+def load_fixture(run_id: str, runs: Path = FIXTURE_RUNS) -> dict:
+    return json.loads((runs / run_id / "results.json").read_text(encoding="utf-8"))
+
+
+def with_accuracy(record: dict, outcome: str = "passed", message: str = "",
+                  cases: tuple[str, ...] = ("gsm8k-medium", "gpqa_diamond-low")) -> dict:
+    """`record` (a copy) with a P3 run of the accuracy checks (checks/test_accuracy.py) added, each `outcome`."""
+    rec = copy.deepcopy(record)
+    rec["tiers"] = sorted(set(rec["tiers"]) | {"p3"})
+    rec["checks"] += [{"id": ACCURACY_CHECK.format(case), "tier": "p3", "area": "accuracy", "outcome": outcome,
+                       "duration_s": 60.0, "figures": {"score": 0.93} if outcome == "passed" else {},
+                       "message": message, "reference": "docs/figures.md", "failure_class": None,
+                       "bug_link": None} for case in cases]
+    rec["summary"] = summarize(rec["checks"])
+    return rec
 
 
 def make_record(run_id: str = "20250101T000000Z-cpu-000001", target: str = "cpu",
@@ -38,6 +58,20 @@ def make_record(run_id: str = "20250101T000000Z-cpu-000001", target: str = "cpu"
         "fingerprint": fingerprint if fingerprint is not None else {"packages": {"torch": "2.13.0+cpu"}},
         "summary": summarize(full), "checks": full,
     }
+
+
+def accuracy_run(base: dict, run_id: str, started: str, outcome: str = "passed", message: str = "") -> dict:
+    """A P3 run of the accuracy checks alone, on `base`'s stack (its fingerprint, model, dtype, lineage)."""
+    rec = with_accuracy({**copy.deepcopy(base), "checks": [], "tiers": []}, outcome, message)
+    rec.update(run_id=run_id, started_at=started, finished_at=started, exit_status=0 if outcome == "passed" else 1)
+    return rec
+
+
+def drop_schema_8_columns(conn: sqlite3.Connection) -> None:
+    """Undo history schema 8 (recorded limits, suite, test model) on a store, as an older schema left it."""
+    conn.execute("ALTER TABLE checks DROP COLUMN limits")
+    for column in ("suite", "test_model"):
+        conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
 
 
 @pytest.fixture

@@ -12,7 +12,14 @@ import pytest
 from reports.history import MIGRATIONS, SCHEMA_VERSION, History, HistoryError
 from reports.results import write_run
 from reports.stack import identify
-from tests.reports.conftest import FIXTURE_RUNS, GOOD_RUNS, MALFORMED_RUN, load_fixture, make_record
+from tests.reports.conftest import (
+    FIXTURE_RUNS,
+    GOOD_RUNS,
+    MALFORMED_RUN,
+    drop_schema_8_columns,
+    load_fixture,
+    make_record,
+)
 
 CHECKS_IN_FIXTURES = sum(len(load_fixture(r)["checks"]) for r in GOOD_RUNS)
 FIGURES_IN_FIXTURES = sum(len(c["figures"]) for r in GOOD_RUNS for c in load_fixture(r)["checks"])
@@ -250,6 +257,7 @@ def test_the_engine_under_test_parts_lineages_and_an_old_store_migrates(tmp_path
         conn.execute("DROP INDEX runs_by_derivation")
         for column in ("dtype", "profile", "planted_fault", "narrowed_by", "exit_status", "derived_by"):
             conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        drop_schema_8_columns(conn)
         conn.execute("PRAGMA user_version = 4")
     assert history_module.SCHEMA_VERSION >= 6
     with History.open(db) as history:

@@ -11,7 +11,7 @@ from reports import analysis
 from reports.history import History
 from reports.records import RunInfo, diff_runs, series_key
 from reports.results import write_run
-from tests.reports.conftest import FIXTURE_RUNS, make_record
+from tests.reports.conftest import FIXTURE_RUNS, drop_schema_8_columns, make_record
 
 DEVICE_RUNS = FIXTURE_RUNS.parent / "device_runs"
 REFUSED = "20261129T102148-rocm-bcf9b7"
@@ -69,6 +69,7 @@ def test_schema_6_rows_are_read_again_from_their_files(tmp_path: Path) -> None:
         conn.execute("DROP INDEX runs_by_derivation")
         for column in ("dtype", "profile", "planted_fault", "narrowed_by", "exit_status", "derived_by"):
             conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        drop_schema_8_columns(conn)
         conn.execute("UPDATE runs SET not_evidence = NULL")
         conn.execute("PRAGMA user_version = 6")
     with History.open(db) as history:
