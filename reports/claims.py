@@ -111,8 +111,8 @@ def target_contradiction(record: dict) -> str | None:
             shows.append(f"a ROCm torch ({hip_key} {hip})" if _present(hip) else f"a ROCm torch ({torch})")
         if amd and not nvidia:
             shows.append("an AMD GPU")
-    if _present(resolved) and target in ("rocm", "cuda", "cpu") and resolved != target:
-        shows.append(f"a run that resolved target {resolved}")
+    if not shows and _present(resolved) and target in ("rocm", "cuda", "cpu") and resolved != target:
+        shows.append(f"a run that resolved target {resolved}")  # what the torch build and GPUs did not already say
     if not shows:
         return None
     return f"target says {target} but the fingerprint shows {' and '.join(shows)}"

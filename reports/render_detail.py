@@ -60,8 +60,8 @@ def disagreements(data: SiteData) -> str:
         why = ("no counted ROCm run: no ROCm lineage to hold against CUDA" if not lineages else
                f"{lineages} ROCm lineage(s) with counted runs, but no check judged on both ROCm and CUDA")
         body = (f'<p class="no-evidence" data-rocm-evidence="0"><b id="disagreement-count">'
-                f'{"no ROCm evidence" if not lineages else "no evidence"}</b>: {e(why)}. Nothing here says ROCm '
-                "agrees with CUDA.</p>")
+                f'{"no ROCm evidence" if not lineages else "no evidence"}</b>: {e(why)}. No check was compared, '
+                "so nothing here is agreement.</p>")
         return section("rocm-cuda", "ROCm vs CUDA", _compared(data) + body)
     short = {c.key: platform_short(c.target, c.label) for c in data.columns}
     rows = []
