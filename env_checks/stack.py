@@ -150,7 +150,7 @@ class FingerprintChange:
 
 # Keys that differ between any two runs and say nothing about the stack (the host's speed is measured: noisy).
 _VOLATILE = re.compile(r"(^|\.)(timestamp|collected_at|duration_s|hostname|uptime|boot_id|pid|run_id|"
-                       r"host_single_thread_mops|host_speed|host_copy_gbs|host_copy)$")
+                       r"host_single_thread_mops|host_speed|host_copy_gbs|host_copy)(\.value)?$")
 
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")

@@ -147,6 +147,11 @@ def cli_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
+# How long close() lets a server stop on SIGINT before its group is killed; an interrupted run shortens it
+# (conformance/run/plugin.py `_stop`): the run must be gone within seconds of Ctrl-C or a CI cancellation.
+CLOSE_GRACE_S = 30.0
+
+
 def _signal_group(pgid: int, sig: int) -> bool:
     """Signal the server's process group (signal 0: is it alive?); a server forked a moment ago may not have
     made its own group yet (server_fork.py calls setsid first thing): then the process itself. True if delivered."""
@@ -301,10 +306,12 @@ class VllmServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def close(self, grace_s: float = 30.0) -> None:
+    def close(self, grace_s: float | None = None) -> None:
+        """Stop the server: SIGINT to its group, SIGKILL after `grace_s` (None: CLOSE_GRACE_S, which an
+        interrupted run shortens)."""
         with self._lock:
             self._closed = True
-        self._stop_group(grace_s)
+        self._stop_group(CLOSE_GRACE_S if grace_s is None else grace_s)
 
     def _stop_group(self, grace_s: float = 30.0) -> None:
         """Stop the process group of the server launched last (its engine core with it), if any."""

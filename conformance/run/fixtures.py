@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
+from conformance.engines import worker as engine_worker
 from conformance.engines.base import Completion
 from conformance.engines.worker import EngineError, EngineProcess
 from conformance.run import capabilities, phases
@@ -327,8 +328,9 @@ class EngineFactory:
         self._plans.clear()
         for proc in [*self.live.values(), *(p for p, _ in self.ahead.values())]:
             self._retire(proc)  # all release at once, then each is waited for
+        deadline = time.monotonic() + engine_worker.CLOSE_TIMEOUT_S  # one wait for all: they release side by side
         for proc in self._closing:
-            proc.close()
+            proc.close(max(0.0, deadline - time.monotonic()))
         self._closing.clear()
         if self._planned:
             phases.record("engines_ahead_waited", self.ahead_waited)

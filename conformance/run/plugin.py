@@ -74,19 +74,32 @@ def _interrupt(signum: int, frame: Any) -> None:
     _stop(f"signal {signum}")
 
 
+# How long each engine and server closing after an interrupt may take before it is killed: the run must exit within
+# seconds of the signal (measured: tests/test_interrupt_at_random_times.py), its record written, nothing left running.
+STOP_GRACE_S = 0.5
+
+
 def _stop(why: str) -> None:
-    """Stop the run now: engines get a short close, and pytest the KeyboardInterrupt it writes the run after."""
+    """Stop the run now: engines and servers get a short close, and pytest the KeyboardInterrupt it writes the run
+    after."""
     from conformance.engines import worker
 
-    worker.CLOSE_TIMEOUT_S = 2.0
+    worker.CLOSE_TIMEOUT_S = STOP_GRACE_S
+    vllm_server.CLOSE_GRACE_S = STOP_GRACE_S
     raise KeyboardInterrupt(why)
 
 
 _HANDLERS: dict[int, Any] = {}  # the handlers before the run's, put back at its end
+_CLOSE_GRACES: dict[str, float] = {}  # the engines' and servers' close waits of a run that is not stopping
 
 
 def _catch_interrupts() -> None:
+    from conformance.engines import worker
+
     _STOPPING.clear()  # a new session in this process (tests call `conformance run` in-process)
+    _CLOSE_GRACES.setdefault("engine", worker.CLOSE_TIMEOUT_S)  # the first session's: a stop shortens them
+    _CLOSE_GRACES.setdefault("server", vllm_server.CLOSE_GRACE_S)
+    worker.CLOSE_TIMEOUT_S, vllm_server.CLOSE_GRACE_S = _CLOSE_GRACES["engine"], _CLOSE_GRACES["server"]
     _STOPPING["starting"] = 1.0
     _HANDLERS[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started with SIGINT ignored keeps it so

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conformance.checkpoints.tokenizer import vocab
-from conformance.engines import forkserver, heartbeat, openai_api, server_fork
+from conformance.engines import forkserver, heartbeat, openai_api, server_fork, vllm_server
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
 from conformance.run import capabilities, phases
 from conformance.run.run_target import RunTarget
@@ -153,7 +153,7 @@ def discard_prestarted() -> None:
         _PRESTART.clear()
         _PRESTART["discarded"] = True  # the background thread, still waiting, launches nothing now
     if proc is not None and started:
-        proc.close(grace_s=10)  # still starting, or started: VllmServer.close() stops it, or stops its start
+        proc.close(grace_s=min(10.0, vllm_server.CLOSE_GRACE_S))  # still starting or started: stopped either way
 
 
 def _take_prestarted() -> VllmServer | None:

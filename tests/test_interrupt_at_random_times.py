@@ -1,0 +1,109 @@
+"""Signals at random times across a real P0 under nox (`nox -s p0` as a terminal or a CI runner sends them): each
+run exits 2 within STOP_S of its signal, writes results.json with `complete: false` and a junit.xml that lists every
+check it did not run as an error, starts nothing after the signal, and leaves no process behind.
+
+The times are drawn (seeded, so a failure can be replayed) from the run's start, when its header names its folder,
+to P0_SPAN_S past it, which covers a whole P0 of the CPU default here (~30 s on 2 cores): the fixture building, the
+engine and server starts, the checks and the server checks at its end. Even trials send Ctrl-C to the whole
+process group, odd ones SIGTERM to nox alone (`kill`, a CI cancellation). The table of signal-to-exit times is
+printed (pytest -s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from reports.results import validate
+from tests.test_interrupt import _marked, _nox
+
+pytestmark = pytest.mark.slow
+
+SIGNALS = int(os.environ.get("CONFORMANCE_INTERRUPT_SIGNALS", "20"))
+SEED = int(os.environ.get("CONFORMANCE_INTERRUPT_SEED", "20261207"))
+P0_SPAN_S = 30.0
+STOP_S = 5.0  # from the signal to the exit of nox, the run recorded
+STARTED_BY = ("engine-", "vllm-server")  # the logs of what a run starts: one per engine, one per server
+
+
+def _signal_once(work: Path, n: int, delay_s: float) -> dict:
+    """One nox P0, signalled `delay_s` after its run began; what happened."""
+    marker = f"CONFORMANCE_INTERRUPT_PROBE={uuid.uuid4().hex}"
+    reports = work / "runs"
+    work.mkdir(parents=True)
+    proc = _nox(work, reports, marker)
+    lines: list[str] = []
+    begun = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("conformance: run "):
+                begun.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert begun.wait(180), "".join(lines)[-3000:]
+    time.sleep(delay_s)
+    how = "Ctrl-C to the group" if n % 2 == 0 else "SIGTERM to nox"
+    if proc.poll() is not None:
+        return {"n": n, "delay": delay_s, "how": how, "finished_first": True, "out": "".join(lines)}
+    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
+    started_before = {p.name for p in run_dir.iterdir() if p.name.startswith(STARTED_BY)}
+    if n % 2 == 0:
+        os.killpg(proc.pid, 2)
+    else:
+        os.kill(proc.pid, 15)
+    sent = time.monotonic()
+    proc.wait(timeout=120)
+    took = time.monotonic() - sent
+    reader.join(30)
+    deadline = time.monotonic() + 15  # a child's exit is reaped by its parent a moment after
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started_after = {p.name for p in run_dir.iterdir() if p.name.startswith(STARTED_BY)} - started_before
+    return {"n": n, "delay": delay_s, "how": how, "finished_first": False, "code": proc.returncode, "took": took,
+            "run_dir": run_dir, "left": _marked(marker), "started_after": sorted(started_after),
+            "out": "".join(lines)}
+
+
+def _junit_not_run_errors(run_dir: Path) -> tuple[int, int]:
+    root = ET.parse(run_dir / "junit.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    cases = list(suite.iter("testcase"))
+    errors = [c for c in cases if c.find("error") is not None and
+              c.find("error").get("message", "").startswith("not run: ")]
+    return len(cases), len(errors)
+
+
+def test_signals_at_random_times_across_a_p0_under_nox_each_leave_an_incomplete_record_and_nothing_else(tmp_path):
+    rng = random.Random(SEED)
+    trials = [_signal_once(tmp_path / f"signal-{n:02d}", n, rng.uniform(0.0, P0_SPAN_S)) for n in range(SIGNALS)]
+    interrupted = [t for t in trials if not t["finished_first"]]
+    print(f"\n{'#':>2}  {'into the run':>12}  {'signal':20s}  {'exit':>4}  {'signal to exit':>14}")
+    for t in trials:
+        print(f"{t['n']:2d}  {t['delay']:10.1f} s  {t['how']:20s}  "
+              + ("  finished before the signal" if t["finished_first"] else f"{t['code']:4d}  {t['took']:12.2f} s"))
+    times = [t["took"] for t in interrupted]
+    print(f"{len(interrupted)} of {len(trials)} signalled mid-run; signal to exit: median "
+          f"{statistics.median(times):.2f} s, max {max(times):.2f} s")
+    assert len(interrupted) >= 0.75 * len(trials), "most signals must land inside the run"
+    for t in interrupted:
+        why = f"signal {t['n']} ({t['how']}, {t['delay']:.1f} s in): " + t["out"][-2500:]
+        assert t["code"] == 2, why
+        record = json.loads((t["run_dir"] / "results.json").read_text())
+        validate(record)
+        assert record["complete"] is False and record["exit_status"] == 2 and record["evidence"] is False, why
+        cases, errors = _junit_not_run_errors(t["run_dir"])
+        assert cases >= 27 and errors >= len(record["not_run"]) >= 1, (cases, errors, why)
+        assert t["left"] == [], f"{why}\nleft behind: {t['left']}"
+        assert t["started_after"] == [], f"{why}\nstarted after the signal: {t['started_after']}"
+        assert t["took"] < STOP_S, f"{why}\ntook {t['took']:.1f} s to exit"
