@@ -146,20 +146,9 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def recorded_limits(raw: object) -> dict[str, Limit]:
-    """A check record's `limits` as `Limit`s; entries without a finite value or a kind max|min are left out."""
-    out: dict[str, Limit] = {}
-    for name, entry in (raw if isinstance(raw, dict) else {}).items():
-        value = _number(entry.get("value")) if isinstance(entry, dict) else None
-        if value is not None and entry.get("kind") in ("max", "min"):
-            out[name] = Limit(value, entry["kind"], str(entry.get("source") or "recorded"))
-    return out
-
-
-def _check_result(record_check: dict | None, row_id: str, tier: str, outcome: str, message: str,
-                  figures: dict) -> CheckResult:
-    limits = recorded_limits(record_check.get("limits")) if record_check else {}
-    return CheckResult(row_id, tier, outcome, message, {k: _number(v) for k, v in figures.items()}, limits)
+def _check_result(row_id: str, tier: str, outcome: str, message: str, figures: dict,
+                  limits: dict[str, Limit] | None) -> CheckResult:
+    return CheckResult(row_id, tier, outcome, message, {k: _number(v) for k, v in figures.items()}, limits or {})
 
 
 def side_of_run_dir(path: Path | str) -> RunSide:
@@ -180,26 +169,13 @@ def side_of_run_dir(path: Path | str) -> RunSide:
         history.ingest_record(record, source=path.name)
         run = history.runs()[0]
         rows = history.checks([run.run_id])[run.run_id]
-    by_id = {c["id"]: c for c in record["checks"]}
-    checks = {r.id: _check_result(by_id.get(r.id), r.id, r.tier, r.outcome, r.message, r.figures) for r in rows}
-    suite = record.get("suite") if isinstance(record.get("suite"), dict) else None
-    return RunSide(str(path), run, dict.fromkeys(run.tiers, run.run_id), checks, suite)
+    checks = {r.id: _check_result(r.id, r.tier, r.outcome, r.message, r.figures, r.limits) for r in rows}
+    return RunSide(str(path), run, dict.fromkeys(run.tiers, run.run_id), checks, run.suite)
 
 
-def _record_beside(runs_dir: Path | None, run: RunInfo) -> dict | None:
-    """The results.json a stored run was read from, where it is still under `runs_dir`: the store keeps no limits."""
-    for name in dict.fromkeys([run.source, run.run_id]):
-        if runs_dir is not None and name and (runs_dir / name / RESULTS_FILE).is_file():
-            try:
-                return load_run(runs_dir / name)
-            except ResultsError:
-                return None
-    return None
-
-
-def side_of_lineage(history: History, key: str, runs_dir: Path | None = None) -> RunSide:
-    """BEFORE or AFTER from a lineage of the history store: its newest evidence run of each tier. Limits and the
-    suite are read from each run's results.json under `runs_dir` where it is there."""
+def side_of_lineage(history: History, key: str) -> RunSide:
+    """BEFORE or AFTER from a lineage of the history store: its newest evidence run of each tier, with the limits
+    and the suite the store keeps from each run's record."""
     runs = history.runs()
     lineages = sorted({r.series for r in runs})
     if key not in lineages:
@@ -214,16 +190,10 @@ def side_of_lineage(history: History, key: str, runs_dir: Path | None = None) ->
     newest = evidence[-1]
     selected = {r.run_id: r for r in (newest, *by_tier.values())}
     rows = checks_of_latest_tiers(newest, by_tier, history.checks(selected))
-    records = {run_id: _record_beside(runs_dir, r) for run_id, r in selected.items()}
-    checks = {}
-    for row in rows:
-        record = records.get(row.run_id)
-        record_check = next((c for c in record["checks"] if c["id"] == row.id), None) if record else None
-        checks[row.id] = _check_result(record_check, row.id, row.tier, row.outcome, row.message, row.figures)
-    newest_record = records.get(newest.run_id) or {}
-    suite = newest_record.get("suite") if isinstance(newest_record.get("suite"), dict) else None
+    checks = {row.id: _check_result(row.id, row.tier, row.outcome, row.message, row.figures, row.limits)
+              for row in rows}
     run = replace(newest, tiers=tuple(sorted(by_tier)))
-    return RunSide(key, run, {tier: r.run_id for tier, r in sorted(by_tier.items())}, checks, suite)
+    return RunSide(key, run, {tier: r.run_id for tier, r in sorted(by_tier.items())}, checks, newest.suite)
 
 
 def outcome_change(check_id: str, before: CheckResult | None, after: CheckResult | None) -> OutcomeChange | None:

@@ -39,8 +39,7 @@ Compare two runs: BEFORE (today's stack) and AFTER (the candidate), and say what
 BEFORE and AFTER are run directories (reports/runs/<run-id>, each holding results.json). With --db FILE they are
 two lineage keys of that history store (the dashboard's lineage names, e.g. 'cuda H200 · vllm · installed ·
 tiny-gpt-oss · bfloat16 · profile h200-tiny'): each side is its lineage's newest evidence run of each tier it ran,
-each tier's checks from its own newest run; limits and the suite are read from those runs' results.json under
---runs.
+each tier's checks from its own newest run, with the limits and suite the store keeps from their records.
 
 Regressions:
   outcome  a check that passed (passed, xpassed) and now fails, errors or is a known bug (xfailed); a check that
@@ -222,9 +221,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--db", type=Path, metavar="FILE",
                         help="BEFORE and AFTER are lineage keys of this history store (conformance dashboard "
                              "builds it)")
-    parser.add_argument("--runs", type=Path, metavar="DIR",
-                        help="with --db: where the stored runs' results.json are, for their recorded limits "
-                             "(default: the runs/ folder beside FILE)")
     return parser
 
 
@@ -234,10 +230,9 @@ def _sides(args: argparse.Namespace) -> tuple[RunSide, RunSide]:
     if not args.db.is_file():
         raise CompareInputError(f"history store {args.db} does not exist; build it with `conformance dashboard`, "
                                 "or compare two run directories.")
-    runs_dir = args.runs or args.db.parent / "runs"
     with History.open(args.db) as history:
         try:
-            return side_of_lineage(history, args.before, runs_dir), side_of_lineage(history, args.after, runs_dir)
+            return side_of_lineage(history, args.before), side_of_lineage(history, args.after)
         except sqlite3.DatabaseError as exc:
             raise history_error(args.db, exc) from None
 

@@ -194,7 +194,7 @@ def test_markdown_has_a_summary_a_regressions_table_and_the_stack_diff_folded() 
     assert lines[table + 2] == "| check | what | before | after | detail |"
     assert lines[table + 4].startswith(f"| `{GREEDY}` | regression | passed | failed | ")
     assert text.index("### Regressions") < text.index("### Figure shifts") < text.index("<details>")
-    assert "<details><summary>Stack diff (27 fields)</summary>" in text and text.rstrip().endswith("</details>")
+    assert "<details><summary>Stack diff (26 fields)</summary>" in text and text.rstrip().endswith("</details>")
     assert "| `run.planted_fault` | null | sinks_dropped |" in text
 
 
