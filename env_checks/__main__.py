@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from env_checks.fingerprint import collect, torch_build_info
 from env_checks.pins import PinManifestError, evaluate, failed, load_manifest, manifest_for
+from env_checks.record.fingerprint import collect, torch_build_info
 
 
 def main(argv: list[str] | None = None) -> int:

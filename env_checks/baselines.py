@@ -36,8 +36,9 @@ ACCEPTED_OUTCOMES = ("passed", "skipped")
 JIT_FIGURE = "jit_compiles_during_run"
 FAILED_FIGURE = "failed"  # requests of the measured run that failed: such a measurement is never a baseline
 SHARED_FIGURE = "gpu_foreign_processes"  # other processes on the GPU while it was measured: never a baseline either
-# The host's speed as the level started (env_checks.host.host_speeds): pinned like any figure, so a later miss on a
-# slower host is told apart (conformance/verdicts/host_speed.py); each figure with what its probe measures and its unit.
+# The host's speed as the level started (env_checks.probes.host.host_speeds): pinned like any figure, so a later miss
+# on a slower host is told apart (conformance/verdicts/host_speed.py); each figure with what its probe measures and its
+# unit.
 HOST_FIGURE = "host_single_thread_mops"
 HOST_FIGURES = {HOST_FIGURE: ("single-thread probe", "million steps a second"),
                 "host_copy_gbs": ("memory-copy probe", "GB a second")}

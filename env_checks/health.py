@@ -1,6 +1,6 @@
 """Machine health before and after a run: a snapshot of what can go wrong below the stack, and the diff.
 
-A snapshot holds the kernel log (see env_checks.kernel_log; "denied" is recorded as such), the kernel-log
+A snapshot holds the kernel log (see env_checks.probes.kernel_log; "denied" is recorded as such), the kernel-log
 signatures since boot (env_checks.signatures, `source = "kernel"`), the GPUs on the PCI bus and the count a
 vendor tool sees, virtualization, partition modes, amdgpu boot options, RAS/ECC counters (amdgpu sysfs,
 `amd-smi metric --ecc`, `nvidia-smi` ECC and row-remapping counters), retired pages (`amd-smi bad-pages`)
@@ -24,8 +24,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from env_checks import amd_smi, host, kernel_log, machine, signatures
-from env_checks.facts import ProbeFailure, int_or_none, parse_with, run_tool
+from env_checks import signatures
+from env_checks.probes import amd_smi, host, kernel_log, machine
+from env_checks.probes.facts import ProbeFailure, int_or_none, parse_with, run_tool
 
 NVIDIA_FIELDS = ("index", "pci.bus_id", "vbios_version", "inforom.img", "ecc.errors.corrected.volatile.total",
                  "ecc.errors.uncorrected.volatile.total", "remapped_rows.correctable",

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from env_checks import amd_smi, amdgpu_log, collect_env, rocm_smi, rocminfo
+from env_checks import amdgpu_log, collect_env, rocm_smi, rocminfo
 from env_checks import textforms_extra as extra
 from env_checks import textforms_faults as faults
 from env_checks import textforms_fragments as fragments
+from env_checks.probes import amd_smi
 from env_checks.textforms import Reading, json_pairs, json_start
 
 Detector = tuple[str, Callable[[str], bool], Callable[[str], Reading]]

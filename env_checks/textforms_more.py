@@ -219,7 +219,7 @@ def read_kernel_log(text: str) -> Reading:
     init = re.search(r"Initialized amdgpu (\S+)", text)
     r.put("amdgpu_drm_version", init.group(1) if init else None)
     try:  # the health module's parser (when present) gives the time span the paste covers
-        from env_checks import kernel_log
+        from env_checks.probes import kernel_log
 
         parsed = kernel_log.parse(text)
         stamps = [line.boot_s for line in parsed if getattr(line, "boot_s", None) is not None]

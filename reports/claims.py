@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from env_checks.stack import flatten, lookup
+from env_checks.record.stack import flatten, lookup
 from env_checks.versions import InvalidVersion, compare
 
 if sys.version_info >= (3, 11):

@@ -3,7 +3,7 @@ which writes the runs); this module re-exports it for the history store, the das
 
 from __future__ import annotations
 
-from env_checks.results import (
+from env_checks.record.results import (
     FINGERPRINT_FILE,
     JUNIT_FILE,
     OUTCOMES,

@@ -3,6 +3,14 @@
 
 from __future__ import annotations
 
-from env_checks.stack import FingerprintChange, StackIdentity, diff_fingerprints, flatten, identify, lookup, major_minor
+from env_checks.record.stack import (
+    FingerprintChange,
+    StackIdentity,
+    diff_fingerprints,
+    flatten,
+    identify,
+    lookup,
+    major_minor,
+)
 
 __all__ = ["FingerprintChange", "StackIdentity", "diff_fingerprints", "flatten", "identify", "lookup", "major_minor"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from env_checks.results import VERDICT_FAILURE
+from env_checks.record.results import VERDICT_FAILURE
 from reports import analysis
 from reports.analysis import ALL
 from reports.claims import CertifiedCombo, combo_by_id, cuda_pair

@@ -13,7 +13,7 @@ import pytest
 
 from conformance.run import phases
 from conformance.tooling import bench
-from env_checks.results import ResultsError, validate
+from env_checks.record.results import ResultsError, validate
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 

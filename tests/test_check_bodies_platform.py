@@ -25,7 +25,7 @@ from conformance.reference import Reference
 from conformance.run import run_target
 from conformance.run.targets import TargetReport
 from conformance.verdicts import device
-from env_checks import isa
+from env_checks.probes import isa
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, target_of
 
 MI300X = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942", "isa_full": "gfx942:sramecc+:xnack-",

@@ -12,8 +12,8 @@ import torch
 from conformance.engines.device_probe import DeviceProbe
 from conformance.verdicts import device
 from conformance.verdicts.pins_check import pin_report
-from env_checks import isa
 from env_checks.pins import PINS_DIR
+from env_checks.probes import isa
 
 MI300X_INFO = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942",
                "isa_full": "gfx942:sramecc+:xnack-", "arch_list": ["gfx942"]}

@@ -15,7 +15,7 @@ from conformance.run import runrecord
 from conformance.verdicts import bench_shapes, compare, host_speed, perf, perf_floors, shared_gpu
 from conformance.verdicts.verdict import fail, raise_all, record_figures
 from env_checks import baselines
-from env_checks.host import host_speeds
+from env_checks.probes.host import host_speeds
 
 AREA = "performance"
 CONCURRENCY = perf.sweep()

@@ -31,7 +31,7 @@ from typing import Any
 
 from conformance import datafiles
 from env_checks import child
-from env_checks.results import VERDICT_FAILURE
+from env_checks.record.results import VERDICT_FAILURE
 
 FAULTS_FILE = datafiles.DATA / "faults.toml"
 CAUGHT, BLIND, NOT_RUN = "caught", "blind", "could not run"

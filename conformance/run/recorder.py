@@ -18,7 +18,7 @@ def fingerprint(ctx: RunContext) -> dict[str, Any]:
     extra = {"torch_version": t.torch_version, "torch_hip_version": t.hip_version,
              "torch_cuda_version": t.cuda_version, "target": t.as_dict(), "engine": ctx.engine_info}
     try:
-        from env_checks.fingerprint import collect
+        from env_checks.record.fingerprint import collect
 
         return collect(extra=extra)
     except Exception as exc:  # noqa: BLE001 - a broken probe must not lose the run
@@ -146,7 +146,7 @@ def model_record(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
-    from env_checks.results import write_run
+    from env_checks.record.results import write_run
 
     fp = ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx)
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)

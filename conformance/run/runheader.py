@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import gpu_sharers
-from env_checks.fingerprint import package_versions
+from env_checks.record.fingerprint import package_versions
 
 PREFIX = "conformance:"
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conformance.engines import gpu_sharers, host_cpu
-from env_checks.amd_smi import parse_smi_tree
+from env_checks.probes.amd_smi import parse_smi_tree
 
 # NVML clocks-event (throttle) reason bits, nvmlClocksEventReason* in nvml.h (stable since NVML 3xx).
 NVML_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",

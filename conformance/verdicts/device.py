@@ -13,7 +13,7 @@ import torch
 
 from conformance import datafiles
 from conformance.verdicts.verdict import FigureLimit, Verdict
-from env_checks import isa
+from env_checks.probes import isa
 
 ISA_KIND = {"rocm": "hip", "cuda": "cuda"}
 

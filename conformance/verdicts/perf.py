@@ -76,7 +76,7 @@ class BenchPlan:
 def bench_warms_up(spec: str | None, vllm: str | None = None) -> bool:
     """Whether the installed vLLM's bench serve takes --num-warmups (`spec`, from perf.toml; None: any)."""
     from conformance.verdicts.settings import release_within
-    from env_checks.fingerprint import package_versions
+    from env_checks.record.fingerprint import package_versions
 
     vllm = vllm or package_versions()["vllm"]
     if spec is None or vllm is None:
@@ -473,7 +473,7 @@ def drift_since_pin(verdict: VerdictReport, current: dict[str, float], baseline:
 
 def lineage_of(target: str, fingerprint: dict[str, Any], combo: str | None, engine: str | None = None) -> str:
     """The lineage the dashboard files this run under (env_checks.stack)."""
-    from env_checks.stack import identify
+    from env_checks.record.stack import identify
 
     return identify(target, fingerprint).lineage(combo, engine)
 

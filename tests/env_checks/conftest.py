@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from env_checks.facts import NOT_INSTALLED, ProbeFailure  # noqa: E402
+from env_checks.probes.facts import NOT_INSTALLED, ProbeFailure  # noqa: E402
 
 PROBE_NAMES = ("rocminfo", "rocm_version", "amdgpu_version", "amd_smi_static", "amd_smi_firmware",
                "amd_smi_bad_pages", "nvidia_smi", "cmdline", "numa_balancing", "device_access", "cpuinfo",

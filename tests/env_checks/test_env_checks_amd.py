@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from env_checks import amd, amd_smi
-from env_checks.facts import (
+from env_checks.probes import amd, amd_smi
+from env_checks.probes.facts import (
     ABSENT,
     FAILED,
     NOT_INSTALLED,

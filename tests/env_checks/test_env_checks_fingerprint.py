@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from env_checks import amd, amd_smi, nvidia
-from env_checks.fingerprint import collect, derive_platform, package_versions, relevant_env, scrub
 from env_checks.pins import PINS_DIR, manifest_for
+from env_checks.probes import amd, amd_smi, nvidia
+from env_checks.record.fingerprint import collect, derive_platform, package_versions, relevant_env, scrub
 
 HF_TOKEN = "hf_abcdefghijklmnop"
 SK_KEY = "sk-xyzABCDEFGH12345678"
@@ -115,7 +115,7 @@ def test_the_fingerprint_measures_the_host_s_single_thread_speed(no_tools_on_pat
     assert platform["host_copy_gbs"] > 0.5  # any real host: 19 on this project's CI-like host, 30-56 on H100 nodes
     assert derive_platform(probes(host_speed=8.876))["host_single_thread_mops"] == 8.88
     assert derive_platform(probes(host_copy=30.94))["host_copy_gbs"] == 30.9
-    from env_checks.facts import FAILED, ProbeFailure
+    from env_checks.probes.facts import FAILED, ProbeFailure
 
     missing = derive_platform(probes(host_speed=ProbeFailure("host_speed", FAILED, "probe raised MemoryError")))
     assert missing["host_single_thread_mops"] is None
@@ -123,7 +123,7 @@ def test_the_fingerprint_measures_the_host_s_single_thread_speed(no_tools_on_pat
 
 
 def test_a_probe_that_raises_costs_one_fact(no_tools_on_path, monkeypatch):
-    from env_checks import fingerprint
+    from env_checks.record import fingerprint
 
     def broken():
         raise RuntimeError("bug in a probe")
@@ -140,7 +140,7 @@ def test_openai_harmony_is_found_under_the_oss_harmony_distribution():
     record its version, not null (found on every CPU run)."""
     from importlib import metadata
 
-    from env_checks import fingerprint
+    from env_checks.record import fingerprint
 
     assert "oss-harmony" in fingerprint.PACKAGES["openai_harmony"]
     try:

@@ -3,7 +3,8 @@ remapped rows, a GPU that left the bus, a probe lost during the run; and the sys
 
 from __future__ import annotations
 
-from env_checks import amd_smi, health, kernel_log, machine
+from env_checks import health
+from env_checks.probes import amd_smi, kernel_log, machine
 
 RESET = "amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from env_checks import isa
-from env_checks import isa_formats as fmt
-from env_checks.facts import ABSENT, FAILED, ProbeFailure
+from env_checks.probes import isa
+from env_checks.probes import isa_formats as fmt
+from env_checks.probes.facts import ABSENT, FAILED, ProbeFailure
 
 MI300X = "gfx942:sramecc+:xnack-"
 CODE = b"\x7fELF" + bytes(60)  # stands in for a code object: the readers never look inside

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from env_checks import kernel_log
+from env_checks.probes import kernel_log
 
 DMESG = """\
 [    0.000000] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from env_checks import amd, amd_smi, machine
-from env_checks.fingerprint import derive_platform
 from env_checks.pins import PINS_DIR, PinManifestError, evaluate, failed, load_manifest, manifest_for
+from env_checks.probes import amd, amd_smi, machine
+from env_checks.record.fingerprint import derive_platform
 
 MI300X = PINS_DIR / "mi300x.toml"
 

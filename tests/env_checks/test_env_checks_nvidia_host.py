@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from env_checks import host, nvidia
-from env_checks.facts import NOT_INSTALLED, UNPARSEABLE, ProbeFailure, parse_with
+from env_checks.probes import host, nvidia
+from env_checks.probes.facts import NOT_INSTALLED, UNPARSEABLE, ProbeFailure, parse_with
 
 
 def test_query_csv_h200(recorded):

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from env_checks import amd
 from env_checks.__main__ import main
-from env_checks.fingerprint import derive_platform
 from env_checks.pins import PINS_DIR, PinManifestError, evaluate, failed, load_manifest
+from env_checks.probes import amd
+from env_checks.record.fingerprint import derive_platform
 
 MI300X = PINS_DIR / "mi300x.toml"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from env_checks import results
-from env_checks.results import ResultsError, load_run, new_run_id, validate, write_run
+from env_checks.record import results
+from env_checks.record.results import ResultsError, load_run, new_run_id, validate, write_run
 from tests.reports.conftest import FIXTURE_RUNS, GOOD_RUNS, MALFORMED_RUN, load_fixture, make_record
 
 

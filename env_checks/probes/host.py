@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env_checks.facts import ProbeFailure, Unparseable, parse_with, read_text
+from env_checks.probes.facts import ProbeFailure, Unparseable, parse_with, read_text
 
 # The CPU features that decide which kernels the CPU backends can use; the full flag list is noise.
 CPU_FLAGS_OF_INTEREST = (

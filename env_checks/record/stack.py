@@ -3,7 +3,7 @@
 Shared by the suite (a run looks up its serving baseline by lineage) and the reports (the dashboard files runs
 under lineages), so it lives beside the fingerprint it reads. Standard library only.
 
-The fingerprint is written by `env_checks.fingerprint` (`platform.rocm_version`, `platform.gfx_targets`,
+The fingerprint is written by `env_checks.record.fingerprint` (`platform.rocm_version`, `platform.gfx_targets`,
 `platform.nvidia_gpu_names`, `platform.cpu_flags`, `packages.torch`, `packages.vllm`, `runtime.target…`) and
 its layout may grow, so values are looked up by key-path suffix with a list of accepted spellings
 (`rocm_version`, `rocm.version`, `packages.torch`, `torch.version` …) rather than by one fixed path. Two

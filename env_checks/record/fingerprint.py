@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
-from env_checks import amd, amd_smi, host, machine, nvidia
-from env_checks.facts import FAILED, ProbeFailure, to_plain
-from env_checks.host import is_secret_name
+from env_checks.probes import amd, amd_smi, host, machine, nvidia
+from env_checks.probes.facts import FAILED, ProbeFailure, to_plain
+from env_checks.probes.host import is_secret_name
 
 SCHEMA = "env_checks.fingerprint/1"
 

@@ -1,6 +1,6 @@
 """Byte-level readers of the containers GPU code objects travel in, and of the tools that list them.
 
-Pure functions over bytes (or an mmap) and text; the I/O and the verdict are in `env_checks.isa`.
+Pure functions over bytes (or an mmap) and text; the I/O and the verdict are in `env_checks.probes.isa`.
 
 * ELF64 section table: where `.hip_fatbin` / `.nv_fatbin` lie in a shared library.
 * Clang offload bundles (ROCm/HIP): magic `__CLANG_OFFLOAD_BUNDLE__`, u64 entry count, then per entry u64 offset,
@@ -17,7 +17,7 @@ Pure functions over bytes (or an mmap) and text; the I/O and the verdict are in 
   header size, u64 payload size, ..., u32 arch at byte 28 (90 for sm_90), the next entry at header size + payload
   size; an arch-specific entry (sm_90a) carries the flag ARCH_SPECIFIC_FLAG. Read against cuobjdump 13.4's
   listings of vLLM 0.26.0's and torch 2.11.0's real CUDA libraries (fixtures/recorded/cuda-fatbins): the same
-  targets with the same counts. Where a container does not read, cuobjdump is asked (`env_checks.isa`).
+  targets with the same counts. Where a container does not read, cuobjdump is asked (`env_checks.probes.isa`).
 
 And `code_runs_on`: whether code built for one target loads on a device of another.
 """
@@ -29,7 +29,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_checks.facts import Unparseable
+from env_checks.probes.facts import Unparseable
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 CCOB_MAGIC = b"CCOB"

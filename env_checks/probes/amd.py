@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env_checks.facts import (
+from env_checks.probes.facts import (
     ABSENT,
     ProbeFailure,
     Unparseable,

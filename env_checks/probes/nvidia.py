@@ -12,7 +12,7 @@ import io
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from env_checks.facts import NOT_INSTALLED, ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
+from env_checks.probes.facts import NOT_INSTALLED, ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
 
 QUERY_FIELDS = (
     "name", "driver_version", "vbios_version", "memory.total", "ecc.mode.current", "mig.mode.current",

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from env_checks import isa_formats as fmt
-from env_checks.facts import ABSENT, FAILED, ProbeFailure, Unparseable, run_tool
+from env_checks.probes import isa_formats as fmt
+from env_checks.probes.facts import ABSENT, FAILED, ProbeFailure, Unparseable, run_tool
 
 # Decoding compressed bundles one by one through a tool is slow; a sample of this many shows the targets
 # (every translation unit of a build is compiled for the same --offload-arch list).
@@ -382,7 +382,7 @@ def verdict(scans: list[tuple[Library, CodeObjects | ProbeFailure]], device: str
 
 
 def main(argv: list[str]) -> int:
-    """`python -m env_checks.isa [hip|cuda]`: the scan of the installed libraries as JSON."""
+    """`python -m env_checks.probes.isa [hip|cuda]`: the scan of the installed libraries as JSON."""
     kinds = argv[1:] or ["hip", "cuda"]
     report = {}
     for kind in kinds:

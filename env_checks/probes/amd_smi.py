@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_checks.facts import ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
+from env_checks.probes.facts import ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
 from env_checks.textforms import bad_page_count, json_start, normalise_gfx, smi_text_tree
 
 
