@@ -56,8 +56,7 @@ def _signal_once(work: Path, n: int, delay_s: float) -> dict:
     how = "Ctrl-C to the group" if n % 2 == 0 else "SIGTERM to nox"
     if proc.poll() is not None:
         return {"n": n, "delay": delay_s, "how": how, "finished_first": True, "out": "".join(lines)}
-    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
-    started_before = {p.name for p in run_dir.iterdir() if p.name.startswith(STARTED_BY)}
+    started_before = _started(reports)  # the run's folder may not exist yet: a run makes it as it first writes
     if n % 2 == 0:
         os.killpg(proc.pid, 2)
     else:
@@ -69,10 +68,16 @@ def _signal_once(work: Path, n: int, delay_s: float) -> dict:
     deadline = time.monotonic() + 15  # a child's exit is reaped by its parent a moment after
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    started_after = {p.name for p in run_dir.iterdir() if p.name.startswith(STARTED_BY)} - started_before
+    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
+    started_after = _started(reports) - started_before
     return {"n": n, "delay": delay_s, "how": how, "finished_first": False, "code": proc.returncode, "took": took,
             "run_dir": run_dir, "left": _marked(marker), "started_after": sorted(started_after),
             "out": "".join(lines)}
+
+
+def _started(reports: Path) -> set[str]:
+    """The logs of every engine and server the run under `reports` has started so far."""
+    return {p.name for p in reports.glob("*/*") if p.name.startswith(STARTED_BY)}
 
 
 def _junit_not_run_errors(run_dir: Path) -> tuple[int, int]:
