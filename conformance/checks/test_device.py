@@ -62,6 +62,7 @@ def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
     low precision, a broken hipBLASLt / cuBLAS kernel for one shape or its tail tiles (M = 129, N = 2883), FP8
     GEMM paths returning garbage, NaN from uninitialised workspaces.
     Reference: https://pytorch.org/docs/stable/notes/numerical_accuracy.html
+    Limits: devices.toml [gemm_numerics.tolerance.<dtype>]
     Controls: tests/test_check_bodies_platform.py::test_gemm_numerics_check_fails_on_a_gemm_off_by_one_percent
     """
     plan = device.gemm_plan(dtype, probe.info)
@@ -98,6 +99,7 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
     fails as `shared_gpu`, naming it, not as the stack's failure.
     Reference: https://rocm.docs.amd.com/projects/ROCmValidationSuite/en/latest/ (GST level-4 targets: MI300X
       bf16 552, fp16 523, fp8 981 TFLOP/s)
+    Limits: devices.toml [device] floor_tflops
     Controls: tests/test_check_bodies_platform.py::test_gemm_throughput_check_fails_below_the_floor,
       tests/test_check_bodies_platform.py::test_a_gemm_floor_missed_on_a_shared_gpu_fails_as_shared
     """
@@ -130,6 +132,7 @@ def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
     Catches: HBM running degraded (memory clock, ECC storms, a bad partition mode), wrong NUMA/NPS setup. A floor
     missed while another process held the GPU fails as `shared_gpu`, naming it.
     Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html (peak HBM bandwidth)
+    Limits: devices.toml [device] floor_hbm_gbps
     Controls: tests/test_check_bodies_platform.py::test_hbm_bandwidth_check_fails_below_the_floor,
       tests/test_check_bodies_platform.py::test_device_floors_fail_when_the_probe_errors,
       tests/test_check_bodies_platform.py::test_an_hbm_floor_missed_on_a_shared_gpu_fails_as_shared

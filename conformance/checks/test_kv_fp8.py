@@ -54,6 +54,7 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
     that rounds the other way than its platform's data says (truncation vs round-to-nearest: ~0.57 away).
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html;
       https://onnx.ai/onnx/technical/float8.html (e4m3fn, e4m3fnuz)
+    Limits: profiles.toml [kv_fp8.tolerance.<dtype>]; profiles.toml [kv_fp8.<target>.tolerance.<dtype>]
     Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache,
       tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way,
       tests/test_kv_fp8.py::test_fp8_parity_models_the_attention_a_cuda_kernel_runs_in_fp8

@@ -19,6 +19,7 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     Catches: anything that moves logits — rounded YaRN range, wrong rotation, sliding window off by
     one, sinks dropped or doubled, gate/up de-interleaving, SwiGLU clamp or +1 missing, routing not
     renormalised, dropped biases — on prompts longer than the 128-token window.
+
     In bf16/fp16 a deep model accumulates noise over its layers on a healthy stack: where the engine exceeds the
     dtype's limits, they widen to tolerances.toml noise_ratio x the figures of the noise twin (the fp64 reference
     holding its weights and activations in the dtype) on the same paths, recorded as noise_twin_* figures (in bf16
@@ -28,6 +29,7 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     Reference: docs/model.md "The math a reference must reproduce"; vLLM tests/models/utils.py
       check_logprobs_close (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py);
       docs/verdicts.md "Greedy parity at depth"
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_math.py::test_parity_check_fails_on_an_engine_without_sinks,
       tests/test_check_bodies_math.py::test_parity_check_fails_on_a_positive_logprob,
       tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault,
@@ -85,6 +87,8 @@ def test_layer_blocks_match_reference(engine, engines, reference, target, limits
     MoE mistake (gate/up halves, clamp, +1, routing not renormalised, biases), a decode-only kernel bug, a MoE
     block wrong at a few positions only (one in sixteen: the max).
     Reference: docs/verdicts.md "Per-layer blocks"; docs/model.md "The math a reference must reproduce"
+    Limits: tolerances.toml [layers.<dtype>]; tolerances.toml [layers] bands, position_scale; gpt_oss.toml
+      [tolerances.moe.router_tie_ulps.<dtype>]
     Controls: tests/test_dtype_verdicts.py::test_layer_check_fails_on_planted_engine_faults,
       tests/test_dtype_verdicts.py::test_layer_check_passes_clean_and_rejects_reference_mutants,
       tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault,
@@ -105,6 +109,8 @@ def test_every_layer_block_matches_reference(engine, engines, reference, target,
     Catches: what the P0 sample cannot: a fault in layers it did not probe (a kernel choice that changes with
     the layer index, one layer's weights loaded wrong: a wrong shard, a dequantization of one expert block).
     Reference: docs/verdicts.md "Per-layer blocks"
+    Limits: tolerances.toml [layers.<dtype>]; tolerances.toml [layers] bands, position_scale; gpt_oss.toml
+      [tolerances.moe.router_tie_ulps.<dtype>]
     Controls: tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault
     """
     if settings.layers_probed_at_p0(model_under_test.config) is None:
@@ -132,6 +138,7 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
     Catches: every math bug the low-precision verdicts can only bound statistically (a window off by one,
     rounded YaRN, sinks counted twice), on the GPU and kernels the production dtype uses, at the model's size.
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
+    Limits: tolerances.toml [logprobs.float32]
     Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks,
       tests/test_dtype_verdicts.py::test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device,
       tests/test_dtype_verdicts.py::test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized

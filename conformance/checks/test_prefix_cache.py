@@ -52,6 +52,7 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_
     prefill), and one that hits the wrong blocks (hash collisions, sliding-window blocks reused after
     being freed), which shows as different tokens or logprobs.
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_engine.py::test_prefix_hit_check_fails_when_cached_blocks_change_the_output
     """
     proc = _caching_engine(engines, call_timeout_s)
@@ -85,6 +86,7 @@ def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance,
     Catches: a reset that reports success but keeps serving old blocks (stale KV after a weight
     reload or LoRA swap), a reset that fails on an idle engine, and a cache that cannot warm again.
     Reference: vLLM LLM.reset_prefix_cache (https://docs.vllm.ai/en/latest/api/vllm/entrypoints/llm.html)
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_engine.py::test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks
     """
     proc = _caching_engine(engines, call_timeout_s)

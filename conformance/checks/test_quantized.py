@@ -122,6 +122,8 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, targe
     applied (docs/vllm-cpu.md "Gotchas" 5), and writer bugs of the suite itself (the known-weights step).
     Reference: https://github.com/AutoGPTQ/AutoGPTQ ; https://github.com/casper-hansen/AutoAWQ ;
       https://github.com/neuralmagic/compressed-tensors ; conformance/checkpoints/quant/formats.py
+    Limits: quant.toml [format.<fmt>] dtype, max_abs, p99, median, top_k; quant.toml [label.<label>] max_abs, p99,
+      median, top_k
     Controls: tests/test_check_bodies_platform.py::test_quantized_check_fails_on_a_loader_that_reverses_gptq_nibbles,
       tests/test_check_bodies_platform.py::test_quantized_check_fails_when_the_transformers_engine_under_test_lacks_a_loader,
       tests/test_check_bodies_platform.py::test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror
@@ -146,6 +148,8 @@ def test_mxfp4_checkpoint_matches_reference(engine_kind, engines, target, prompt
     backend that corrupts outputs (docs/failure-modes.md, mode 8), a format silently not applied.
     Reference: https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf ;
       docs/model.md "MXFP4"
+    Limits: quant.toml [format.mxfp4] dtype, max_abs, p99, median, top_k; quant.toml [label.<label>] max_abs, p99,
+      median, top_k
     Controls: tests/test_check_bodies_platform.py::test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles
     """
     path = mxfp4()

@@ -28,6 +28,7 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
     Catches: memory leaks in the engine (Python objects per request, pinned buffers), file-descriptor
     leaks (sockets, shared memory), KV blocks never returned — failures that only show after hours.
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; docs/architecture.md "Tiers"
+    Limits: targets.toml [soak] warmup_rounds, max_rss_growth_mib, max_fd_growth, max_vram_growth_mib
     Controls: tests/test_check_bodies_engine.py::test_soak_check_fails_on_growing_memory
     """
     cfg = run_target.data()["soak"]  # suite-wide, not the target's

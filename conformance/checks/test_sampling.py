@@ -34,6 +34,7 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
     one, logprobs reported after temperature instead of the model's own.
     Reference: vLLM v1/sample/sampler.py and ops/topk_topp_sampler.py (temperature, min_p, top-k, top-p order);
       https://platform.openai.com/docs/api-reference/chat/create (temperature, top_p); docs/verdicts.md "Sampling"
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_sampling_controls.py::test_sampling_check_fails_on_planted_sampler_faults,
       tests/test_sampling_controls.py::test_sampling_check_fails_when_the_engine_s_logprobs_are_not_the_model_s,
       tests/test_sampling_controls.py::test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin
@@ -98,6 +99,7 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, toleran
     depends on a request's batch neighbours.
     Reference: https://platform.openai.com/docs/api-reference/chat/create (`seed`); vLLM SamplingParams.seed,
       https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_sampling_controls.py::test_seed_check_fails_when_the_seed_is_dropped
     """
     params = {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True}
@@ -179,6 +181,7 @@ def test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, promp
     that depends on the engine's global seed or on its start.
     Reference: https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (seed);
       https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_sampling_controls.py::test_restart_check_fails_when_the_seed_is_dropped
     """
     reqs, max_tokens = preemptible_requests(prompts.prompts)

@@ -46,6 +46,7 @@ def test_concurrent_requests_match_each_alone(engine, prompts, tolerance, call_t
     one sequence see another's KV, outputs routed to the wrong request, requests dropped from a batch.
     Reference: https://docs.vllm.ai/en/latest/design/arch_overview.html (continuous batching);
       vLLM tests/models/utils.py check_logprobs_close
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_engine.py::test_concurrent_check_fails_when_batching_changes_tokens
     """
     tol, top_k = tolerance
@@ -87,6 +88,7 @@ def test_chunked_prefill_matches_unchunked(engines, prompts, tolerance, call_tim
     Catches: chunk-boundary bugs (positions, RoPE offsets, sliding-window masks or sinks applied per
     chunk instead of per sequence), prompt logprobs lost across chunks.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#chunked-prefill
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_engine.py::test_chunked_prefill_check_fails_when_chunking_changes_tokens,
       tests/test_check_bodies_engine.py::test_chunked_prefill_check_fails_when_an_async_engine_does_not_chunk
     """
@@ -126,6 +128,7 @@ def test_preemption_keeps_outputs(engines, prompts, tolerance, call_timeout_s, r
     that does not count (a capacity dashboard blind to thrashing).
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; docs/vllm-cpu.md
       "Capability map" (the preemption row: vllm:num_preemptions)
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_engine.py::test_preemption_check_fails_when_no_preemption_happened
     """
     default = engines.get()

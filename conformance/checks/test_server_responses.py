@@ -81,6 +81,7 @@ def test_server_n_choices_are_separate(server, server_call_timeout_s, tolerance,
     else is batched with them.
     Reference: https://platform.openai.com/docs/api-reference/completions/create (n, seed);
       vLLM v1 parallel sampling (vllm/v1/engine/parallel_sampling.py)
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_server_responses_controls.py::test_n_check_fails_when_a_choice_is_missing,
       tests/test_server_responses_controls.py::test_n_check_fails_when_the_choices_are_one_draw,
       tests/test_server_responses_controls.py::test_n_check_fails_when_seeded_draws_depend_on_neighbours

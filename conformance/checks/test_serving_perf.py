@@ -62,6 +62,8 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
     placed two jobs on one device) and from a slower host than the pin's.
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve);
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
+    Limits: perf.toml [regression.<table>]; perf.toml [regression_spread]; perf.toml [host_speed];
+      perf_floors.toml [floor] sku, model, input_len, output_len, concurrency, figure, per_gpu, floor
     Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load,
       tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
       tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
@@ -149,6 +151,8 @@ def test_serving_perf_at_shape(shape, concurrency, target, run_dir, server, benc
     truncates or rejects long requests under load.
     Reference: https://docs.vllm.ai/en/latest/contributing/benchmarks.html (vllm bench serve, random dataset);
       https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
+    Limits: perf.toml [regression.<table>]; perf.toml [regression_spread]; perf.toml [host_speed];
+      perf_floors.toml [floor] sku, model, input_len, output_len, concurrency, figure, per_gpu, floor
     Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
     """
     input_len, output_len = bench_shapes.lengths(target.name, shape)
@@ -180,6 +184,7 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     broken kernels, sink or sliding-window metadata frozen at capture time — bugs that exist only in
     production mode, since correctness checks run eager.
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
+    Limits: perf.toml [graph_mode.max_greedy_divergences.<dtype>]; tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens,
       tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graph_tokens_leave_the_reference,
       tests/test_check_bodies_server.py::test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise,

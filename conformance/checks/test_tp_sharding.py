@@ -43,6 +43,7 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
     tail block dropped, biases added on every rank, replicated kv heads mapped to the wrong ranks, a
     backend partition too small for the loader's block-rounded slice (accuracy lost at TP>1 from padding).
     Reference: docs/model.md "MXFP4"; docs/failure-modes.md, mode 8; https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/models/gpt_oss.py
+    Limits: distributed.toml [tp] rel_tol
     Controls: tests/test_check_bodies_platform.py::test_tp_sharding_check_fails_when_a_partial_is_never_all_reduced
     """
     path = tp_checkpoints.tp_checkpoint(model, layout)
@@ -99,6 +100,7 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
     custom all-reduce kernel corrupting activations, TP setups that fail to start or hang, a TP > 1
     that agrees with a TP = 1 that is itself off the reference.
     Reference: https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html ; docs/failure-modes.md, mode 8
+    Limits: tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_engine.py::test_vllm_tp_check_fails_when_tp2_generates_other_tokens,
       tests/test_tp_shards.py::test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference
     """

@@ -8,6 +8,8 @@
   conformance drill [--faults NAME,...] [RUN OPTIONS]   (does P0 see each planted fault on this stack? see --help)
   conformance compare BEFORE AFTER [--markdown|--json] [--db FILE]   (the upgrade diff of two runs; exit 1 on a
                                                     regression, 2 on bad input; see --help)
+  conformance checks [--tier p0] [--json|--markdown|--catalogue]   (every check: what it verifies, against what,
+                                                    its limits per dtype; --markdown writes docs/checks/)
 
 Exit codes of `run`: 0 every check of the tiers ran and passed (skips and known-bug xfails allowed),
 1 a check failed or errored (or none ran), 2 interrupted or bad usage, 3 internal error, 4 narrowed: the checks
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from conformance.run import options
 from conformance.run.coverage import NARROWED_EXIT, NARROWED_STATUS
-from conformance.run.tiers import DEFAULT_TIERS
+from conformance.run.tiers import DEFAULT_TIERS, TIER_INFO
 
 CHECKS = Path(__file__).parent.parent / "checks"
 # No pytest plugin autoloads into a run: the plugins the checks use are loaded by module name (junitxml is built
@@ -75,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
                                  "say whether P0's checks caught it", add_help=False)
     sub.add_parser("compare", help="the upgrade diff: what changed from run BEFORE to run AFTER, per check, "
                                    "against the recorded limits (exit 1 on a regression)", add_help=False)
+    sub.add_parser("checks", help="every check: what it verifies, against what, its limits per dtype read from the "
+                                  "data, what to do when it fails (--markdown writes docs/checks/)", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["checks"]:
+        from conformance.tooling import check_reference
+
+        return check_reference.main(argv[1:], TIER_INFO)
     if argv[:1] == ["compare"]:
         from reports.upgrade_diff_report import main as compare_main
 

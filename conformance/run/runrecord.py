@@ -50,7 +50,8 @@ def docstring_field(func: Any, name: str) -> str | None:
 
 
 def check_metadata_problems(item: Any) -> list[str]:
-    """A check needs one tier marker, a docstring with `Catches:` and a `Reference:` link."""
+    """A check needs one tier marker, a docstring with `Catches:`, a `Reference:` link and `Controls:`, and where it
+    judges by data limits a `Limits:` line naming tables the data has (conformance/tooling/check_limits.py)."""
     problems = []
     tiers = [m.name for m in item.iter_markers() if m.name in TIERS]
     if len(tiers) != 1:
@@ -64,6 +65,11 @@ def check_metadata_problems(item: Any) -> list[str]:
     from conformance.run import controls
 
     problems += controls.problems(docstring_field(func, controls.FIELD), inspect.getsourcefile(func) if func else None)
+    from conformance.tooling import check_limits
+    from conformance.tooling.check_catalogue import field_text
+
+    takes = tuple(inspect.signature(func).parameters) if callable(func) else ()
+    problems += check_limits.problems(field_text(inspect.getdoc(func) or "", check_limits.FIELD), takes)
     return problems
 
 
