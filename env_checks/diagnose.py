@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from env_checks import crosscheck, textforms_enrich
-from env_checks import textforms as amd
-from env_checks import textforms_more as more
+from env_checks import crosscheck
+from env_checks.pasted.registry import FAMILIES
 from env_checks.signatures import Match, default_signatures, match
 
 # The input is read whole, in windows of this many bytes cut at line ends (memory stays bounded): the tool readers and
@@ -26,39 +23,6 @@ from env_checks.signatures import Match, default_signatures, match
 # at its end, are its most important).
 MAX_BYTES = 4 * 1024 * 1024
 
-# (kind, detector, reader): every detector that fires contributes its reader's facts, in this order.
-_KERNEL_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\w{3} +\d+ [\d:]+ \S+ kernel:"
-                          r"|\d{4}-\d\d-\d\dT[\d:.,]+\S* \S+ kernel:|kern +:\w+ *:)", re.MULTILINE)
-_VLLM_LINE = re.compile(r"^(INFO|WARNING|ERROR|DEBUG|\(\w+ pid=\d+\)) .*\[[\w./]+\.py:\d+\]", re.MULTILINE)
-DETECTORS: list[tuple[str, Callable[[str], bool], Callable[[str], amd.Reading]]] = [
-    ("nvidia-smi -q -x", lambda t: "<nvidia_smi_log" in t, more.read_nvidia_xml),
-    ("nvidia-smi -q", lambda t: "NVSMI LOG" in t or bool(re.search(r"^Attached GPUs\s+:", t, re.M)),
-     more.read_nvidia_q),
-    ("nvidia-smi", lambda t: bool(re.search(r"NVIDIA-SMI \S+\s+(Driver|KMD) Version", t))
-     or bool(re.search(r"^\|\s+\d+\s+NVIDIA .+\|", t, re.M)), more.read_nvidia_table),
-    ("nvidia-smi --query-gpu", lambda t: bool(re.search(r"^\s*(name|index|driver_version|pci\.bus_id)\s*,", t, re.M)),
-     more.read_nvidia_csv),
-    ("collect_env", lambda t: bool(re.search(r"^(PyTorch version|Is debug build|ROCM used to build PyTorch)\s*:", t,
-                                            re.M)), more.read_collect_env),
-    ("rocminfo", lambda t: "HSA Agents" in t or "HSA System Attributes" in t or "ROCk module" in t
-     or bool(re.search(r"^\*{5,}\s*\n\s*Agent \d+", t, re.M)), amd.read_rocminfo),
-    ("rocm-smi", lambda t: "ROCm System Management Interface" in t or bool(re.search(r'"card\d+"\s*:', t))
-     or bool(re.search(r"^GPU\[\d+\]\s*:", t, re.M)) or bool(re.search(r"^device,", t, re.M | re.I))
-     or bool(re.search(r"^\d+\s+.*NPS\d+\s*,\s*[SDTQC]PX", t, re.M)), amd.read_rocm_smi),
-    ("amd-smi", lambda t: "AMDSMI Tool:" in t or bool(re.search(r"^GPU: \d+\s*$", t, re.M))
-     or bool(re.search(r'"gpu"\s*:\s*\d', t)) or bool(re.search(r"^(ACCESS|WEIGHT|HOPS|LINK TYPE|LINK METRIC"
-                                                                 r"|LINK STATUS) TABLE:", t, re.M))
-     or bool(re.search(r"^\s*GPU\s+(POWER|GPU_T|GFX_|VRAM_|PVIOL|XCP|MEM_)", t, re.M))
-     or "amd-smi " in t[:200], amd.read_amd_smi),
-    ("hipconfig", lambda t: bool(re.search(r"^HIP version\s*:", t, re.M)) or "== hipconfig" in t, more.read_hipconfig),
-    ("modinfo amdgpu", lambda t: bool(re.search(r"^filename:\s+\S*amdgpu\.ko", t, re.M)), more.read_modinfo),
-    ("kernel log", lambda t: len(_KERNEL_LINE.findall(t)) >= 1
-     and bool(re.search(r"amdgpu|NVRM|vfio|\[drm|kernel|^kern |segfault at", t, re.M)), more.read_kernel_log),
-    ("vLLM log", lambda t: bool(_VLLM_LINE.search(t)) or "vLLM API server version" in t, more.read_vllm_log),
-    ("error trace", lambda t: "Traceback (most recent call last)" in t
-     or bool(re.search(r"\b[A-Z]\w*(Error|Exception): ", t)), more.read_trace),
-]
-DETECTORS = textforms_enrich.extend(DETECTORS)  # issue 39: more tools, facts the base readers leave unread
 LIST_FACTS = ("gpu_models", "gfx_targets", "device_ids", "cpu_models", "compute_units")
 
 
@@ -112,15 +76,15 @@ def diagnose_text(text: str) -> Report:
         unread.append("The text contains bytes that are not UTF-8 text (binary noise or a damaged copy); lines "
                       "with them may be misread or skipped.")
     text = text.replace("\r\n", "\n").replace("\x00", "")
-    for kind, detect, read in DETECTORS:
+    for family, detect, read in FAMILIES:  # every family whose detector fires contributes its reader's facts
         try:
             if not detect(text):
                 continue
             reading = read(text)
         except Exception as exc:  # noqa: BLE001 - a reader bug must become a sentence, never a traceback
-            unread.append(f"The {kind} reader could not read this text ({type(exc).__name__}: {exc}).")
+            unread.append(f"The {family} reader could not read this text ({type(exc).__name__}: {exc}).")
             continue
-        if reading.facts or kind in ("kernel log", "error trace", "vLLM log") or not kinds:
+        if reading.facts or family in ("kernel log", "error trace", "vLLM log") or not kinds:
             kinds.append(reading.kind)
             _merge(facts, reading.facts)
             unread += [s for s in reading.unread if s not in unread]

@@ -4,7 +4,9 @@ amd-smi prints the same tree either as JSON (`--json`) or as indented `KEY: valu
 shape has moved between releases (a bare list of per-GPU objects in the 24.x tools, an object with a
 `gpu_data` list in later ones). Both forms and both shapes are read into one list of per-GPU dicts with
 lower-case keys, so each command has a single extractor. rocm-smi (deprecated in favour of amd-smi) is
-kept as a fallback for older installs: its `--json` output is an object of `cardN` entries.
+kept as a fallback for older installs: its `--json` output is an object of `cardN` entries. The reading of
+amd-smi's indented text into per-GPU dicts (`smi_text_tree`) is shared with the reader of pasted amd-smi output
+(`env_checks.pasted.amd_smi`), which keeps what a cut block has where this probe refuses it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,66 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_checks.probes.facts import ProbeFailure, Unparseable, int_or_none, parse_with, run_tool
-from env_checks.textforms import bad_page_count, json_start, normalise_gfx, smi_text_tree
+from env_checks.tool_text import colon_pairs, json_start, normalise_gfx
+
+
+def smi_top_indent(indent: int, key: str, value: str, top: int | None) -> int | None:
+    """The indent of amd-smi's top-level `GPU: n` lines: 0 as the tool prints them, more where a paste indents the
+    whole output (a markdown list item, a quoted block). The first `GPU: n` line sets it; a later one at a smaller
+    indent lowers it."""
+    if key == "gpu" and value.strip().isdigit() and (top is None or indent < top):
+        return indent
+    return top
+
+
+def count_page_record(parent: dict[str, Any], key: str) -> None:
+    """amd-smi's text prints a list of bad-page records as a YAML list with the dashes dropped, so each record is a
+    repeated PAGE_ADDRESS line under RETIRED/PENDING/UN_RES: count them (the tree keeps one value per key)."""
+    if key == "page_address":
+        parent["page_records"] = parent.get("page_records", 0) + 1
+
+
+def bad_page_count(value: Any) -> int | None:
+    """Pages `amd-smi bad-pages` lists under RETIRED / PENDING / UN_RES: a list of page records (JSON), one record
+    (the tool drops the brackets of a one-page list; in text, one per PAGE_ADDRESS line), or 'No bad pages found.';
+    None for N/A (the query failed) or anything else."""
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, dict) and "page_address" in value:
+        return int(value.get("page_records", 1))
+    if isinstance(value, str) and "no bad pages" in value.lower():
+        return 0
+    return None
+
+
+def smi_text_tree(text: str, first_wins: bool = True) -> list[dict[str, Any]]:
+    """amd-smi's indented `KEY: value` text as per-GPU dicts with lower-case keys ("GPU: n" opens a block, n kept as
+    an int; other top-level blocks such as "CPU: n" are skipped). Tolerant: a cut-off block keeps what it has. A key
+    repeated within a node keeps its first value, or its last where `first_wins` is False."""
+    gpus: list[dict[str, Any]] = []
+    stack: list[tuple[int, dict[str, Any]]] = []
+    top: int | None = None
+    for indent, key, value in colon_pairs(text):
+        key = re.sub(r"[\s-]+", "_", key)
+        top = smi_top_indent(indent, key, value, top)
+        if indent <= (top or 0):
+            stack = [(indent, {"gpu": int(value)})] if key == "gpu" and value.strip().isdigit() else []
+            gpus.extend(node for _, node in stack)
+            continue
+        if not stack:
+            continue
+        while len(stack) > 1 and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        count_page_record(parent, key)
+        if not value:
+            parent[key] = {}
+            stack.append((indent, parent[key]))
+        elif first_wins:
+            parent.setdefault(key, value)
+        else:
+            parent[key] = value
+    return gpus
 
 
 def parse_smi_tree(text: str) -> list[dict[str, Any]]:
@@ -39,7 +100,7 @@ def parse_smi_tree(text: str) -> list[dict[str, Any]]:
     return gpus
 
 
-def _leaf(value: Any) -> str | None:
+def smi_value(value: Any) -> str | None:
     """A scalar as text; amd-smi wraps some as {"value": .., "unit": ..} and writes N/A for unknowns."""
     if isinstance(value, dict):
         value = value.get("value")
@@ -77,17 +138,17 @@ def parse_amd_smi_static(text: str) -> AmdSmiStatic:
         vbios = g.get("vbios") or g.get("ifwi") or {}
         part = g.get("partition") or {}
         vram = g.get("vram") or {}
-        size = _leaf(vram.get("size"))
+        size = smi_value(vram.get("size"))
         gpus.append(AmdSmiGpu(
             gpu=int(g["gpu"]),
-            market_name=_leaf(asic.get("market_name")),
-            gfx_target=_leaf(asic.get("target_graphics_version")),
-            compute_units=int_or_none(_leaf(asic.get("num_compute_units"))),
-            device_id=_leaf(asic.get("device_id")),
-            driver_version=_leaf(driver.get("version") or driver.get("driver_version")),
-            vbios_version=_leaf(vbios.get("version")),
-            compute_partition=_leaf(part.get("compute_partition") or part.get("accelerator_partition")),
-            memory_partition=_leaf(part.get("memory_partition")),
+            market_name=smi_value(asic.get("market_name")),
+            gfx_target=smi_value(asic.get("target_graphics_version")),
+            compute_units=int_or_none(smi_value(asic.get("num_compute_units"))),
+            device_id=smi_value(asic.get("device_id")),
+            driver_version=smi_value(driver.get("version") or driver.get("driver_version")),
+            vbios_version=smi_value(vbios.get("version")),
+            compute_partition=smi_value(part.get("compute_partition") or part.get("accelerator_partition")),
+            memory_partition=smi_value(part.get("memory_partition")),
             vram_mb=int_or_none(size.split()[0]) if size else None,
         ))
     return AmdSmiStatic(gpus=gpus)
@@ -184,15 +245,15 @@ def parse_rocm_smi(text: str) -> RocmSmi:
         fields = {k.lower(): v for k, v in card.items()}
         cards.append(RocmSmiCard(
             card=name,
-            series=_leaf(fields.get("card series")),
-            gfx_target=normalise_gfx(_leaf(fields.get("gfx version"))),
-            mec=int_or_none(_leaf(fields.get("mec firmware version"))),
-            vbios_version=_leaf(fields.get("vbios version")),
+            series=smi_value(fields.get("card series")),
+            gfx_target=normalise_gfx(smi_value(fields.get("gfx version"))),
+            mec=int_or_none(smi_value(fields.get("mec firmware version"))),
+            vbios_version=smi_value(fields.get("vbios version")),
         ))
     if not cards:
         raise Unparseable("no cardN entries")
     system = data.get("system") if isinstance(data.get("system"), dict) else {}
-    return RocmSmi(driver_version=_leaf(system.get("Driver version")), cards=cards)
+    return RocmSmi(driver_version=smi_value(system.get("Driver version")), cards=cards)
 
 
 def probe_amd_smi_static() -> AmdSmiStatic | ProbeFailure:
@@ -210,44 +271,3 @@ def probe_amd_smi_bad_pages() -> AmdSmiBadPages | ProbeFailure:
 def probe_rocm_smi() -> RocmSmi | ProbeFailure:
     argv = ["rocm-smi", "--showproductname", "--showdriverversion", "--showfw", "--json"]
     return parse_with("rocm-smi", parse_rocm_smi, run_tool(argv))
-
-
-# ---------------------------------------------------------------- pasted output: facts the text readers leave unread
-
-
-def _json_gpus(text: str) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(text[json_start(text):])
-    except json.JSONDecodeError:
-        return []
-    if isinstance(data, dict):
-        data = data.get("gpu_data", [data])
-    return [g for g in data if isinstance(g, dict) and "gpu" in g] if isinstance(data, list) else []
-
-
-def _number(value: str) -> int | float:
-    return float(value) if "." in value else int(value)
-
-
-def enrich_amd_smi_paste(text: str, r: Any) -> None:
-    """Facts a pasted amd-smi output states that `textforms.read_amd_smi` leaves unread: compute units (`static
-    --asic`, text and JSON), socket power per GPU (`metric --power`, text and JSON), the process ids and names of
-    `process` (text), and the AMD SMI library and HSMP driver versions of `version`. `r` is a `textforms.Reading`."""
-    for units in re.findall(r'^\s*NUM_COMPUTE_UNITS:\s*(\d+)\s*$|"num_compute_units"\s*:\s*(\d+)', text, re.M):
-        r.add("compute_units", units[0] or units[1])
-    for gpu in smi_text_tree(text) if json_start(text) < 0 else _json_gpus(text):
-        power = gpu.get("power")  # metric's POWER section; static's LIMIT section states a cap, not a reading
-        socket = power.get("socket_power") if isinstance(power, dict) else None
-        unit = socket.get("unit", "W") if isinstance(socket, dict) else "W"
-        found = re.fullmatch(r"(\d+(?:\.\d+)?)(?: W)?", _leaf(socket) or "")
-        if found and unit == "W":
-            r.facts.setdefault("socket_power_w", {}).setdefault(str(gpu.get("gpu")), _number(found.group(1)))
-    blocks = re.split(r"^\s*GPU: (\d+)\s*$", text, flags=re.MULTILINE)
-    for _gpu, body in zip(blocks[1::2], blocks[2::2]):
-        for name, pid in re.findall(r"^\s*PROCESS_INFO:\s*\n\s*NAME:\s*(.*?)\s*\n\s*PID:\s*(\d+)", body, re.M):
-            r.add("process_ids", pid)
-            r.add("process_names", name)
-    library = re.search(r"AMDSMI Library version:\s*([^|\s]+)", text)
-    r.put("amdsmi_library_version", library.group(1) if library else None)
-    hsmp = re.search(r"amd_hsmp version:\s*([^|\n]+?)\s*(?:\||$)", text, re.MULTILINE)
-    r.put("amd_hsmp_version", hsmp.group(1) if hsmp else None)

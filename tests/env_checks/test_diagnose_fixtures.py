@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from env_checks import rocm_smi
 from env_checks.diagnose import diagnose_text
+from env_checks.pasted import rocm_smi
 
 TOOLS = Path(__file__).resolve().parents[2] / "fixtures" / "tools"
 FILES = sorted(p for p in TOOLS.rglob("*") if p.is_file() and p.name != "SOURCES.md" and "isa" not in p.parts)

@@ -159,7 +159,7 @@ def test_cut_copy_reads_what_it_can_and_says_what_it_could_not(name: str) -> Non
 
 
 def test_rocm_smi_decodes_only_a_decimal_stepping() -> None:
-    from env_checks.rocm_smi import isa_name
+    from env_checks.pasted.rocm_smi import isa_name
 
     assert (isa_name("gfx9010"), isa_name("gfx9012"), isa_name("gfx942"), isa_name("gfx1030")) == (
         "gfx90a", "gfx90c", None, None)

@@ -1,12 +1,13 @@
-"""Facts of the faults a pasted kernel log or HIP runtime log states (issue 39): the GPU page faults (hub, device,
-process and the UTCL2 client that faulted), the RAS/ACA uncorrectable-error events (device, event, ACA registers),
-the probe failures (device and error code) and IP-discovery failures of amdgpu; the gfx target, with its feature
-suffixes, that HIP found no code object for (`hipErrorNoBinaryForGpu`, `No compatible code objects found for`,
-ROCm 6's `Missing CO for these ISAs` / `Cannot find CO in the bundle`) and the libraries that lack it;
-and the paths `hipconfig` prints.
+"""A kernel log, pasted (dmesg in any of its time formats, `journalctl -k`, a boot log with other drivers' lines).
 
-Same contract as `textforms`: every value is copied from the text as it stands; what a cut copy leaves unknown is
-one sentence in `unread`.
+Facts: the kernel release, the GPUs the log names, the NVIDIA driver and amdgpu DRM versions, the time span it covers;
+then the faults of amdgpu per device (PCI BDF): GPU page faults (hub, process and the UTCL2 client that faulted), the
+RAS/ACA uncorrectable-error events (event, ACA registers), probe failures (error code) and IP-discovery failures; then
+the PCI device id amdgpu prints when it starts on a GPU (`initializing kernel modesetting (IP DISCOVERY 0x1002:0x74A1
+...)`), the rings that timed out and whose reset failed (the hung IP a MES or ring reset was about), the MES messages
+that went unanswered, the reset method (BACO, MODE1, MODE2), the IP blocks that failed to suspend and the KFD's
+`qcm fence wait loop timeout` count. Every value is copied from the text as it stands; what a cut copy leaves unknown
+is one sentence in `unread`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,46 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from env_checks.textforms import Reading
+from env_checks.pasted.reading import BDF, Reading
+from env_checks.probes.kernel_log import parse as parse_lines
 
-BDF = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
+_KERNEL_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\w{3} +\d+ [\d:]+ \S+ kernel:"
+                          r"|\d{4}-\d\d-\d\dT[\d:.,]+\S* \S+ kernel:|kern +:\w+ *:)", re.MULTILINE)
+
+
+def is_kernel_log(text: str) -> bool:
+    return len(_KERNEL_LINE.findall(text)) >= 1 \
+        and bool(re.search(r"amdgpu|NVRM|vfio|\[drm|kernel|^kern |segfault at", text, re.M))
+
+
+def read_kernel_log(text: str) -> Reading:
+    r = Reading("kernel log")
+    lines = [line for line in text.splitlines() if line.strip()]
+    r.put("lines", len(lines))
+    release = re.search(r"Linux version (\S+)", text)
+    r.put("kernel_release", release.group(1) if release else None)
+    amdgpu = {m.lower() for m in re.findall(r"amdgpu (\d{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)", text, re.IGNORECASE)}
+    nvidia = {m.lower() for m in re.findall(r"NVRM: (?:Xid \()?(?:GPU at )?PCI:(\d{4}:[0-9a-f]{2}:[0-9a-f]{2})",
+                                            text, re.IGNORECASE)}
+    if amdgpu or nvidia:
+        r.put("gpus_named_in_log", len(amdgpu | nvidia))
+    nv = re.search(r"NVRM: loading NVIDIA UNIX \S+ Kernel Module\s+(\S+)", text)
+    r.put("driver_version", nv.group(1) if nv else None)
+    init = re.search(r"Initialized amdgpu (\S+)", text)
+    r.put("amdgpu_drm_version", init.group(1) if init else None)
+    try:  # the kernel-log probe's line parser gives the time span the paste covers
+        stamps = [line.boot_s for line in parse_lines(text) if getattr(line, "boot_s", None) is not None]
+        if stamps:
+            r.put("span_s", round(max(stamps) - min(stamps), 3))
+    except Exception:  # noqa: BLE001 - optional enrichment only; the signature scan does not need it
+        pass
+    _amdgpu_faults(text, r)
+    _amdgpu_start_and_resets(text, r)
+    return r
+
+
+# ---------------------------------------------------------------- amdgpu faults: page faults, RAS/ACA, probe
+
 # what precedes the message: "amdgpu 0000:c2:00.0: amdgpu: " (the second "amdgpu: " is absent on some kernels)
 _DEV = rf"amdgpu ({BDF}): (?:amdgpu: )?"
 _FAULT = re.compile(_DEV + r"\[(gfxhub|mmhub|vmhub)(\d*)\] (?:(no-retry|retry) )?page fault \(src_id:\d+ ring:\d+ "
@@ -34,7 +72,7 @@ ERRNO = {"-2": "ENOENT", "-5": "EIO", "-12": "ENOMEM", "-16": "EBUSY", "-19": "E
          "-62": "ETIME", "-110": "ETIMEDOUT"}
 
 
-def enrich_kernel_log(text: str, r: Reading) -> None:
+def _amdgpu_faults(text: str, r: Reading) -> None:
     """The faults of an amdgpu kernel log, per device (BDF): page faults, RAS/ACA events, probe and IP-discovery
     failures; `pci_bdfs` are the amdgpu devices the log names."""
     for bdf in re.findall(rf"amdgpu ({BDF}):", text):
@@ -132,71 +170,29 @@ def _probe(text: str, r: Reading) -> None:
                             "so the probe error code is not in the text.")
 
 
-# ---------------------------------------------------------------- HIP runtime log (AMD_LOG_LEVEL, NoBinaryForGpu)
+# ---------------------------------------------------------------- amdgpu start, ring and MES resets, IP suspend
 
-_HIP_LINE = re.compile(r"^:\d:[\w.]+\.cpp\s*:\s*\d+\s*:", re.MULTILINE)
-_NO_CODE_OBJECT = re.compile(r"No compatible code objects found for: (gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*)")
-_DEVICE_NOT_FOUND = re.compile(r"amdgcn-amd-amdhsa--(gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*) - \[Not Found\]")
-# ROCm 6's hip_fatbin.cpp: "Cannot find CO in the bundle <library> for ISA: amdgcn-amd-amdhsa--<target>", then
-# "Missing CO for these ISAs - " with one target per following log line
-_TARGET = r"gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*"
-_CANNOT_FIND = re.compile(rf"Cannot find CO in the bundle (\S+) for ISA: amdgcn-amd-amdhsa--({_TARGET})")
-_MISSING_HEAD = re.compile(r"Missing CO for these ISAs -\s*$")
-_MISSING_ITEM = re.compile(rf"^(?:.*\]|\s*:\d:\S+\s*:\s*\d+\s*:[^:]*:)?\s+amdgcn-amd-amdhsa--({_TARGET})\s*$")
-_BUNDLED = re.compile(r"\b(?:hipv4|hip|openmp)-amdgcn-amd-amdhsa-[\w.-]*?-(gfx[0-9a-z]+(?::(?:sramecc|xnack)[+-])*)"
-                      r" - \[")
+_IP_DISCOVERY = re.compile(r"initializing kernel modesetting \(IP DISCOVERY (0x[0-9a-fA-F]{4}):(0x[0-9a-fA-F]{4}) "
+                           r"(0x[0-9a-fA-F]{4}):(0x[0-9a-fA-F]{4}) (0x[0-9a-fA-F]{2})\)")
+_RING_TIMEOUT = re.compile(r"ring (\S+) timeout, signaled seq=\d+, emitted seq=\d+")
+_RING_RESET = re.compile(r"Ring (\S+) reset (succeeded|failed)")
+_MES = re.compile(r"MES failed to respon\w* (?:to )?msg=(\w+)")
+_RESET_METHOD = re.compile(r"(?:GPU |amdgpu: )(BACO|MODE1|MODE2) reset\b")
+_SUSPEND = re.compile(r"suspend of IP block <(\w+)> failed (-?\d+)")
 
 
-def is_hip_log(text: str) -> bool:
-    return bool(_HIP_LINE.search(text)) or "hipErrorNoBinaryForGpu" in text or bool(_NO_CODE_OBJECT.search(text))
-
-
-def _missing_co(text: str) -> list[str]:
-    """The targets of ROCm 6's 'Cannot find CO in the bundle ... for ISA:' lines and of the lines listed under
-    'Missing CO for these ISAs -'."""
-    targets = [target for _bundle, target in _CANNOT_FIND.findall(text)]
-    listing = False
-    for line in text.splitlines():
-        item = _MISSING_ITEM.match(line) if listing else None
-        if item:
-            targets.append(item.group(1))
-        listing = bool(item) or bool(_MISSING_HEAD.search(line))
-    return targets
-
-
-def read_hip_log(text: str) -> Reading:
-    """The targets HIP found no code object for (with their xnack/sramecc suffixes) and the targets the binary
-    carries: the two sides of a NoBinaryForGpu mismatch."""
-    r = Reading("HIP runtime log")
-    for target in _DEVICE_NOT_FOUND.findall(text) + _NO_CODE_OBJECT.findall(text) + _missing_co(text):
-        r.add("hip_targets_without_code_object", target)
-        if ":" in target:
-            r.add("gfx_target_ids", target)
-        r.add("gfx_targets", target.split(":")[0])
-    for target in _BUNDLED.findall(text):
-        r.add("bundled_code_object_targets", target)
-    for bundle, _target in _CANNOT_FIND.findall(text):
-        r.add("hip_bundles_without_code_object", bundle)
-    if "hipErrorNoBinaryForGpu" in text:
-        r.put("hip_error", "hipErrorNoBinaryForGpu")
-        if "hip_targets_without_code_object" not in r.facts:
-            r.unread.append("The NoBinaryForGpu error is shown without its 'Devices:' list (rerun with "
-                            "AMD_LOG_LEVEL=1 or higher to see it), so the GPU target it failed for is not named.")
-    missing = r.facts.get("hip_targets_without_code_object", [])
-    bundled = r.facts.get("bundled_code_object_targets", [])
-    near = sorted({b for b in bundled for m in missing if b.split(":")[0] == m.split(":")[0] and b != m})
-    if near:
-        r.put("bundled_with_other_features", near)
-    return r
-
-
-# ---------------------------------------------------------------- hipconfig --full: the paths it prints
-
-
-def enrich_hipconfig(text: str, r: Reading) -> None:
-    for fact, label in (("hip_path", "HIP_PATH"), ("rocm_path", "ROCM_PATH"), ("hip_clang_path", "HIP_CLANG_PATH"),
-                        ("hip_runtime", "HIP_RUNTIME"), ("hip_compiler", "HIP_COMPILER")):
-        found = re.search(rf"^{label}\s*:\s*(\S.*?)\s*$", text, re.MULTILINE)
-        r.put(fact, found.group(1) if found else None)
-    kernel = re.search(r"^Linux \S+ (\d+\.\d+\.\d+\S*) #", text, re.MULTILINE)
-    r.put("kernel_release", kernel.group(1) if kernel else None)
+def _amdgpu_start_and_resets(text: str, r: Reading) -> None:
+    for _vendor, device, _sub_vendor, _sub_device, _revision in _IP_DISCOVERY.findall(text):
+        r.add("device_ids", device)
+    for ring in _RING_TIMEOUT.findall(text):
+        r.add("timed_out_rings", ring)
+    for ring, outcome in _RING_RESET.findall(text):
+        r.add("ring_resets_failed" if outcome == "failed" else "ring_resets_succeeded", ring)
+    for message in _MES.findall(text):
+        r.add("mes_unanswered_messages", message)
+    for method in _RESET_METHOD.findall(text):
+        r.add("gpu_reset_methods", method)
+    for block, code in _SUSPEND.findall(text):
+        r.add("ip_suspend_failures", f"{block} {code}")
+    fences = len(re.findall(r"qcm fence wait loop timeout expired", text))
+    r.put("qcm_fence_timeouts", fences or None)
