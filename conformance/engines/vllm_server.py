@@ -275,6 +275,9 @@ class VllmServer:
                 # own session = own process group, so SIGINT reaches the API server and its engine core child
                 self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                               stdin=subprocess.DEVNULL, start_new_session=True)
+            if self._closed:  # closed while it forked (an interrupted run): its server is stopped at once
+                _signal_group(self._proc.pid, signal.SIGKILL)
+                raise ServerError("the vLLM server was stopped as it started (the run was interrupted).")
         try:
             self._wait_ready(started)
         except ServerDiedStarting:
@@ -309,14 +312,19 @@ class VllmServer:
     def close(self, grace_s: float | None = None) -> None:
         """Stop the server: SIGINT to its group, SIGKILL after `grace_s` (None: CLOSE_GRACE_S, which an
         interrupted run shortens)."""
-        with self._lock:
-            self._closed = True
+        self._closed = True  # a launch in progress sees it once its fork returns, and stops what it launched
         self._stop_group(CLOSE_GRACE_S if grace_s is None else grace_s)
 
     def _stop_group(self, grace_s: float = 30.0) -> None:
-        """Stop the process group of the server launched last (its engine core with it), if any."""
-        with self._lock:
+        """Stop the process group of the server launched last (its engine core with it), if any. A launch that
+        holds the lock longer than `grace_s` (forking from a forkserver still importing vLLM) is left to stop its
+        own server (`_launch`): an interrupted run does not wait for the forkserver's imports."""
+        if not self._lock.acquire(timeout=grace_s):
+            return
+        try:
             proc, self._proc = self._proc, None
+        finally:
+            self._lock.release()
         if proc is None:
             return
         _signal_group(proc.pid, signal.SIGINT)
