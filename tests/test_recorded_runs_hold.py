@@ -96,7 +96,8 @@ VLLM_GPU = {  # run id -> what ran: vLLM 0.26.0 (the offline wheelhouse, trimmed
     "20261203T120710-cuda-dc2a2b": "tiny, bfloat16, production profile (torch.compile, CUDA graphs); the run was "
                                    "stopped at its device budget after 16 checks",
 }
-FIRST_CONTACT = {  # run id -> the first-contact failure it recorded, fixed since (docs/wheelhouse.md)
+# run id -> the first-contact failure it recorded, fixed since (docs/notebook/2026-12-measurements.md)
+FIRST_CONTACT = {
     "20261203T115147-cuda-2d9224": "No module named 'flashinfer'",
     "20261203T115425-cuda-f33d2e": "No module named 'flashinfer'",
 }
@@ -132,7 +133,8 @@ def test_first_contact_failures_are_what_today_s_data_answers(run_id: str) -> No
 
 
 # Round two on the H200 (vLLM 0.26.0, production profile h200-tiny): the whole P0 in bf16 and in fp16, the planted
-# faults, and P2's graph-vs-eager and floors. What failed there and what the suite does now (docs/wheelhouse.md).
+# faults, and P2's graph-vs-eager and floors. What failed there and what the suite does now
+# (docs/notebook/2026-12-measurements.md).
 P0_BF16 = "20261203T140433-cuda-7bb521"
 P0_FP16 = "20261203T141030-cuda-6d3dd1"
 EXACT_IEEE = "20261203T141601-cuda-c47824"   # -k the exact verdict, TRITON_F32_DEFAULT=ieee in the run's env
@@ -1213,8 +1215,9 @@ def test_round_twenty_two_passes_on_the_h200_at_2_8_and_12_layers_with_the_widen
 
 
 def test_round_twenty_two_s_widening_is_the_gather_kernel_not_time_between_kernels():
-    """What the H200 said of the widening (#38; docs/wheelhouse.md "Round twenty-two: P0 at 2, 8 and 12 layers on
-    the H200; the widening was one slow kernel (2026-12-06)"): 5.1 ms a gate_up matrix back to back, the same with
+    """What the H200 said of the widening (#38; docs/notebook/2026-12-measurements.md
+    "2026-12-06: P0 at 2, 8 and 12 layers on the H200; the widening was one slow kernel"): 5.1 ms a gate_up matrix
+    back to back, the same with
     the CPU's spot rows beside it, with the allocator emptied, or with fewer torch threads; the profiler put 97% of
     it in one gather kernel. torch.take on the flat table gave the same bits in 0.28 ms; the 2-layer pass over 8
     sequences went from 3.95 to 0.29-0.41 ms a widening."""
@@ -1653,7 +1656,8 @@ def test_the_h200_s_p2_misses_of_rounds_ten_and_twelve_were_the_host_s_swings_to
 
 
 def test_under_the_host_bound_table_a_node_s_later_runs_meet_a_pin_of_its_first_run_alone():
-    """Why `baseline establish --runs 1` would do for the tiny model on a GPU (docs/wheelhouse.md, round twenty-eight):
+    """Why `baseline establish --runs 1` would do for the tiny model on a GPU (docs/notebook/2026-12-measurements.md,
+    2026-12-06):
     on the three nodes whose P2 runs are kept as one node's (the H100s of rounds twenty-six and twenty-seven in bf16,
     round twenty-nine's in fp16; one GPU UUID each), every later run meets, at every level, a pin of that node's first
     run alone, judged by the host-bound table. The other way round fails: the first run on a fresh node was cold at
