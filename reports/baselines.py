@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 DEFAULT_DB = Path("reports") / "history.sqlite"
 DEFAULT_RUNS = 3
-ESTABLISH_RUNS = 2  # round twenty-six: a pin of one run missed a level by 0.2 ms; two estimate a noisy host's spread
-# poorly (round twenty-seven), so establish says where its judged run missed its own pin
+# a pin of one run missed a level by 0.2 ms (an H100); two estimate a noisy host's spread poorly, so establish says
+# where its judged run missed its own pin (docs/notebook/2026-12-measurements.md, the sessions of 2026-12-06)
+ESTABLISH_RUNS = 2
 DEFAULT_REPORTS = Path("reports") / "runs"
 
 

@@ -174,8 +174,9 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     twice in two runs), so there the tokens answer to the reference, as the TP check's do. At depth the limits are
     greedy parity's: where graph mode's paths exceed the dtype's fixed limits against the reference they widen to the
     noise twin's on those paths (decode bands by depth), and graph mode against eager is judged by the same widened
-    limits (round twenty-five: one H100, bf16, 24 layers of 120b's dimensions, a healthy engine pair differed by a
-    median 1.43 and each stood a median 1.16 / 1.40 from the reference, against the fixed 0.15). With the
+    limits (on an H100 in bf16 at 24 layers of 120b's dimensions a healthy engine pair differed by a median 1.43 and
+    each stood a median 1.16 / 1.40 from the reference, against the fixed 0.15: docs/verdicts.md "Two engines
+    against each other in low precision"). With the
     transformers engine both sides decode from the same static KV cache, step by step or by replaying the decode
     step captured as one graph. The eager engine's own paths against the reference are recorded too
     (eager_reference_* figures), not judged: beside graph mode's, where a deep model's decode noise lives.

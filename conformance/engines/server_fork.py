@@ -158,8 +158,8 @@ def context_for(target: dict[str, Any], start: str = "server_start") -> tuple[An
         return None, {}
     from conformance.engines import forkserver
 
-    # the engines' environment, as the run started the forkserver with it: round nineteen's H100 servers compared
-    # the table's bare [env] with it, missed FlashInfer's fallback variable, and started as fresh processes
+    # the engines' environment, as the run started the forkserver with it: servers that compared the table's bare
+    # [env] with it missed FlashInfer's fallback variable and started as fresh processes (an H100, 2026-12-05)
     ctx = forkserver.context(forkserver.environment(target))
     if ctx is None:
         return None, {}

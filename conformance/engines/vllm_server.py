@@ -176,8 +176,8 @@ _GENERIC = ("Engine core initialization failed", "See root cause above")
 
 def root_cause(log_text: str, most: int = 2, width: int = 300) -> str | None:
     """The exceptions a dying vLLM logged, in the order they first appear, without the API server's generic
-    "Engine core initialization failed. See root cause above" (round nineteen's H100 server: its last lines were
-    that traceback, the cause 70 lines up: CUDA out of memory while warming up the sampler)."""
+    "Engine core initialization failed. See root cause above" (an H100 server's last lines were that traceback, the
+    cause 70 lines up: CUDA out of memory while warming up the sampler)."""
     found: list[str] = []
     for line in log_text.splitlines():
         m = _RAISED.search(line)
@@ -366,8 +366,8 @@ def keep_key_in_api_server() -> None:
     """The API server checks requests against $VLLM_API_KEY; the processes it forks (its engine core, the workers)
     never need it, yet vLLM 0.26.0 hashes every vLLM variable into torch.compile's key and writes them beside the
     cache in plain text. The suite's fresh key per server therefore compiled the server again beside an engine of
-    the same config, and a fleet's compile cache missed for it (round twenty, `compile_keys`: the two keys differed
-    in VLLM_API_KEY alone). Its forked children drop it; a spawned child (vLLM's extra API servers) still inherits
+    the same config, and a fleet's compile cache missed for it (the runs' `compile_keys`: the two keys differed in
+    VLLM_API_KEY alone). Its forked children drop it; a spawned child (vLLM's extra API servers) still inherits
     it."""
     if os.environ.get(API_KEY_VAR):
         os.register_at_fork(after_in_child=lambda: os.environ.pop(API_KEY_VAR, None))

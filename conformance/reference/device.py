@@ -40,7 +40,7 @@ SPOT_RTOL = 1e-10  # |device - CPU| allowed per entry, relative to the largest |
 # "reference: device", "reference: CPU checks", "reference: CPU checks waited"; run/fixtures.py): the device's work
 # (reading and dequantizing weights, computing, fetching the rows to check); the CPU's fp64 spot rows, which a scored
 # path's layers recompute in a worker thread beside the device's next layer; and the time the device's side waited
-# for them. At gpt-oss-120b's dimensions the reference took 5.5 s a layer on the H200 (round eighteen) while the
+# for them. At gpt-oss-120b's dimensions the reference took 5.5 s a layer on the H200 (2026-12-05) while the
 # device alone ran a 2-layer sequence in 2.4 s and the spot-checked reference, checking in turn, in 8.9 s.
 # Of the device's work, "device weights read" (of it, "device expert slices read") and "device dequantize" are the
 # device store's own (WeightStore.spent).
@@ -346,8 +346,8 @@ def _agreement(model_dir: Path, device: str, layers: int | None, tokens: int, se
     checked.logprobs_many([ids, *(more.choices(range(cpu.vocab_size - 8), k=tokens) for _ in range(paths - 1))])
     print(f"spot-checked device reference, {paths} path{'s' * (paths > 1)}: {time.perf_counter() - started:.2f} s, "
           f"worst relative disagreement {checked.worst_rel:.3g} (allowed {SPOT_RTOL:g})")
-    # where its time went, as a run's phases "reference: ..." record it, and a widening's own time (round twenty-two's
-    # H200: 3.95 ms, one slow gather kernel; 0.29-0.41 ms since)
+    # where its time went, as a run's phases "reference: ..." record it, and a widening's own time (3.95 ms on the
+    # H200 when it was one slow gather kernel; 0.29-0.41 ms since)
     spent = {what: seconds - before[what] for what, seconds in SPENT.items()}
     widened = checked.on_device.w.widened
     print("  " + ", ".join(f"{what} {seconds:.2f} s" for what, seconds in spent.items())

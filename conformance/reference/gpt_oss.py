@@ -73,8 +73,8 @@ FP4_PAIRS = torch.tensor([[FP4_VALUES[b & 0x0F], FP4_VALUES[b >> 4]] for b in ra
 def _fp4_pairs_on(device: torch.device) -> torch.Tensor:
     """FP4_PAIRS on `device`, copied there once. Copied at every call, each of a device reference's thousands of
     dequantizations (two an expert, every layer, every pass) waited for the device's queued work: a copy from
-    pageable memory synchronises its stream. Round twenty-one's 16-layer P0 spent 52.8 of the device reference's
-    74.8 s dequantizing."""
+    pageable memory synchronises its stream. A 16-layer P0 on an H100 spent 52.8 of the device reference's 74.8 s
+    dequantizing so."""
     return FP4_PAIRS.to(device)
 
 
@@ -88,7 +88,7 @@ def _pairs_by_index_select(blocks: torch.Tensor) -> torch.Tensor:
 
 
 # Each byte of the blocks as its two E2M1 values [..., 2], fp64, the fastest way to the same bits on each device kind
-# (round twenty-two, a [5760, 90, 16] gate_up matrix): on an H200 indexing the [256, 2] table ran PyTorch's gather
+# (a [5760, 90, 16] gate_up matrix): on an H200 indexing the [256, 2] table ran PyTorch's gather
 # kernel at 5.1 ms and torch.take on the flat table 0.28 ms; on the CPU take is the slowest (135 ms on two cores) and
 # index_select the fastest (56 ms, against 116 ms for indexing). Other devices take.
 FP4_LOOKUP = {"cpu": _pairs_by_index_select}
@@ -160,7 +160,7 @@ def top_experts(logits: torch.Tensor, k: int) -> torch.Tensor:
     """The k experts of each row's largest router logits; of equal logits the lower expert index first, on every
     device. torch.topk leaves the order of ties to the device's kernel: the noise twin rounds its router logits to
     bf16, where a tie at the k-th place is common, and a CUDA and a CPU topk that broke one differently sent the
-    device's and the CPU's fp64 rows to different experts (a DeviceMismatch at 16 layers on an H100, round nineteen)."""
+    device's and the CPU's fp64 rows to different experts (a DeviceMismatch at 16 layers on an H100)."""
     return torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
@@ -198,12 +198,12 @@ class WeightStore:
         self.experts_not_kept = 0  # expert dequantizations that did not fit the budget
         self.widened = 0  # MXFP4 matrices widened to fp64 (what "dequantize" below is the seconds of)
         # seconds spent reading the checkpoint's bytes onto the store's device, and widening MXFP4 experts there
-        # (a device reference's "device weights read" and "device dequantize": round twenty's H100 ran it at 5.5 s a
-        # layer and its record could not say which part); on a GPU timed by events on the device's own timeline, so
+        # (a device reference's "device weights read" and "device dequantize": an H100 once ran it at 5.5 s a layer
+        # and its record could not say which part); on a GPU timed by events on the device's own timeline, so
         # that the timing adds no synchronisation (`settle` reads them once the work is done)
-        # "expert slices read" is the part of "weights read" that routed experts' slices took (`_slice`): round
-        # twenty-five's H100 read a layer's experts 2.2x faster through pinned buffers while P0's weights read did not
-        # fall, and could not say which part of it the experts were
+        # "expert slices read" is the part of "weights read" that routed experts' slices took (`_slice`): an H100 read
+        # a layer's experts 2.2x faster through pinned buffers while P0's weights read did not fall, and could not say
+        # which part of it the experts were
         self.spent = {"weights read": 0.0, "expert slices read": 0.0, "dequantize": 0.0}
         self._events: list[tuple[str, Any, Any]] = []
         # whether whole tables (embeddings, lm_head) are held in fp64: on the CPU, not beside an engine on a GPU
@@ -289,7 +289,7 @@ class WeightStore:
     def _slice(self, name: str, e: int) -> torch.Tensor:
         """Expert e's slice of tensor `name`, as stored, on the store's device. A GPU's comes through a page-locked
         host buffer (`_pinned`): one H100 read a layer of 120b's experts at 7.6 GB/s as pageable slices and at
-        26.7 GB/s through pinned buffers (`python -m conformance.reference.reads`, round twenty-four)."""
+        26.7 GB/s through pinned buffers (`python -m conformance.reference.reads`)."""
         with self.timed("weights read"), self.timed("expert slices read"):
             part = self.where[name].get_slice(name)[e]
             return self._pinned(part) if self.device.type == "cuda" else part.to(self.device)

@@ -6,7 +6,7 @@ variant, call), so a pack can only ever stand in for the very result a run asks 
 a run reads the pack where it exists, adds what it computed (or read from its cache), and writes it at its end. In a
 directory each model, prompt set and version has its own file. Every pack is opened when the run first needs it, so
 the run does not wait for the checkpoint's hash (with a FILE pack, a 16-layer P0 on an H100 took 46 s to its first
-check, against 13 s at 2 layers without one, round twenty; about a minute at 36 layers). An existing FILE that is no
+check, against 13 s at 2 layers without one; about a minute at 36 layers). An existing FILE that is no
 pack, or was made for another prompt set or reference version, is refused in one sentence before anything runs; one
 made for another model in the check that first asks; either is left as it was.
 """
@@ -136,7 +136,7 @@ class LazyPack:
     """The run's pack, opened when the run first touches it (the reference's first result, or the run's end). Its
     key (and a directory's file name) needs the checkpoint's content hash, which the run reads in the
     background from collection on (a minute at gpt-oss-120b's size): opened at the session's start, the pack made
-    every run wait for it (12 s at 8 layers on the H200, round fifteen). A pack refused then (damaged, or made for
+    every run wait for it (12 s at 8 layers on the H200). A pack refused then (damaged, or made for
     another model) is refused in the same sentence, in the check that asked."""
 
     def __init__(self, opener: Callable[[], Pack]) -> None:

@@ -1,18 +1,18 @@
 """How long the device reference's weight store takes to bring one layer's experts onto its device, per way of
 reading them.
 
-Round twenty-three's H200 spent 40.3 s of its device reference's 65.5 s at 24 layers of gpt-oss-120b's dimensions
-reading weights (1.7 s a layer). The store reads each routed expert's slices one by one (`WeightStore._slice`); round
-twenty-four's H100 read them at 7.6 GB/s as pageable copies and at 26.7 GB/s through pinned host buffers, and the
-store now reads a GPU's through pinned buffers. This says what each way costs on a node:
+An H200 spent 40.3 s of its device reference's 65.5 s at 24 layers of gpt-oss-120b's dimensions reading weights
+(1.7 s a layer). The store reads each routed expert's slices one by one (`WeightStore._slice`); an H100 read them at
+7.6 GB/s as pageable copies and at 26.7 GB/s through pinned host buffers, and the store now reads a GPU's through
+pinned buffers (docs/notebook/2026-12-measurements.md, the sessions of 2026-12-06). This says what each way costs on
+a node:
 
 `python -m conformance.reference.reads --model DIR [--layer N] [--device cuda] [--repeats 5]` prints, for one
 layer's expert tensors, median / min / max seconds and GB/s of:
 - the store's own way (`_slice` for every expert and tensor: on a GPU through its pinned buffers);
 - each expert's slices copied on the host alone (what a copy through host buffers pays before the device);
 - the layer's whole tensors at once;
-- on a GPU, each expert's slices copied to the device from pageable memory (the store's way before round
-  twenty-five).
+- on a GPU, each expert's slices copied to the device from pageable memory (the store's earlier way).
 
 On the CPU the store takes views of the mapped file (nothing is copied until the math reads it), so there only the
 host copy says something. Torch and safetensors only: no engine, no server.

@@ -10,7 +10,7 @@ keys its entries on the stack and the device, so another stack's entries are nev
 Each vLLM start's own torch.compile key is recorded too (`keys`, results.json `compile_keys`): vLLM names its cache
 folder by a hash of four factors (its environment variables, its config, the traced code, the compiler) and writes
 them beside it (`cache_key_factors.json`). Two starts of one configuration that compile twice differ in one of them:
-on the H100 the suite's server compiled again beside the engine (round nineteen) and the logs could not say why.
+on an H100 the suite's server compiled again beside the engine and the logs could not say why.
 Standard library only (the run's configure imports it before any engine starts).
 """
 

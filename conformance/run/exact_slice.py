@@ -4,8 +4,8 @@ built in the background from collection on.
 A model too big for the float32 engine's share of the device, or a real model (tolerances.toml [exact_twin]), runs
 the verdict on a slice of its first layers (conformance/checkpoints/slices.py); a model the engine does not serve in
 float32 (MXFP4 on vLLM) on its weights dequantized, in bf16 on disk. At gpt-oss-120b's dimensions that slice is 2
-layers, 15 GB written, and its writing was on the check's critical path: round twenty's H100 spent about 30-40 s of
-the exact check beyond its engine start and its decode, on a first node and a second. The check and the background
+layers, 15 GB written, and its writing was on the check's critical path: an H100 spent about 30-40 s of the exact
+check beyond its engine start and its decode, on a first node and a second. The check and the background
 job ask `plan` the same question, so the check finds the slice the job built (`phases.wait_built("exact slice")`).
 """
 
@@ -53,8 +53,8 @@ def plan(config: dict[str, Any], num_params: int, engine: str, exact: str, optio
     `exact`, its process options `options` (its gpu_memory_utilization: the share of the device it takes, at most
     80%): every layer, or the first layers that fit the device (and, dequantized, the disk: 9/10 of what is free).
     A dequantized slice already written for the model of content hash `key` (the run's background build) is taken
-    as it is: the disk it fills is not counted against it (round twenty-two's 12-layer run skipped the exact check,
-    its own slice having filled the disk the check then asked for)."""
+    as it is: the disk it fills is not counted against it (else a 12-layer run skips the exact check, its own slice
+    having filled the disk the check then asks for)."""
     total = int(config["num_hidden_layers"])
     layers, have = total, device_memory_bytes()
     budget = min(0.8, float(options.get("gpu_memory_utilization", 0.8))) * have

@@ -12,8 +12,8 @@ run's results.json (`phases`, conformance/run/phases.py) and its checks' duratio
 wall over its floor (its first vLLM engine start plus the parity decode, both measured in the same run).
 The 1-minute load average before each run is shown as `load_1m`: on a shared machine it explains outliers;
 `host_mops` and `host_copy_gbs`, the host's single-thread and memory-copy speeds the run's fingerprint measured
-(env_checks.host), explain the spread between nodes that fingerprint alike (engine starts follow the host; round
-twenty-five's two H100 nodes ran the single-thread probe alike and every host phase 1.5x apart).
+(env_checks.host), explain the spread between nodes that fingerprint alike (engine starts follow the host; two H100
+nodes ran the single-thread probe alike and every host phase 1.5x apart).
 --second-node (with `-- --reference-pack DIR`) adds, per layer count, one run per tier as a second node of a
 fleet would make it: the suite's cache empty (at the path the first runs used, as on a fleet's nodes; both start
 it empty), so its fp64 results come from the pack the first runs wrote, and
@@ -168,9 +168,9 @@ def _key(record: dict[str, Any], tier: str | None = None, second: bool | None = 
     """What a run is tabulated under: its tier, dtype, engine and whether it took profiles.toml [gate] ('p0
     bfloat16 · vllm · gate options'), whether it loaded its compiled kernels from a fleet's (--compile-cache found
     filled and the run compiled nothing into it), the card it ran on, whether the bench ran it as a second node (its
-    run id), and its real-dimension layer count: a fit never mixes engines, options, cards or nodes (round nineteen
-    ran 16 layers on an H100, the earlier counts on the H200; round twenty-four's first nodes at 2 and 8 layers found
-    the compile cache filled by the 24-layer model's and compiled their own)."""
+    run id), and its real-dimension layer count: a fit never mixes engines, options, cards or nodes (a 16-layer run
+    on an H100 beside earlier counts on the H200; first nodes at 2 and 8 layers that found the compile cache filled by
+    the 24-layer model's and compiled their own)."""
     from conformance.tooling.bench_realdim import layers_of
 
     name = tier or ",".join(record.get("tiers", [])) or "?"
@@ -242,8 +242,8 @@ def bench_runs(ns: argparse.Namespace) -> None:
         nodes = tempfile.TemporaryDirectory(prefix="bench-nodes-", dir=_nodes_parent()) if ns.second_node else None
         try:
             # with --second-node both nodes keep the suite's cache at one path, as a fleet's nodes do: the twin's
-            # slice lives there and vLLM keys its compiled graph on the model's path (round twenty's simulated second
-            # node compiled the twin again for its other path alone); the first node starts it empty
+            # slice lives there and vLLM keys its compiled graph on the model's path (a simulated second node at
+            # another path compiled the twin again for that alone); the first node starts it empty
             suite_cache = {"CONFORMANCE_CACHE": os.path.join(nodes.name, "conformance_cache")} if nodes else None
             for index in range(ns.runs):
                 for tier in tiers:

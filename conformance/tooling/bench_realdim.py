@@ -192,8 +192,8 @@ def fit(points: list[tuple[int, float]]) -> Fit:
 
 def machines_line(records: list[dict[str, Any]]) -> str | None:
     """Where a fit's runs come from more than one machine (told apart by their GPUs' UUIDs), one line that says so
-    and how far their hosts' single-thread speeds differ: a fit across machines is not like for like (round
-    twenty-three's 24-layer H200 imported its stack in 24 s, round twenty-two's in 16-17 s). None for one machine."""
+    and how far their hosts' single-thread speeds differ: a fit across machines is not like for like (one H200 node
+    imported its stack in 24 s, another in 16-17 s). None for one machine."""
     platforms = [((r.get("fingerprint") or {}).get("platform") or {}) for r in records]
     machines = {tuple(p.get("gpu_uuids") or ()) for p in platforms}
     if len(machines) < 2:

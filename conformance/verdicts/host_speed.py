@@ -7,7 +7,7 @@ slower on the slow node too. A pin is therefore a figure of its host as well as 
 
 Each level records `host_single_thread_mops` (env_checks.host.single_thread_mops: the best of a few timings of a
 fixed pure-Python loop) and `host_copy_gbs` (env_checks.host.copy_gbs: one core's memcpy of a buffer larger than the
-caches; two H100 nodes alike in the first lay 1.8x apart in the second, round twenty-five), and pins take their
+caches; two H100 nodes alike in the first lay 1.8x apart in the second), and pins take their
 medians like any figure; the run's fingerprint records them once too. A level that misses its pin on a host
 measurably slower than the pinned runs' by either probe (perf.toml [host_speed]) fails as `slower_host`, saying by
 how much, not as the stack's failure: it is not a like-for-like comparison. A level that meets its pin stands."""

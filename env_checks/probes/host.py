@@ -196,8 +196,8 @@ def single_thread_mops(n: int = 100_000, repeats: int = 7) -> float:
 def copy_gbs(mib: int = 64, repeats: int = 5) -> float:
     """The host's memory-copy speed: GB a second of one core copying a `mib` MiB buffer (a memcpy, larger than the
     caches), the best of `repeats` copies. Two H100 nodes that ran the single-thread probe alike (7.83 and 7.97) ran
-    every host phase of P0 apart by about 1.5x, and copied a layer's weights on the host at 30 and 56 GB/s (round
-    twenty-five): a single-thread figure alone does not tell such hosts apart."""
+    every host phase of P0 apart by about 1.5x, and copied a layer's weights on the host at 30 and 56 GB/s: a
+    single-thread figure alone does not tell such hosts apart."""
     source, target = bytearray(os.urandom(1 << 20)) * mib, bytearray(mib << 20)
     best = float("inf")
     for _ in range(repeats):
