@@ -46,7 +46,7 @@ def read_kernel_log(text: str) -> Reading:
         stamps = [line.boot_s for line in parse_lines(text) if getattr(line, "boot_s", None) is not None]
         if stamps:
             r.put("span_s", round(max(stamps) - min(stamps), 3))
-    except Exception:  # noqa: BLE001 - optional enrichment only; the signature scan does not need it
+    except Exception:  # noqa: BLE001 - the span is optional; the signature scan does not need it
         pass
     _amdgpu_faults(text, r)
     _amdgpu_start_and_resets(text, r)

@@ -217,12 +217,13 @@ def _csv_device_ids_and_vram(text: str, r: Reading) -> None:
     if head is None:
         return
     header = [h.strip().lower() for h in lines[head].split(",")]
-    unread_by_base = head > 0  # the base reader takes a header on the first line only (a prompt line before it)
+    # _rocm_smi_csv reads a header on the first line only: this reads one after a prompt line, models and targets too
+    after_prompt = head > 0
     cards = [line for line in lines[head + 1:] if line.lower().startswith("card")]
     for line in cards:
         fields = dict(zip(header, (c.strip() for c in line.split(","))))
-        _card_fields(r, fields.get("device", ""), fields, unread_by_base)
-    if unread_by_base and cards:
+        _card_fields(r, fields.get("device", ""), fields, after_prompt)
+    if after_prompt and cards:
         r.count(len(cards), None)
 
 
