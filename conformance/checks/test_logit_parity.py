@@ -29,7 +29,8 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
     Reference: docs/model.md "The math a reference must reproduce"; vLLM tests/models/utils.py
       check_logprobs_close (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py);
       docs/verdicts.md "Greedy parity at depth"
-    Limits: tolerances.toml [logprobs.<dtype>]
+    Limits: tolerances.toml [logprobs.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "Greedy parity at depth, measured")
     Controls: tests/test_check_bodies_math.py::test_parity_check_fails_on_an_engine_without_sinks,
       tests/test_check_bodies_math.py::test_parity_check_fails_on_a_positive_logprob,
       tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault,
@@ -87,8 +88,9 @@ def test_layer_blocks_match_reference(engine, engines, reference, target, limits
     MoE mistake (gate/up halves, clamp, +1, routing not renormalised, biases), a decode-only kernel bug, a MoE
     block wrong at a few positions only (one in sixteen: the max).
     Reference: docs/verdicts.md "Per-layer blocks"; docs/model.md "The math a reference must reproduce"
-    Limits: tolerances.toml [layers.<dtype>]; tolerances.toml [layers] bands, position_scale; gpt_oss.toml
-      [tolerances.moe.router_tie_ulps.<dtype>]
+    Limits: tolerances.toml [layers.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "Per-layer blocks, measured"); tolerances.toml [layers] bands, position_scale;
+      gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
     Controls: tests/test_dtype_verdicts.py::test_layer_check_fails_on_planted_engine_faults,
       tests/test_dtype_verdicts.py::test_layer_check_passes_clean_and_rejects_reference_mutants,
       tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault,
@@ -109,8 +111,9 @@ def test_every_layer_block_matches_reference(engine, engines, reference, target,
     Catches: what the P0 sample cannot: a fault in layers it did not probe (a kernel choice that changes with
     the layer index, one layer's weights loaded wrong: a wrong shard, a dequantization of one expert block).
     Reference: docs/verdicts.md "Per-layer blocks"
-    Limits: tolerances.toml [layers.<dtype>]; tolerances.toml [layers] bands, position_scale; gpt_oss.toml
-      [tolerances.moe.router_tie_ulps.<dtype>]
+    Limits: tolerances.toml [layers.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "Per-layer blocks, measured"); tolerances.toml [layers] bands, position_scale;
+      gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
     Controls: tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault
     """
     if settings.layers_probed_at_p0(model_under_test.config) is None:

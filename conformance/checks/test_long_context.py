@@ -129,7 +129,7 @@ def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, limi
     accumulation that drifts over thousands of keys.
     Reference: https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json (YaRN factor 32 from 4096,
       window 128); https://arxiv.org/abs/2309.00071 (YaRN)
-    Limits: tolerances.toml [depth.<dtype>]
+    Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
     Controls: tests/test_long_context_controls.py::test_depth_parity_fails_on_a_window_lost_past_4k;
       tests/test_long_context_controls.py::test_depth_parity_fails_on_rope_clamped_past_4k
     """
@@ -152,7 +152,7 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
     Catches: prefix-cache hits deep into a sequence that return another request's blocks, sliding-window
     blocks freed by the first request but still marked cached, hashes that collide on long prompts.
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
-    Limits: tolerances.toml [depth.<dtype>]
+    Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
     Controls: tests/test_long_context_controls.py::test_prefix_hit_check_fails_on_a_cache_that_never_hits
     """
     _, top_k = limits.depth
@@ -223,7 +223,7 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
     Catches: chunked prefill that loses or misplaces the earlier chunks' KV, sliding-window or sink
     metadata computed per chunk instead of per sequence, RoPE positions restarting at each chunk.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
-    Limits: tolerances.toml [depth.<dtype>]
+    Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
     Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
     """
     _, top_k = limits.depth
@@ -263,7 +263,7 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     preempting, a preemption counter that does not count.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; vLLM SchedulerConfig
       scheduler_reserve_full_isl (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
-    Limits: tolerances.toml [depth.<dtype>]
+    Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
     Controls: tests/test_long_context_controls.py::test_long_preemption_check_fails_when_no_preemption_happened;
       tests/test_long_context_controls.py::test_long_preemption_check_fails_when_a_resumed_request_changes
     """

@@ -62,7 +62,8 @@ def test_rope_tables_match_reference(engine, reference, limits, call_timeout_s, 
     angles computed from a bf16-rounded inv_freq or bf16 positions (exact to 256, wrong beyond: a long-context
     defect told apart from bf16 storage of an fp32 table, which passes).
     Reference: docs/model.md "RoPE with YaRN"; https://github.com/vllm-project/vllm/issues/27722
-    Limits: gpt_oss.toml [tolerances.rope.<dtype>]
+    Limits: gpt_oss.toml [tolerances.rope.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "RoPE and the model-math checks on the H200")
     Controls: tests/test_check_bodies_math.py::test_rope_check_fails_on_an_engine_with_rounded_yarn
     """
     positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
@@ -85,7 +86,8 @@ def test_moe_block_matches_reference(m, engine, reference, limits, call_timeout_
     Catches: fused-MoE kernels wrong at some batch sizes (small-M paths, padding at 129), gate/up
     de-interleaving, a missing clamp or +1, routing not renormalised, dropped router or expert biases.
     Reference: docs/model.md "SwiGLU", "MoE routing"; docs/failure-modes.md, modes 5-8
-    Limits: gpt_oss.toml [tolerances.moe.<dtype>]; gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
+    Limits: gpt_oss.toml [tolerances.moe.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "The MoE block and router near-ties, measured"); gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
     Controls: tests/test_check_bodies_math.py::test_moe_check_fails_on_an_engine_with_gate_up_halves,
       tests/test_dtype_verdicts.py::test_moe_check_in_low_precision_passes_clean_and_catches_unrenormalised_routing
     """
@@ -170,7 +172,8 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
 
     Catches: the same failure modes as the parity check, and says which one a failing stack has.
     Reference: docs/failure-modes.md
-    Limits: tolerances.toml [diagnosis.<dtype>]; tolerances.toml [logprobs.<dtype>]
+    Limits: tolerances.toml [diagnosis.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "Naming the likely cause, measured"); tolerances.toml [logprobs.<dtype>]
     Controls:
       tests/test_check_bodies_math.py::test_nearest_mutant_check_fails_on_a_stack_that_behaves_like_rounded_yarn,
       tests/test_dtype_verdicts.py::test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_biases

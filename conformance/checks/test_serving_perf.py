@@ -185,7 +185,8 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     broken kernels, sink or sliding-window metadata frozen at capture time — bugs that exist only in
     production mode, since correctness checks run eager.
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
-    Limits: perf.toml [graph_mode.max_greedy_divergences.<dtype>]; tolerances.toml [logprobs.<dtype>]
+    Limits: perf.toml [graph_mode.max_greedy_divergences.<dtype>] (measured: docs/notebook/2026-12-measurements.md
+      "Two engines against each other, measured"); tolerances.toml [logprobs.<dtype>]
     Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens,
       tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graph_tokens_leave_the_reference,
       tests/test_check_bodies_server.py::test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise,
