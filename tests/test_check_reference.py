@@ -167,3 +167,12 @@ def test_citations_become_links_only_to_what_the_repository_holds():
     assert check_pages.linked(text) == (
         f'[docs/model.md "RoPE with YaRN"]({model}#rope-with-yarn); vLLM tests/models/utils.py; '
         f"[tests/test_check_reference.py::test_the_catalogue_refuses_a_results_page_without_its_table]({here})")
+
+
+def test_a_page_says_what_each_failure_class_its_check_names_means():
+    classes = {k: m for _, k, m in failure_catalogue.failure_classes(DOCS / "results.md")}
+    wanted = ("test_gemm_throughput_floor", "test_bad_request_rejected_while_serving")
+    checks = [c for c in read_checks() if c.function in wanted]
+    page = check_pages.pages(checks, TIER_INFO, classes)
+    assert f"- `shared_gpu`: {classes['shared_gpu']}" in page["device.md"]
+    assert "It may also fail as" not in page["bad-requests.md"]  # "crash" as a plain word is not the class

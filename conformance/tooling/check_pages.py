@@ -125,7 +125,7 @@ def limits_markdown(table: check_limits.LimitTable, rows: list[check_limits.Limi
     elif len(rows) == 1 and not rows[0].key:
         lines += ["| limit | value |", "|---|---|"]
         lines += [f"| `{k}` | {_cell(value_text(rows[0].values[k]))} |" for k in keys]
-    elif len(rows) <= len(keys):
+    elif len(rows) <= len(keys) and not all(r.key.isdigit() for r in rows):  # an array's entries stay rows
         lines += ["| limit | " + " | ".join(_cell(r.key) for r in rows) + " |", "|---|" + "---|" * len(rows)]
         lines += [f"| `{k}` | " + " | ".join(_cell(value_text(r.values[k])) if k in r.values else "—" for r in rows)
                   + " |" for k in keys]
@@ -139,7 +139,19 @@ def limits_markdown(table: check_limits.LimitTable, rows: list[check_limits.Limi
     return lines + [""]
 
 
-def _check_section(check: CheckEntry) -> list[str]:
+def _named_classes(check: CheckEntry, classes: Mapping[str, str]) -> list[str]:
+    """The failure classes the check's docstring says it may fail as (`name` in backticks, or a name with an
+    underscore as a word: plain English words such as crash are not a class), with their meaning."""
+    text = " ".join([check.summary, check.details, *check.fields.values()])
+
+    def named(name: str) -> bool:
+        word = "_" in name and re.search(rf"(?<![\w`]){re.escape(name)}(?![\w`])", text)
+        return bool(word or f"`{name}`" in text)
+
+    return [f"- `{name}`: {meaning}" for name, meaning in classes.items() if name and named(name)]
+
+
+def _check_section(check: CheckEntry, classes: Mapping[str, str]) -> list[str]:
     lines = [f"## {check.function}", "", f"`{check.id}` · **{check.tier.upper()}** · area `{check.area}`"
              + (f" · needs {', '.join(f'`{n}`' for n in check.needs)}" if check.needs else ""), ""]
     if check.params:
@@ -161,19 +173,22 @@ def _check_section(check: CheckEntry) -> list[str]:
               f"What to do: read the check's `message` and `failure_class` in results.json; the "
               f"[failure catalogue]({CATALOGUE}) says what each class means and lists the known error signatures "
               f"behind a crash or a run that could not judge (`conformance diagnose` finds them in a log).", ""]
+    named = _named_classes(check, classes)
+    if named:
+        lines += ["It may also fail as:", "", *named, ""]
     controls = check.controls()
     lines += ["**Controls** (negative controls that must fail it):", ""]
     lines += [f"- {linked(c)}" for c in controls] or ["- none named"]
     return lines + [""]
 
 
-def area_page(area: str, checks: list[CheckEntry]) -> str:
+def area_page(area: str, checks: list[CheckEntry], classes: Mapping[str, str]) -> str:
     modules = sorted({c.module for c in checks})
     lines = [f"# Checks of the area `{area}`", "", GENERATED, "",
              "Modules: " + ", ".join(f"`conformance/checks/{m}`" for m in modules) + ". Back to "
              "[all checks](README.md).", ""]
     for check in checks:
-        lines += _check_section(check)
+        lines += _check_section(check, classes)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -203,11 +218,12 @@ def area_file(area: str) -> str:
     return f"{area}.md"
 
 
-def pages(checks: list[CheckEntry], tier_info: Mapping[str, str]) -> dict[str, str]:
-    """docs/checks/ as {file name: text}: the index and one page per area."""
+def pages(checks: list[CheckEntry], tier_info: Mapping[str, str], classes: Mapping[str, str]) -> dict[str, str]:
+    """docs/checks/ as {file name: text}: the index and one page per area; `classes` maps each failure class a
+    record may carry to what it means (docs/results.md)."""
     areas: dict[str, list[CheckEntry]] = {}
     for check in checks:
         areas.setdefault(check.area, []).append(check)
     out = {"README.md": index_page(checks, tier_info)}
-    out.update({area_file(area): area_page(area, of_area) for area, of_area in sorted(areas.items())})
+    out.update({area_file(area): area_page(area, of_area, classes) for area, of_area in sorted(areas.items())})
     return out

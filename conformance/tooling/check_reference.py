@@ -27,7 +27,8 @@ REGENERATE = "conformance checks --markdown"
 def written_pages(docs: Path, tier_info: Mapping[str, str], checks_dir: Path = CHECKS_DIR) -> dict[Path, str]:
     """Every page the reference is made of, by path under `docs`, with its text."""
     checks = read_checks(checks_dir)
-    out = {docs / "checks" / name: text for name, text in check_pages.pages(checks, tier_info).items()}
+    classes = {klass: meaning for _, klass, meaning in failure_catalogue.failure_classes(docs / "results.md")}
+    out = {docs / "checks" / name: text for name, text in check_pages.pages(checks, tier_info, classes).items()}
     out[docs / "failure-catalogue.md"] = failure_catalogue.catalogue_page(docs / "results.md")
     return out
 
