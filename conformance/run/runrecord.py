@@ -65,11 +65,13 @@ def check_metadata_problems(item: Any) -> list[str]:
     from conformance.run import controls
 
     problems += controls.problems(docstring_field(func, controls.FIELD), inspect.getsourcefile(func) if func else None)
+    from conformance import datafiles
     from conformance.tooling import check_limits
     from conformance.tooling.check_catalogue import field_text
 
     takes = tuple(inspect.signature(func).parameters) if callable(func) else ()
-    problems += check_limits.problems(field_text(inspect.getdoc(func) or "", check_limits.FIELD), takes)
+    problems += check_limits.problems(field_text(inspect.getdoc(func) or "", check_limits.FIELD), takes,
+                                      Path(datafiles.DATA))
     return problems
 
 
