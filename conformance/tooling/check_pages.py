@@ -51,7 +51,8 @@ def check_record(check: CheckEntry) -> dict[str, Any]:
     out["ids"] = check.ids()
     out["limits"] = [{"table": table.name, "note": table.note or None,
                       "rows": {row.key or table.name: row.values for row in rows}}
-                     for table, rows in _resolved(check)] or check_limits.NO_LIMIT
+                     for table, rows in _resolved(check)]
+    out["limits_note"] = None if out["limits"] else check_limits.NO_LIMIT
     return out
 
 
