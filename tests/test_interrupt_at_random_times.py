@@ -108,7 +108,8 @@ def test_signals_at_random_times_across_a_p0_under_nox_each_leave_an_incomplete_
         validate(record)
         assert record["complete"] is False and record["exit_status"] == 2 and record["evidence"] is False, why
         cases, errors = _junit_not_run_errors(t["run_dir"])
-        assert cases >= 27 and errors >= len(record["not_run"]) >= 1, (cases, errors, why)
+        # a signal after the last check leaves nothing unrun: the record is still incomplete, never evidence
+        assert cases >= 27 and errors >= len(record["not_run"]), (cases, errors, why)
         assert t["left"] == [], f"{why}\nleft behind: {t['left']}"
         assert t["started_after"] == [], f"{why}\nstarted after the signal: {t['started_after']}"
         assert t["took"] < STOP_S, f"{why}\ntook {t['took']:.1f} s to exit"
