@@ -49,6 +49,12 @@ def tier_functions(tiers: tuple[str, ...], checks_dir: Path = CHECKS_DIR) -> dic
     return out
 
 
+def checks_dir(rootdir: Path) -> Path:
+    """Where the run's checks live: its rootdir where that holds check modules (`conformance run` sets it to the
+    suite's checks; a test runs the plugin over checks of its own), else the suite's checks."""
+    return rootdir if any(Path(rootdir).glob("test_*.py")) else CHECKS_DIR
+
+
 def function_of(check_id: str) -> str:
     """conformance/checks/test_x.py::test_y[param] -> conformance/checks/test_x.py::test_y"""
     return check_id.split("[", 1)[0]

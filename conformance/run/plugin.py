@@ -183,7 +183,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
     run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
     config.stash[TIER_CHECKS] = len(items)
-    ctx.ledger.expected = coverage.tier_functions(run_options.selected_tiers(config))
+    tiers = run_options.selected_tiers(config)
+    ctx.ledger.expected = coverage.tier_functions(tiers, coverage.checks_dir(config.rootpath))
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
