@@ -60,6 +60,28 @@ def test_a_bad_argument_is_one_sentence_and_exit_2_with_nothing_started_or_recor
     assert {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize(("args", "code"), [(["--combo", "cpu-vllm0.31.0"], 2), (["-k", "versions_recorded"], 4)])
+def test_nox_passes_the_runs_exit_code_on(tmp_path, args, code):
+    """Through `nox -s p0 -- ...` a refusal exits 2 and a narrowed run 4, as they do directly; nox's own failure code,
+    1, would read as a failed check (the tier session's code: noxfile._conformance)."""
+    import shutil
+
+    from tests.test_interrupt import PROBE_NOXFILE, ROOT
+
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not installed where these tests run")
+    noxfile = tmp_path / "noxfile.py"
+    noxfile.write_text(PROBE_NOXFILE.format(root=str(ROOT), bin=str(Path(sys.executable).parent), prefix=sys.prefix))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOX")}
+    proc = subprocess.run([nox, "-f", str(noxfile), "-s", "p0-here", "--", "--reports-dir", str(tmp_path / "runs"),
+                           *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, out[-3000:]
+    if code == 2:
+        assert "--combo cpu-vllm0.31.0 does not describe this machine" in out and not (tmp_path / "runs").exists()
+
+
 def _int8_checkpoint(tmp_path: Path) -> Path:
     """The tiny gpt-oss's files with config.json saying `torch_dtype: "int8"`."""
     import json
