@@ -46,7 +46,7 @@ class TPVllmOffline(VllmOffline):
                 "ranks_reporting": len(per_rank)}
 
 
-def _build_tp(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
+def _build_tp(kind: Any, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
     os.environ.update(env)
     from conformance.engines.server_fork import keep_engine_core_start
 

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance.engines import forkserver, heartbeat
+from conformance.engines import forkserver, heartbeat, registry
 
 # How long close() waits for an engine to stop cleanly; a cancelled run (SIGTERM) shortens it, since the engines
 # got the signal too and one still importing vLLM would hold each close for the whole wait.
@@ -42,7 +42,7 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no output captured)"
 
 
-def _build(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
+def _build(kind: registry.EngineKind, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
     options = dict(options)
     fault = options.pop("planted_fault", None)  # negative controls only (engines/faults.py)
     engine = _construct(kind, model, options, env)
@@ -55,21 +55,11 @@ def _build(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) 
     return engine
 
 
-def _construct(kind: str, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
+def _construct(kind: registry.EngineKind, model: str, options: dict[str, Any], env: dict[str, str]) -> Any:
+    """The engine kind's adapter (data/engines.toml `adapter`, resolved by the parent), built in this child with the
+    run's environment."""
     os.environ.update(env)
-    if kind == "vllm":
-        from conformance.engines.vllm_offline import VllmOffline
-
-        return VllmOffline(model, options)
-    if kind == "transformers":
-        from conformance.engines.transformers_engine import TransformersEngine
-
-        return TransformersEngine(model, options)
-    if kind == "device":
-        from conformance.engines.device_probe import DeviceProbe
-
-        return DeviceProbe(model, options)
-    raise ValueError(f"unknown engine {kind!r}: use vllm or transformers")
+    return kind.construct(model, options)
 
 
 def start_context(start_method: str, env: dict[str, str]) -> Any:
@@ -80,7 +70,7 @@ def start_context(start_method: str, env: dict[str, str]) -> Any:
     return (start_method == "forkserver" and forkserver.context(env)) or mp.get_context("spawn")
 
 
-def _serve(conn: Any, kind: str, model: str, options: dict, env: dict, log_path: str) -> None:
+def _serve(conn: Any, kind: registry.EngineKind, model: str, options: dict, env: dict, log_path: str) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -142,13 +132,14 @@ class EngineProcess:
         self._closing = False  # asked to close (begin_close)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.started_at = time.perf_counter()
-        if kind == "vllm":  # its start counts the wait: it would wait for the forkserver's imports anyway
+        spec = registry.kind(kind)  # data/engines.toml: the child builds its adapter
+        if spec.inspects_model:  # its start counts the wait: it would wait for the forkserver's imports anyway
             forkserver.wait_inspected()  # vLLM's model inspection ahead of it, not a second one of its own
         # never plain fork: it would copy the parent's torch state (and threads) into the engine
         ctx = start_context(start_method, env)
         self._conn, child = ctx.Pipe()
         child_env = env | (run_time_env or {})
-        self._proc = ctx.Process(target=self.serve, args=(child, kind, model, options, child_env, str(log_path)),
+        self._proc = ctx.Process(target=self.serve, args=(child, spec, model, options, child_env, str(log_path)),
                                  daemon=self.daemonic, name=f"{self.name}-{kind}")
         self._proc.start()
         child.close()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
+from conformance.engines import registry
 from conformance.engines import worker as engine_worker
 from conformance.engines.base import Completion
 from conformance.engines.worker import EngineError, EngineProcess
@@ -233,11 +234,13 @@ class EngineFactory:
         else:
             proc = self._start(kind, model_dir, options)
         self.run.startups.append((f"{kind} engine", (proc.ready_at or time.perf_counter()) - proc.started_at))
-        if kind == "vllm":
+        if registry.kind(kind).start_log:  # data/engines.toml: what loading, compiling and graphs took
             phases.add_vllm_start(proc.log_path)
         self.live[key] = proc
         self._share[key] = self.share_of(options)
-        if not self.run.engine_info:
+        if key == default or (kind == self.run.engine and not self.run.engine_info):
+            # the record's runtime.engine: the engine under test (the default one once it starts), never the device
+            # probe that P0's GEMM check starts first
             self.run.engine_info = proc.info
         self.start_ahead()
         return proc

@@ -26,6 +26,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from conformance.engines import registry
 from conformance.run import run_target
 from conformance.run.tiers import TIERS
 from env_checks import pins
@@ -156,8 +157,12 @@ def _combo(path: Path, raw: dict[str, Any], runners: Mapping[str, Runner]) -> Co
                         "a cpu combo neither")
     if combo.target != "cpu" and combo.platform not in runners:
         problems.append(f"no [runner.{combo.platform}] table gives its runner labels and GPU count")
-    if (combo.engine == "vllm") != (combo.vllm is not None):
-        problems.append("engine vllm needs a vllm version; a transformers combo names none")
+    engine = registry.kinds().get(combo.engine)
+    if engine is None:
+        problems.append(f"engine {combo.engine!r} is no engine of data/engines.toml")
+    elif (engine.combo_version is not None) != (combo.vllm is not None):  # data/engines.toml combo_version
+        problems.append(f"engine {combo.engine} needs a vllm version" if engine.combo_version else
+                        f"a {combo.engine} combo names no vllm version (data/engines.toml combo_version)")
     if combo.stack == "image":
         if not combo.image or combo.packages or combo.torch_index:
             problems.append("an image combo names its image and installs nothing else (no packages, no torch_index)")

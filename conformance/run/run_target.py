@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from conformance.datafiles import DATA, DataError, load_toml
+from conformance.engines import registry
 from conformance.engines.forkserver import environment
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class RunTarget:
         """Whether vLLM's model inspection runs ahead of the engines in a fresh interpreter (forkserver.py
         `inspect_in_a_fresh_interpreter`): where vLLM is the engine under test and its engines spawn (the forkserver
         leaves vLLM out). Where they fork, a child of the forkserver runs it (phases.forkserver_ready)."""
-        return engine == "vllm" and self.start_method("vllm") != "forkserver"
+        return registry.kind(engine).inspects_model and self.start_method(engine) != "forkserver"
 
     @property
     def forks_engines(self) -> bool:
@@ -118,7 +119,8 @@ class RunTarget:
 
     def _profile(self, kind: str, dtype: str | None) -> Profile | None:
         """The serving profile a vLLM process of this dtype runs: the run's, on a row that serves the dtype."""
-        return self.profile.serving(dtype or self.dtype) if kind == "vllm" and self.profile is not None else None
+        serves = registry.kind(kind).serving_profile and self.profile is not None
+        return self.profile.serving(dtype or self.dtype) if serves else None
 
     def process_options(self, kind: str, dtype: str | None = None) -> dict[str, Any]:
         """What every process of this engine kind starts with (the engines, the layer probe, the server): the
@@ -249,7 +251,7 @@ def build(name: str, engine: str | None = None, dtype: str | None = None, report
                          f"or a checkpoint dequantized to {target.dtype}.")
     devices = list(report.devices) if report else []
     # the dtype a profile's vLLM attention backend must serve; other engines do not use that backend
-    backend_dtype = target.dtype if target.engine == "vllm" else None
+    backend_dtype = target.dtype if registry.kind(target.engine).serving_profile else None
     try:
         chosen = profiles.select(profile, name, devices, profiles.model_key(config),
                                  backend_dtype)
