@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +26,7 @@ from conformance.reference import Reference
 from conformance.run import run_target
 from conformance.run.targets import TargetReport
 from conformance.verdicts import device
-from env_checks.probes import isa
+from env_checks.probes import code_object_scan, isa
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, target_of
 
 MI300X = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942", "isa_full": "gfx942:sramecc+:xnack-",
@@ -76,9 +77,53 @@ def probe_of(info: dict, **answers) -> ScriptedEngine:
 
 def test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x(monkeypatch):
     monkeypatch.setattr(device, "library_isa", lambda info, engine: isa.IsaVerdict())
+    monkeypatch.setattr(code_object_scan, "installed", code_object_scan.CodeObjectScan)  # no raw code objects
     probe = probe_of(MI300X | {"arch_list": ["gfx90a"]})
     with pytest.raises(FAILED, match="without gfx942 code objects"):
         device_checks.test_device_isa_in_build(probe, target_of("rocm"), Figures())
+
+
+AITER_WHEEL = Path(__file__).resolve().parent.parent / "fixtures" / "tools" / "isa" / "aiter"
+
+
+def _aiter_scan(tmp_path: Path, arch: str | None) -> code_object_scan.CodeObjectScan:
+    """The scan of an aiter installed in tmp_path from the amd-aiter wheel's real code objects: all of them, or
+    only the hsa/<arch>/ set."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(AITER_WHEEL / "aiter_meta", site / "aiter_meta",
+                    ignore=None if arch is None else lambda d, names: [n for n in names if n.startswith("gfx")
+                                                                       and n != arch])
+    return code_object_scan.scan([code_object_scan.Root("aiter", str(site / "aiter_meta"), "package")])
+
+
+def test_device_isa_check_fails_on_a_library_with_only_gfx950_code_objects(monkeypatch, tmp_path):
+    """An MI300X (gfx942) whose AITER carries the wheel's gfx950 kernels only: the check names the library and both
+    ISAs before any of its kernels is loaded (vllm-project/vllm#32895 found it as hipErrorNoBinaryForGpu)."""
+    monkeypatch.setattr(device, "library_isa", lambda info, engine: isa.IsaVerdict())
+    only_gfx950 = _aiter_scan(tmp_path, "gfx950")
+    monkeypatch.setattr(code_object_scan, "installed", lambda: only_gfx950)
+    figures = Figures()
+    with pytest.raises(FAILED, match=r"aiter cannot run on gfx942:sramecc\+:xnack-: none of its 2 AMDGPU code "
+                                     r"objects is for it, they are for gfx950 \(2\)"):
+        device_checks.test_device_isa_in_build(probe_of(MI300X), target_of("rocm"), figures)
+    assert figures.values["amdgpu_code_objects_for_device"] == 0
+
+
+def test_device_isa_check_passes_with_gfx942_code_objects_beside_gfx950_ones(monkeypatch, tmp_path):
+    monkeypatch.setattr(device, "library_isa", lambda info, engine: isa.IsaVerdict())
+    both = _aiter_scan(tmp_path, None)
+    monkeypatch.setattr(code_object_scan, "installed", lambda: both)
+    figures = Figures()
+    device_checks.test_device_isa_in_build(probe_of(MI300X), target_of("rocm"), figures)
+    assert (figures.values["amdgpu_code_objects_for_device"], figures.values["amdgpu_code_objects_for_other_isas"],
+            figures.values["amdgpu_code_object_libraries_mixed"]) == (4, 2, 1)
+
+
+def test_the_raw_code_object_scan_is_not_applicable_on_cuda(monkeypatch):
+    monkeypatch.setattr(code_object_scan, "installed", lambda: pytest.fail("scanned on CUDA"))
+    raw = device.raw_code_object_isa({"platform": "cuda", "isa": "sm_90"}, "vllm")
+    assert not raw.problems and raw.figures() == {"amdgpu_code_objects_applicable": 0.0}
+    assert raw.not_applicable.startswith("raw AMDGPU code objects: not applicable on cuda")
 
 
 class _WrongGemm:

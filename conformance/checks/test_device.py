@@ -29,16 +29,26 @@ def probe(engines):
 @pytest.mark.p0
 def test_device_isa_in_build(probe, target, record_figure):
     """The GPU's ISA (gfx942 for MI300X, sm_90 for H100/H200) is the one its SKU needs; torch's arch list names
-    it; and the native libraries of torch and vLLM (libtorch_hip/libtorch_cuda, vllm/_C...) carry code objects
+    it; the native libraries of torch and vLLM (libtorch_hip/libtorch_cuda, vllm/_C...) carry code objects
     that load on it, read from their offload bundles / fatbins (env_checks.isa; vLLM's only fail the check when
-    vLLM is the engine under test).
+    vLLM is the engine under test); and on ROCm every library that loads raw AMDGPU code objects at run time
+    (AITER's `.co` sets, Triton's and AITER's `.hsaco`, AITER's JIT modules; the Triton, AITER, Inductor and vLLM
+    caches) has code for this ISA: the gfx target and xnack/sramecc of each ELF header and metadata note
+    (env_checks.code_object_scan, scanned when the run header is printed, before any engine starts, and kept in
+    the fingerprint). A library whose every code object is for another ISA fails, naming it and the ISAs it has;
+    one with per-arch sets (gfx942 and gfx950) is a figure and a note; another GPU's kernels in a cache are notes.
 
     Catches: a wheel built for gfx90a/MI250 on an MI300X (kernels fail with 'invalid device function'),
     a CUDA build without sm_90, a vLLM built for other GPUs than torch, a partitioned or virtual device
-    reporting another arch.
+    reporting another arch, an AITER without this GPU's kernels or a code object under hsa/gfx942/ built for
+    another GPU (hipErrorNoBinaryForGpu hours into a run, when the kernel is first loaded).
     Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html ;
-      https://clang.llvm.org/docs/ClangOffloadBundler.html ; https://docs.nvidia.com/cuda/cuda-binary-utilities/
-    Controls: tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x
+      https://clang.llvm.org/docs/ClangOffloadBundler.html ; https://docs.nvidia.com/cuda/cuda-binary-utilities/ ;
+      https://llvm.org/docs/AMDGPUUsage.html#amdgpu-elf-header ; https://github.com/vllm-project/vllm/issues/32895
+    Limits: devices.toml [isa] tool_timeout_s; devices.toml [isa.other_generation];
+      devices.toml [isa.code_objects] platforms; devices.toml [isa.code_objects.loaded_by]
+    Controls: tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x,
+      tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_a_library_with_only_gfx950_code_objects
     """
     info = probe.info
     sku = device.sku_for(info.get("name"))
@@ -47,8 +57,12 @@ def test_device_isa_in_build(probe, target, record_figure):
     libraries = device.library_isa(info, target.engine)
     record_figures(record_figure, libraries)
     problems += libraries.problems
+    raw = device.raw_code_object_isa(info, target.engine)
+    record_figures(record_figure, raw)
+    problems += raw.problems
     read = "; ".join(f"{lib}: {how}" for lib, how in libraries.sources.items())
-    Problems(problems, note=f" (targets read: {read})" if read else "").raise_if_failed()
+    note = (f" (targets read: {read})" if read else "") + "".join(f"; {n}" for n in raw.notes)
+    Problems(problems, note=note).raise_if_failed()
 
 
 @pytest.mark.p0

@@ -1,6 +1,7 @@
 """The run header: the first lines of every run name what is being tested (target, the stack's versions,
 the GPUs, engine, dtype, profile, tiers) and where the run is written (run id and folder); where another process
-already holds a GPU as the run starts, a line names it.
+already holds a GPU as the run starts, a line names it; on ROCm, a line counts the raw AMDGPU code objects of the
+installed libraries per ISA and names each library the GPU cannot run.
 
 pytest prints `pytest_report_header` lines only with its own header, which `-q` (what `conformance run`
 uses) and `--no-header` hide; the plugin then prints these lines itself as the session starts."""
@@ -51,7 +52,7 @@ def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None
         f"{PREFIX} engine {ctx.engine}, dtype {ctx.dtype_name}, profile {profile}, "
         f"model {ctx.model_arg or 'tiny-gpt-oss'}" + (f"; tiers {', '.join(tiers)}" if tiers else ""),
         f"{PREFIX} run {ctx.run_id} -> {ctx.run_dir}",
-    ] + ([line] if (line := busy(gpu_processes)) else []) + compile_cache_lines()
+    ] + ([line] if (line := busy(gpu_processes)) else []) + compile_cache_lines() + code_object_lines(ctx)
 
 
 def compile_cache_lines() -> list[str]:
@@ -64,6 +65,21 @@ def compile_cache_lines() -> list[str]:
     found = (f"{shared['files_at_start']} file(s) from earlier runs, loaded where they match this stack"
              if shared["warm"] else "empty, this run fills it")
     return [f"{PREFIX} compile cache {shared['path']}: {found}"]
+
+
+def code_object_lines(ctx: Any) -> list[str]:
+    """On a target whose GPUs load raw AMDGPU code objects (devices.toml [isa.code_objects] platforms): what the
+    installed libraries and caches hold per ISA, and each library the GPU cannot run, named before any engine
+    starts. The scan (env_checks.code_object_scan) is kept: the fingerprint and the device ISA check read it."""
+    from conformance import datafiles
+    from env_checks.probes import code_object_scan, code_object_verdict
+
+    cfg = datafiles.load_toml(datafiles.DATA / "devices.toml")["isa"]["code_objects"]
+    t = ctx.resolved()
+    if t.resolved not in cfg["platforms"]:
+        return []
+    lines = code_object_verdict.summary(code_object_scan.installed(), t.gcn_arch, cfg["loaded_by"].get(ctx.engine, []))
+    return [f"{PREFIX} {line}" for line in lines]
 
 
 def pytest_shows_header(config: Any) -> bool:

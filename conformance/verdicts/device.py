@@ -1,11 +1,13 @@
 """Verdict helpers for the device checks: which SKU this is (data/devices.toml), whether the build carries code
-for its ISA (torch's arch list, and the code objects in the native libraries, env_checks.isa), and how far a
-device GEMM is from fp64 on the same inputs (the shapes, the sample of entries and the tolerances are data)."""
+for its ISA (torch's arch list, the code objects in the native libraries, env_checks.isa, and the raw AMDGPU code
+objects libraries load at run time, env_checks.code_object_scan), and how far a device GEMM is from fp64 on the
+same inputs (the shapes, the sample of entries and the tolerances are data)."""
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,7 @@ import torch
 
 from conformance import datafiles
 from conformance.verdicts.verdict import FigureLimit, Verdict
-from env_checks.probes import isa
+from env_checks.probes import code_object_scan, code_object_verdict, isa
 
 ISA_KIND = {"rocm": "hip", "cuda": "cuda"}
 
@@ -56,6 +58,24 @@ def library_isa(info: dict[str, Any], engine: str, scan: Any = None) -> isa.IsaV
     v.notes += [f"{label}: {why}" for label, why in other.items()]
     v.notes = facts + v.notes
     return v
+
+
+def raw_code_object_isa(info: dict[str, Any], engine: str,
+                        scan: Callable[[], code_object_scan.CodeObjectScan] | None = None
+                        ) -> code_object_verdict.CodeObjectVerdict:
+    """The raw AMDGPU code objects of AITER, Triton, vLLM and their caches run on this device (info from the
+    device probe), on the platforms devices.toml [isa.code_objects] names; elsewhere not applicable. The scan is the
+    one the run header read before any engine started (code_object_scan.installed); `scan()` replaces it in the
+    negative controls. Libraries the engine loads (loaded_by) fail the check; the others advise."""
+    cfg = devices()["isa"]["code_objects"]
+    platform = info.get("platform", "cpu")
+    if platform not in cfg["platforms"]:
+        return code_object_verdict.CodeObjectVerdict(
+            "", not_applicable=f"raw AMDGPU code objects: not applicable on {platform} (devices.toml "
+                               f"[isa.code_objects] platforms = {cfg['platforms']})")
+    device = info.get("isa_full") or info.get("isa")
+    return code_object_verdict.judge((scan or code_object_scan.installed)(), device,
+                                     cfg["loaded_by"].get(engine, []))
 
 
 # ---- GEMM numerics ---------------------------------------------------------------------------------------

