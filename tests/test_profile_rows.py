@@ -48,7 +48,7 @@ def test_rows_after_the_first_run_the_engine_level_checks_only():
     later = profile_rows.row_args(args[1:], cli.CHECKS, rows[2])
     modules = [Path(a).name for a in later if a.endswith(".py")]
     assert modules == ["test_logit_parity.py", "test_kv_cache.py", "test_kv_accounting.py", "test_scheduling.py",
-                       "test_prefix_cache.py"] and str(cli.CHECKS) not in later
+                       "test_prefix_cache.py", "test_running_config.py"] and str(cli.CHECKS) not in later
     assert "--profile=mi300x-gpt-oss-120b:rocm-aiter-fa" in later
 
 

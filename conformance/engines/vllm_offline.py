@@ -12,6 +12,7 @@ import itertools
 import time
 from typing import Any
 
+from conformance.engines import running_config
 from conformance.engines.base import Completion, KVState, StepLogprobs
 from conformance.engines.observations import (
     KVGroupLayout,
@@ -89,7 +90,8 @@ class VllmOffline:
                     found[f"moe.{name}"] = type(mod.quant_method).__name__
             return found
 
-        cfg = self._core().vllm_config
+        core = self._core()
+        cfg = core.vllm_config
         return {
             "engine": "vllm",
             "vllm_version": vllm.__version__,
@@ -98,6 +100,8 @@ class VllmOffline:
             "block_size": cfg.cache_config.block_size,
             "async_scheduling": bool(getattr(cfg.scheduler_config, "async_scheduling", False)),
             "backends": self.llm.apply_model(backends)[0],
+            # what it runs, as the run record keeps it (checks/test_running_config.py judges it)
+            "running": running_config.read(self.llm, core, running_config.env_prefixes()),
         }
 
     def _params(self, max_tokens: int, top_k: int, prompt_logprobs: bool) -> Any:
