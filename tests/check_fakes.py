@@ -1,6 +1,7 @@
 """Stand-ins for the fixtures a check receives, so a control can call the check function itself with a
 known-bad observation: a scripted engine answering `call(method, ...)` from a table, an engine factory,
-the run context and a figure recorder. They replace the stack, never the check or its verdict helpers."""
+the run context and a figure recorder, and the prompts, completions and stepwise runs such an engine answers
+with. They replace the stack, never the check or its verdict helpers."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from conformance.engines.base import Completion, StepLogprobs
+from conformance.engines.observations import StepwiseRun
 from conformance.run import run_target
 from conformance.run.targets import TargetReport
+from conformance.verdicts.limits import limits_for
 
 FAILED = (AssertionError, pytest.fail.Exception)  # how a check says no: assert, CheckFailed, pytest.fail
 
@@ -104,3 +108,37 @@ class CollectedItem:
 def scoring(score: Callable[[list[int], list[int], int], Any]) -> SimpleNamespace:
     """A reference that scores a path with `score(prompt, tokens, top_k)`, one path or all of a list (`score_all`)."""
     return SimpleNamespace(score=score, score_all=lambda outs, k: [score(c.prompt_ids, c.token_ids, k) for c in outs])
+
+
+TOL = limits_for("float32").logprobs
+PROMPTS = SimpleNamespace(prompts=[list(range(1, 40)), list(range(50, 60)), list(range(70, 90))], max_tokens=4)
+
+
+def completion(prompt: list[int], tokens: list[int], lp: float = -0.5) -> Completion:
+    return Completion(list(prompt), list(tokens), [StepLogprobs(t, {t: lp, t + 1: lp - 3}) for t in tokens])
+
+
+def greedy(reqs, tokens_of=lambda p: [p[-1] % 90 + 1, 2, 3, 4]):
+    return [completion(p, tokens_of(p)) for p in reqs]
+
+
+def sequence(*answers):
+    """An answer that gives `answers` one after the other (the last one repeats)."""
+    it = iter(answers)
+    last = {}
+
+    def next_answer(*args, **kwargs):
+        last["v"] = next(it, last.get("v"))
+        return last["v"]
+    return next_answer
+
+
+def stepwise(completions, trace=(), first=None, arrivals=None, unfinished=0) -> StepwiseRun:
+    n = len(completions)
+    return StepwiseRun(completions, list(trace), first or [0] * n, [5] * n, arrivals or [0] * n, [], 8, unfinished)
+
+
+def fails(check, *args, match: str) -> None:
+    """Run a check's body and require it to say no, with a message matching `match`."""
+    with pytest.raises(FAILED, match=match):
+        check(*args)

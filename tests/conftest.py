@@ -44,7 +44,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # hands whole files to workers in collection order (noxfile.py passes --no-loadscope-reorder), so the longest
 # start first and the short ones fill in at the end, instead of one long file running alone at the end.
 LONGEST_FIRST = ("test_run_end_to_end.py",  # 188 s
-                 "test_dtype_verdicts.py", "test_long_context_controls.py", "test_accuracy_plumbing.py",  # 127-93
+                 "test_logit_parity_controls.py", "test_long_context_controls.py",  # 127-105
+                 "test_accuracy_plumbing.py",  # 93
                  "test_quantized_controls.py", "test_graph_decode.py", "test_engine_controls.py",  # 88-65
                  "test_tokenizer_controls.py", "test_model_math_controls.py", "test_run_reliability.py",  # 64-59
                  "test_run_options.py", "test_reference.py", "test_quant_writers.py",  # 58-51

@@ -116,7 +116,8 @@ def test_uneven_mxfp4_split_of_gpt_oss_120b_matches_vllm():
         assert ranges[0][0] == 0 and ranges[-1][1] == 2880
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     assert sum(e - s for s, e in tpref.intermediate_ranges(2880, 4, True, "tail_block_dropped")) == 2816
-    # the per-rank partition vLLM really allocates is judged on the engine's shapes: tests/test_tp_shards.py
+    # the per-rank partition vLLM really allocates is judged on the engine's shapes:
+    # tests/controls/test_tp_sharding_controls.py
 
 
 def test_kv_heads_are_replicated_as_qkv_parallel_linear_does():

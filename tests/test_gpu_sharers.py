@@ -1,7 +1,7 @@
 """Who else holds the GPU (conformance/engines/gpu_sharers.py): the suite's own processes are told from another
 job's by descent, a listing of another pid namespace judges nothing, and NVML's and amdsmi's answers (in the shapes
 their Python bindings return) are read. The serving check's refusal is controlled on its own body in
-tests/test_check_bodies_server.py."""
+tests/controls/test_serving_perf_controls.py."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance import datafiles
+from conformance.datafiles import DataError
 from conformance.verdicts import limits
 from conformance.verdicts.compare import LogprobTolerance
 from conformance.verdicts.limits import limits_for
@@ -127,3 +128,12 @@ def test_widening_band_by_band_holds_each_band_to_the_twin_s_same_band():
     assert judged(replace(tol, widen_by_band=False).above_noise(noise), fault) == []  # the largest band: blind
     healthy = {"decode_256-1023": 0.36, "prefill_128-255": 0.47, "decode_0-127": 0.33}
     assert judged(wide, healthy) == []
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_dtype_without_limits_is_refused_before_the_rope_check():
+    """A dtype without limits never reaches the check: its Limits is refused (at configure, tests/test_limits.py)."""
+    with pytest.raises(DataError, match=r"tolerances.toml has no \[logprobs.float8_e4m3\] table"):
+        limits_for("float8_e4m3")

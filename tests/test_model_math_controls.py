@@ -129,3 +129,16 @@ def test_real_vllm_with_rounded_yarn_fails_rope_and_is_diagnosed(tiny, reference
         want = [ref.score(c.prompt_ids, c.token_ids, 10) for c in got]
         distances[name] = compare.logprobs_close(got, want, compare.LogprobTolerance(float("inf"))).max_abs_dlogprob
     assert mathcheck.nearest(distances)[0] == "yarn_rounded", distances
+
+
+def test_admissible_routings_are_the_experts_above_the_tie_zone_and_any_of_the_zones():
+    """What rounding within the margin could make a router pick: a clear top-k gives itself alone; a tie between the
+    k-th and (k+1)-th gives both; three logits within the margin at the k-th place give each of them."""
+    from conformance.verdicts.mathcheck import admissible_routings
+
+    experts = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    assert admissible_routings(experts(5, 4, 3, 2, 1, 0), 3, 0.1) == [[0, 1, 2]]
+    assert sorted(map(sorted, admissible_routings(experts(5, 4, 3, 2.0, 1.99, 0), 4, 0.05))) == [
+        [0, 1, 2, 3], [0, 1, 2, 4]]
+    assert sorted(map(sorted, admissible_routings(experts(0, 5, 4, 2.0, 1.99, 1.98), 3, 0.03))) == [
+        [1, 2, 3], [1, 2, 4], [1, 2, 5]]

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from conformance import datafiles
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.run import run_target
 from conformance.verdicts import compare, perf
@@ -23,7 +22,11 @@ from conformance.verdicts.limits import limits_for
 from reports.history import History
 
 CPU_FP = {"platform": {"accelerator": "none", "cpu_flags": ["avx2"]}, "packages": {"torch": "2.13.0+cpu"}}
+
+
 CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]"
+
+
 PLAN = perf.bench_plan("cpu", 8)
 
 
@@ -312,58 +315,16 @@ def test_kernel_compiles_the_server_logs_during_a_bench_are_counted(tmp_path):
     assert perf.jit_compiles_since(None, 0) is None and perf.log_size(None) == 0
 
 
-def _bench_check(monkeypatch, tmp_path, concurrency, plans, warmup_problems=()):
-    """test_serving_perf_against_baseline's own body on a CUDA target whose `vllm bench serve` is scripted: each
-    run's plan and name land in `plans`; the warm-up's report carries `warmup_problems`. Returns the figures."""
-    from types import SimpleNamespace
+def test_triton_s_cache_folders_are_where_triton_and_vllm_keep_them(tmp_path):
+    from pathlib import Path
 
-    from conformance.checks import test_serving_perf as perf_checks
-    from tests.check_fakes import Figures, run_ctx
+    from conformance.verdicts import perf
 
-    def bench(plan, *args, name=None):
-        plans.append((name, plan))
-        figures = {"output_tok_s": 100.0, "completed": float(plan.num_prompts), "failed": 0.0}
-        return compare.VerdictReport("bench", figures, list(warmup_problems) if name else [])
-    monkeypatch.setattr(perf, "run_bench", bench)
-    run = run_ctx("cuda", run_dir=tmp_path)
-    server = SimpleNamespace(client=SimpleNamespace(base_url="http://127.0.0.1:9"), model="m", api_key=None,
-                             managed=False)
-    nodeid = f"conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c{concurrency}]"
-    figures = Figures()
-    with pytest.raises((pytest.skip.Exception, compare.CheckFailed)) as raised:
-        perf_checks.test_serving_perf_against_baseline(concurrency, run.target, run.run_dir, server, tmp_path,
-                                                       SimpleNamespace(name="tiny-gpt-oss"), "cuda H200 · vllm",
-                                                       figures, SimpleNamespace(node=SimpleNamespace(nodeid=nodeid)))
-    return figures, raised.value
-
-
-def test_a_gpu_server_is_warmed_once_at_every_level_before_its_first_measured_level(monkeypatch, tmp_path):
-    """perf.toml [bench.server_warmup]: before the first measured level a CUDA server gets one unmeasured run at each
-    concurrency of the sweep, that many distinct prompts at once, each with a seed of its own and none the measured
-    prompts'; later levels on that server get none. bench serve's own warm-up repeats one prompt, which the prefix
-    cache serves (on the H200 c8 still met a kernel compile), and one run of 64 prompts left a fresh node's first c32
-    cold (TTFT p50 971 ms against 97 ms)."""
-    monkeypatch.setattr(perf, "_WARMED", set())
-    monkeypatch.setenv(perf.HISTORY_ENV, str(tmp_path / "h.sqlite"))
-    plans: list = []
-    figures, _ = _bench_check(monkeypatch, tmp_path, 1, plans)
-    *warm, (name, measured) = plans
-    assert [n for n, _ in warm] == [f"server-warmup-c{c}" for c in (64, 32, 8, 1)] and name is None
-    assert sorted(p.concurrency for _, p in warm) == sorted(perf.perf_data()["bench"]["concurrency"])
-    assert all((p.num_prompts, p.input_len, p.num_warmups) == (p.concurrency, measured.input_len, 0) for _, p in warm)
-    seeds = [p.seed for _, p in warm]
-    assert len(set(seeds)) == len(seeds) and measured.seed not in seeds and "server_warmup_s" in figures.values
-    plans.clear()
-    _bench_check(monkeypatch, tmp_path, 8, plans)
-    assert [name for name, _ in plans] == [None]
-    assert perf.server_warmup_plans("cpu") == []  # vLLM-CPU compiles no Triton kernel
-    with pytest.raises(datafiles.DataError, match="at least 1"):
-        perf.server_warmup_plans("cuda", perf.perf_data() | {"bench": perf.perf_data()["bench"] | {
-            "server_warmup": {"concurrency": {"cuda": [64, 0]}, "output_len": 16}}})
-
-
-def test_a_server_that_fails_its_warm_up_fails_the_check(monkeypatch, tmp_path):
-    monkeypatch.setattr(perf, "_WARMED", set())
-    _, raised = _bench_check(monkeypatch, tmp_path, 1, [], ["3 of 64 requests completed, 61 failed"])
-    assert isinstance(raised, compare.CheckFailed)
-    assert "3 of 64 requests completed, 61 failed" in str(raised)
+    env = {"TRITON_CACHE_DIR": "/c", "TRITON_HOME": "/h", "VLLM_CACHE_ROOT": str(tmp_path)}
+    assert perf.triton_cache_dirs(env) == [Path("/c")]
+    assert perf.triton_cache_dirs({"TRITON_HOME": "/h", "XDG_CACHE_HOME": str(tmp_path)})[0] == Path("/h/.triton/cache")
+    assert perf.triton_cache_dirs({})[0] == Path.home() / ".triton" / "cache"
+    compiled = tmp_path / "vllm" / "torch_compile_cache" / "key" / "rank_0_0" / "triton_cache"
+    compiled.mkdir(parents=True)
+    assert perf.triton_cache_dirs({"TRITON_CACHE_DIR": "/c", "XDG_CACHE_HOME": str(tmp_path)}) == [Path("/c"), compiled]
+    assert perf.cache_entries([tmp_path / "none"]) is None and perf.cache_entries([tmp_path / "none", compiled]) == 0

@@ -53,7 +53,8 @@ def test_accuracy_meets_published_figure(task, effort, target, run_dir, server_c
     AIME25, and a reasoning effort silently ignored (docs/failure-modes.md, mode 10).
     Reference: docs/figures.md "Reference figures"; https://github.com/EleutherAI/lm-evaluation-harness
     Limits: accuracy.toml [rule]; accuracy.toml [reference.<model>.<task>]
-    Controls: tests/test_check_bodies_server.py::test_accuracy_check_fails_on_a_model_dir_without_a_readable_config
+    Controls:
+      tests/controls/test_accuracy_controls.py::test_accuracy_check_fails_on_a_model_dir_without_a_readable_config
     """
     model = _published_model(target)
     spec = accuracy.tasks()[task]

@@ -76,9 +76,10 @@ def test_bad_request_rejected_while_serving(label, target, engines, prompts, mod
       https://github.com/vllm-project/vllm/pull/9634 (guard against bad token ids),
       https://github.com/vllm-project/vllm/pull/51795 (negative ids rejected as out of vocabulary)
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_bad_request_check_fails_when_an_invalid_prompt_is_accepted,
-      tests/test_check_bodies_engine.py::test_token_id_check_fails_when_the_good_requests_are_disturbed,
-      tests/test_check_bodies_engine.py::test_token_id_check_fails_when_the_engine_crashes
+    Controls:
+      tests/controls/test_bad_requests_controls.py::test_bad_request_check_fails_when_an_invalid_prompt_is_accepted,
+      tests/controls/test_bad_requests_controls.py::test_token_id_check_fails_when_the_good_requests_are_disturbed,
+      tests/controls/test_bad_requests_controls.py::test_token_id_check_fails_when_the_engine_crashes
     """
     if label in WITH_TOKENIZER_LABELS:
         model_dir, vocab_size = _model_with_tokenizer(target, model_under_test)

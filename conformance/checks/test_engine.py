@@ -16,7 +16,7 @@ def test_engine_starts_and_generates(engine, engine_greedy, prompts, model_under
     Catches: an engine that cannot load gpt-oss on this stack (missing kernels, unsupported head
     size or sinks, wrong ISA), returns short or empty outputs, out-of-vocab ids or non-finite logprobs.
     Reference: https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (logprobs, prompt_logprobs)
-    Controls: tests/test_check_bodies_controls.py::test_engine_check_rejects_malformed_outputs
+    Controls: tests/controls/test_engine_controls.py::test_engine_check_rejects_malformed_outputs
     """
     outputs, seconds = engine_greedy
     vocab = int(model_under_test.config["vocab_size"])

@@ -22,7 +22,7 @@ def test_serving_profile_fits_device(target, engine_options, model_under_test, r
     left — failures that otherwise surface as an out-of-memory error minutes into engine start-up.
     Reference: https://docs.vllm.ai/en/latest/configuration/conserving_memory.html;
       https://github.com/huggingface/safetensors (header format)
-    Controls: tests/test_check_bodies_fit.py::test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint
+    Controls: tests/controls/test_fit_controls.py::test_fit_check_fails_when_the_preflight_cannot_size_the_checkpoint
     """
     try:
         verdict = fit.gate(target, model_under_test.path, model_under_test.config, engine_options,

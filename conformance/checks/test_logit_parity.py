@@ -31,11 +31,11 @@ def test_greedy_logprobs_match_reference(engine_greedy, reference, tolerance, re
       docs/verdicts.md "Greedy parity at depth"
     Limits: tolerances.toml [logprobs.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "Greedy parity at depth, measured")
-    Controls: tests/test_check_bodies_math.py::test_parity_check_fails_on_an_engine_without_sinks,
-      tests/test_check_bodies_math.py::test_parity_check_fails_on_a_positive_logprob,
-      tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault,
-      tests/test_dtype_verdicts.py::test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band,
-      tests/test_dtype_verdicts.py::test_past_12_layers_the_decode_bands_widen_with_depth_and_still_fail_dropped_sinks
+    Controls: tests/controls/test_logit_parity_controls.py::test_parity_check_fails_on_an_engine_without_sinks,
+      tests/controls/test_logit_parity_controls.py::test_parity_check_fails_on_a_positive_logprob,
+      tests/controls/test_logit_parity_controls.py::test_greedy_parity_at_depth_widens_to_the_noise_twin_and_still_fails_a_fault,
+      tests/controls/test_logit_parity_controls.py::test_greedy_parity_at_depth_judges_each_band_by_the_twin_s_same_band,
+      tests/controls/test_logit_parity_controls.py::test_past_12_layers_the_decode_bands_widen_with_depth_and_still_fail_dropped_sinks
     """
     outputs, _ = engine_greedy
     tol, top_k = tolerance
@@ -91,11 +91,11 @@ def test_layer_blocks_match_reference(engine, engines, reference, target, limits
     Limits: tolerances.toml [layers.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "Per-layer blocks, measured"); tolerances.toml [layers] bands, position_scale;
       gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
-    Controls: tests/test_dtype_verdicts.py::test_layer_check_fails_on_planted_engine_faults,
-      tests/test_dtype_verdicts.py::test_layer_check_passes_clean_and_rejects_reference_mutants,
-      tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault,
-      tests/test_check_bodies_math.py::test_layer_check_judges_near_ties_by_their_nearest_routing_and_fails_a_router_that_flips_decided_tokens,
-      tests/test_check_bodies_math.py::test_layer_check_fails_a_moe_block_wrong_at_one_position_in_sixteen
+    Controls: tests/controls/test_logit_parity_controls.py::test_layer_check_fails_on_planted_engine_faults,
+      tests/controls/test_logit_parity_controls.py::test_layer_check_passes_clean_and_rejects_reference_mutants,
+      tests/controls/test_logit_parity_controls.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault,
+      tests/controls/test_logit_parity_controls.py::test_layer_check_judges_near_ties_by_their_nearest_routing_and_fails_a_router_that_flips_decided_tokens,
+      tests/controls/test_logit_parity_controls.py::test_layer_check_fails_a_moe_block_wrong_at_one_position_in_sixteen
     """
     _layer_blocks(engine, engines, reference, target, limits, prompts, model_under_test, call_timeout_s,
                   record_figure, settings.layers_probed_at_p0(model_under_test.config))
@@ -114,7 +114,8 @@ def test_every_layer_block_matches_reference(engine, engines, reference, target,
     Limits: tolerances.toml [layers.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "Per-layer blocks, measured"); tolerances.toml [layers] bands, position_scale;
       gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
-    Controls: tests/test_dtype_verdicts.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault
+    Controls:
+      tests/controls/test_logit_parity_controls.py::test_layer_check_at_p0_probes_a_sample_that_still_sees_the_fault
     """
     if settings.layers_probed_at_p0(model_under_test.config) is None:
         pytest.skip(f"P0's per-layer check probes every one of this model's "
@@ -142,9 +143,9 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
     rounded YaRN, sinks counted twice), on the GPU and kernels the production dtype uses, at the model's size.
     Reference: docs/verdicts.md "Two dtypes per GPU run"; targets.toml `exact_dtype`
     Limits: tolerances.toml [logprobs.float32]
-    Controls: tests/test_dtype_verdicts.py::test_exact_float32_check_rejects_an_engine_without_sinks,
-      tests/test_dtype_verdicts.py::test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device,
-      tests/test_dtype_verdicts.py::test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized
+    Controls: tests/controls/test_logit_parity_controls.py::test_exact_float32_check_rejects_an_engine_without_sinks,
+      tests/controls/test_logit_parity_controls.py::test_exact_float32_check_runs_on_a_slice_of_a_model_too_big_for_the_device,
+      tests/controls/test_logit_parity_controls.py::test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized
     """
     exact = target.exact_dtype
     if not exact:

@@ -130,8 +130,8 @@ def test_long_prompt_matches_reference_at_depth(deep_fresh, deep_reference, limi
     Reference: https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json (YaRN factor 32 from 4096,
       window 128); https://arxiv.org/abs/2309.00071 (YaRN)
     Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
-    Controls: tests/test_long_context_controls.py::test_depth_parity_fails_on_a_window_lost_past_4k;
-      tests/test_long_context_controls.py::test_depth_parity_fails_on_rope_clamped_past_4k
+    Controls: tests/controls/test_long_context_controls.py::test_depth_parity_fails_on_a_window_lost_past_4k;
+      tests/controls/test_long_context_controls.py::test_depth_parity_fails_on_rope_clamped_past_4k
     """
     out, engine_s = deep_fresh
     want, ref_s = deep_reference
@@ -153,7 +153,7 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
     blocks freed by the first request but still marked cached, hashes that collide on long prompts.
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
     Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
-    Controls: tests/test_long_context_controls.py::test_prefix_hit_check_fails_on_a_cache_that_never_hits
+    Controls: tests/controls/test_long_context_controls.py::test_prefix_hit_check_fails_on_a_cache_that_never_hits
     """
     _, top_k = limits.depth
     tol, _ = limits.depth
@@ -194,7 +194,8 @@ def test_prompt_at_max_model_len_is_served(long_engine, long_options, model_unde
     limit that crash or hang the prefill, position or block tables sized one short of the limit, limits
     enforced only after minutes of queuing.
     Reference: https://docs.vllm.ai/en/latest/configuration/engine_args.html (--max-model-len)
-    Controls: tests/test_long_context_controls.py::test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body
+    Controls:
+      tests/controls/test_long_context_controls.py::test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body
     """
     want_len = int(long_options["max_model_len"])
     try:
@@ -224,7 +225,8 @@ def test_chunked_prefill_of_long_prompt_matches_reference(engines, long_options,
     metadata computed per chunk instead of per sequence, RoPE positions restarting at each chunk.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
     Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
-    Controls: tests/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
+    Controls:
+      tests/controls/test_long_context_controls.py::test_chunked_prefill_check_fails_when_the_prompt_was_not_chunked
     """
     _, top_k = limits.depth
     chunked = _chunked_options(long_options, long_settings)
@@ -264,8 +266,9 @@ def test_preempted_long_requests_match_alone_and_reference(engines, long_options
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; vLLM SchedulerConfig
       scheduler_reserve_full_isl (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
     Limits: tolerances.toml [depth.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context, measured")
-    Controls: tests/test_long_context_controls.py::test_long_preemption_check_fails_when_no_preemption_happened;
-      tests/test_long_context_controls.py::test_long_preemption_check_fails_when_a_resumed_request_changes
+    Controls:
+      tests/controls/test_long_context_controls.py::test_long_preemption_check_fails_when_no_preemption_happened;
+      tests/controls/test_long_context_controls.py::test_long_preemption_check_fails_when_a_resumed_request_changes
     """
     tol, top_k = limits.depth
     ps = longctx.preemption_settings()

@@ -40,7 +40,7 @@ def test_model_config_is_gpt_oss(model_under_test, record_figure):
     Catches: checkpoints converted with "LLaMA-style" configs (rope_theta 1e6, 80 layers), truncate
     left at true (rounded YaRN), a window or layer pattern changed by a conversion script.
     Reference: docs/model.md "Architecture"; https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json
-    Controls: tests/test_check_bodies_math.py::test_config_check_fails_on_a_llama_style_rope_theta
+    Controls: tests/controls/test_model_math_controls.py::test_config_check_fails_on_a_llama_style_rope_theta
     """
     params = gptoss_config.count_params(model_under_test.path)
     record_figure("params_billion", params / 1e9)
@@ -64,7 +64,7 @@ def test_rope_tables_match_reference(engine, reference, limits, call_timeout_s, 
     Reference: docs/model.md "RoPE with YaRN"; https://github.com/vllm-project/vllm/issues/27722
     Limits: gpt_oss.toml [tolerances.rope.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "RoPE and the model-math checks on the H200")
-    Controls: tests/test_check_bodies_math.py::test_rope_check_fails_on_an_engine_with_rounded_yarn
+    Controls: tests/controls/test_model_math_controls.py::test_rope_check_fails_on_an_engine_with_rounded_yarn
     """
     positions = [p for p in ROPE_POSITIONS if p < int(reference.cfg["max_position_embeddings"])]
     got = call_or_fail(engine, "components:rope_tables", positions, timeout_s=call_timeout_s)
@@ -88,8 +88,8 @@ def test_moe_block_matches_reference(m, engine, reference, limits, call_timeout_
     Reference: docs/model.md "SwiGLU", "MoE routing"; docs/failure-modes.md, modes 5-8
     Limits: gpt_oss.toml [tolerances.moe.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "The MoE block and router near-ties, measured"); gpt_oss.toml [tolerances.moe.router_tie_ulps.<dtype>]
-    Controls: tests/test_check_bodies_math.py::test_moe_check_fails_on_an_engine_with_gate_up_halves,
-      tests/test_dtype_verdicts.py::test_moe_check_in_low_precision_passes_clean_and_catches_unrenormalised_routing
+    Controls: tests/controls/test_model_math_controls.py::test_moe_check_fails_on_an_engine_with_gate_up_halves,
+      tests/controls/test_model_math_controls.py::test_moe_check_in_low_precision_passes_clean_and_catches_unrenormalised_routing
     """
     tol = limits.moe_rel
     x, redrawn = mathcheck.decisive_router_inputs(reference, (0, 1), m, getattr(torch, limits.dtype),
@@ -116,7 +116,7 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
     or produce NaN for -inf sinks (several ROCm attention backends added sink support late).
     Reference: docs/model.md "Attention sinks"; docs/failure-modes.md, mode 4
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_math.py::test_sinks_check_fails_on_nan_from_extreme_sinks
+    Controls: tests/controls/test_model_math_controls.py::test_sinks_check_fails_on_nan_from_extreme_sinks
     """
     path = crafted(variant)
     tol, top_k = tolerance
@@ -144,7 +144,7 @@ def test_sliding_window_boundary(chunked, engines, reference, model_under_test, 
     the wrong layers, or chunked prefill that loses the window across chunk boundaries.
     Reference: docs/model.md "Sliding window"; docs/failure-modes.md, mode 3
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_math.py::test_window_check_fails_on_a_window_off_by_one
+    Controls: tests/controls/test_model_math_controls.py::test_window_check_fails_on_a_window_off_by_one
     """
     vocab = int(model_under_test.config["vocab_size"])
     gen = torch.Generator().manual_seed(128)
@@ -175,8 +175,8 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
     Limits: tolerances.toml [diagnosis.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "Naming the likely cause, measured"); tolerances.toml [logprobs.<dtype>]
     Controls:
-      tests/test_check_bodies_math.py::test_nearest_mutant_check_fails_on_a_stack_that_behaves_like_rounded_yarn,
-      tests/test_dtype_verdicts.py::test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_biases
+      tests/controls/test_model_math_controls.py::test_nearest_mutant_check_fails_on_a_stack_that_behaves_like_rounded_yarn,
+      tests/controls/test_model_math_controls.py::test_nearest_mutant_check_in_bfloat16_passes_clean_and_names_dropped_expert_biases
     """
     outputs, _ = engine_greedy
     _, top_k = limits.logprobs

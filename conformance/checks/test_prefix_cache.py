@@ -53,7 +53,8 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_
     being freed), which shows as different tokens or logprobs.
     Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_prefix_hit_check_fails_when_cached_blocks_change_the_output
+    Controls:
+      tests/controls/test_prefix_cache_controls.py::test_prefix_hit_check_fails_when_cached_blocks_change_the_output
     """
     proc = _caching_engine(engines, call_timeout_s)
     tol, top_k = tolerance
@@ -87,7 +88,8 @@ def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance,
     reload or LoRA swap), a reset that fails on an idle engine, and a cache that cannot warm again.
     Reference: vLLM LLM.reset_prefix_cache (https://docs.vllm.ai/en/latest/api/vllm/entrypoints/llm.html)
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks
+    Controls:
+      tests/controls/test_prefix_cache_controls.py::test_prefix_reset_check_fails_when_the_reset_keeps_old_blocks
     """
     proc = _caching_engine(engines, call_timeout_s)
     tol, top_k = tolerance

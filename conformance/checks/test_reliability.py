@@ -29,7 +29,7 @@ def test_soak_no_growth(engine, model_under_test, call_timeout_s, record_figure,
     leaks (sockets, shared memory), KV blocks never returned — failures that only show after hours.
     Reference: https://docs.vllm.ai/en/latest/design/paged_attention.html ; docs/architecture.md "Tiers"
     Limits: targets.toml [soak] warmup_rounds, max_rss_growth_mib, max_fd_growth, max_vram_growth_mib
-    Controls: tests/test_check_bodies_engine.py::test_soak_check_fails_on_growing_memory
+    Controls: tests/controls/test_reliability_controls.py::test_soak_check_fails_on_growing_memory
     """
     cfg = run_target.data()["soak"]  # suite-wide, not the target's
     vocab = int(model_under_test.config["vocab_size"])
@@ -56,7 +56,7 @@ def test_randomized_request_mixes_keep_invariants(engine, model_under_test, call
     Catches: scheduler crashes on unusual mixes, sampling kernels producing out-of-vocab ids, stop
     handling off by one, leaks that only some parameter combinations trigger.
     Reference: https://hypothesis.readthedocs.io/ ; https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
-    Controls: tests/test_check_bodies_engine.py::test_random_mix_check_fails_on_out_of_vocab_samples
+    Controls: tests/controls/test_reliability_controls.py::test_random_mix_check_fails_on_out_of_vocab_samples
     """
     vocab = int(model_under_test.config["vocab_size"])
     # the engine's own limit, whatever the target (the table of one target does not describe another's engine)
@@ -99,7 +99,8 @@ def test_engine_killed_mid_request_is_reported_promptly(engines, prompts, record
     Catches: clients that wait forever on a dead engine (a hung CI job instead of a red one), errors
     that lose the cause (signal, last output).
     Reference: docs/architecture.md "Rule 7: isolation"; https://docs.python.org/3/library/multiprocessing.html
-    Controls: tests/test_check_bodies_engine.py::test_engine_kill_check_fails_when_the_request_succeeds_after_the_kill
+    Controls:
+      tests/controls/test_reliability_controls.py::test_engine_kill_check_fails_when_the_request_succeeds_after_the_kill
     """
     victim = engines.get(seed=12345)  # its own engine: the shared one must survive
     result: dict = {}
@@ -144,7 +145,7 @@ def test_server_killed_mid_stream_is_reported_promptly(target, run_dir, served_m
     Catches: clients (and the suite's own probes) that block forever on a half-open stream, a stream
     that ends "cleanly" without [DONE] after a crash and is taken as a complete reply.
     Reference: https://html.spec.whatwg.org/multipage/server-sent-events.html ; docs/architecture.md "Rule 7: isolation"
-    Controls: tests/test_check_bodies_server.py::test_server_kill_check_fails_when_its_server_cannot_start
+    Controls: tests/controls/test_reliability_controls.py::test_server_kill_check_fails_when_its_server_cannot_start
     """
     from conformance.engines.vllm_server import ServerError, _signal_group
     from conformance.run.serving_fixtures import new_server

@@ -35,9 +35,9 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
     Reference: vLLM v1/sample/sampler.py and ops/topk_topp_sampler.py (temperature, min_p, top-k, top-p order);
       https://platform.openai.com/docs/api-reference/chat/create (temperature, top_p); docs/verdicts.md "Sampling"
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_sampling_controls.py::test_sampling_check_fails_on_planted_sampler_faults,
-      tests/test_sampling_controls.py::test_sampling_check_fails_when_the_engine_s_logprobs_are_not_the_model_s,
-      tests/test_sampling_controls.py::test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin
+    Controls: tests/controls/test_sampling_controls.py::test_sampling_check_fails_on_planted_sampler_faults,
+      tests/controls/test_sampling_controls.py::test_sampling_check_fails_when_the_engine_s_logprobs_are_not_the_model_s,
+      tests/controls/test_sampling_controls.py::test_sampling_check_at_depth_widens_its_logprob_bound_to_the_noise_twin
     """
     prompt = prompts.prompts[0]
     (greedy,) = call_or_fail(engine, "generate_greedy", [prompt], 1, 20, timeout_s=call_timeout_s)
@@ -100,7 +100,7 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, toleran
     Reference: https://platform.openai.com/docs/api-reference/chat/create (`seed`); vLLM SamplingParams.seed,
       https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_sampling_controls.py::test_seed_check_fails_when_the_seed_is_dropped
+    Controls: tests/controls/test_sampling_controls.py::test_seed_check_fails_when_the_seed_is_dropped
     """
     params = {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True}
     batch = prompts.prompts[:3]
@@ -138,7 +138,7 @@ def test_requests_stop_where_they_say(engine, prompts, call_timeout_s, record_fi
     Catches: max_tokens off by one, a stop token id ignored or reported with the wrong reason, min_tokens ignored.
     Reference: https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (max_tokens, stop_token_ids,
       min_tokens; v1/core/sched/utils.py check_stop); OpenAI API `max_completion_tokens`, `finish_reason`
-    Controls: tests/test_sampling_controls.py::test_stop_check_fails_on_max_tokens_off_by_one
+    Controls: tests/controls/test_sampling_controls.py::test_stop_check_fails_on_max_tokens_off_by_one
     """
     prompt, base = prompts.prompts[0], {"temperature": 1.0, "seed": 11, "ignore_eos": True}
 
@@ -182,7 +182,7 @@ def test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, promp
     Reference: https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (seed);
       https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_sampling_controls.py::test_restart_check_fails_when_the_seed_is_dropped
+    Controls: tests/controls/test_sampling_controls.py::test_restart_check_fails_when_the_seed_is_dropped
     """
     reqs, max_tokens = preemptible_requests(prompts.prompts)
     requests = [{"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "seed": 100 + i}

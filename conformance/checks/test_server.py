@@ -23,7 +23,7 @@ def test_server_starts_and_serves_chat(server, server_call_timeout_s, record_fig
     Catches: a server that cannot start on this stack (CLI metadata, wrong ISA library, missing
     tokenizer or harmony vocabulary), a model that is not listed, and chat requests refused with 400.
     Reference: https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
-    Controls: tests/test_check_bodies_server.py::test_chat_check_fails_on_an_empty_reply
+    Controls: tests/controls/test_server_controls.py::test_chat_check_fails_on_an_empty_reply
     """
     if server.start_seconds is not None:
         record_figure("server_start_s", server.start_seconds)
@@ -43,7 +43,7 @@ def test_server_completions_tokenize_like_o200k(server, o200k_harmony, tokenizer
     Catches: a server whose tokenizer differs from the model's (wrong tokenizer dir or revision),
     lost or extra tokens, and detokenisation that garbles multi-byte characters.
     Reference: https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html (extra parameters)
-    Controls: tests/test_check_bodies_server.py::test_completions_check_fails_on_other_prompt_ids
+    Controls: tests/controls/test_server_controls.py::test_completions_check_fails_on_other_prompt_ids
     """
     prompt = "Tokens 🚀 and 日本語, numbers 12345:"
     res = server.client.post("/v1/completions", {
@@ -73,8 +73,8 @@ def test_server_chat_plain_and_streaming_agree(server, server_call_timeout_s, re
     Catches: streaming that drops or duplicates deltas, a missing finish_reason or usage chunk, a
     stream that never sends [DONE] (clients hang), wrong content type.
     Reference: https://platform.openai.com/docs/api-reference/chat/streaming
-    Controls: tests/test_check_bodies_server.py::test_streaming_check_fails_when_the_stream_differs,
-      tests/test_check_bodies_server.py::test_streaming_check_fails_when_both_replies_are_empty
+    Controls: tests/controls/test_server_controls.py::test_streaming_check_fails_when_the_stream_differs,
+      tests/controls/test_server_controls.py::test_streaming_check_fails_when_both_replies_are_empty
     """
     body = {"model": server.model, "messages": CHAT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     plain, data = probes.chat(server.client, body, server_call_timeout_s)
@@ -97,7 +97,7 @@ def test_server_metrics_expose_kv_and_queue_series(server, record_figure):
 
     Catches: metrics renamed or dropped in a vLLM upgrade (alerts silently stop firing), values out of range.
     Reference: docs/vllm-cpu.md "Gotchas" 7; https://docs.vllm.ai/en/latest/usage/metrics.html
-    Controls: tests/test_check_bodies_server.py::test_metrics_check_fails_on_missing_series
+    Controls: tests/controls/test_server_controls.py::test_metrics_check_fails_on_missing_series
     """
     probe = probes.metrics(server.client, server.model)
     _record(probe, record_figure)
@@ -111,7 +111,7 @@ def test_server_requires_api_key(server):
 
     Catches: a server that ignores --api-key (an open endpoint on a shared host), or rejects the right key.
     Reference: https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html (--api-key)
-    Controls: tests/test_check_bodies_server.py::test_api_key_check_fails_on_a_server_that_ignores_the_key
+    Controls: tests/controls/test_server_controls.py::test_api_key_check_fails_on_a_server_that_ignores_the_key
     """
     if not server.api_key:
         pytest.skip("no API key is configured for this server (set CONFORMANCE_SERVER_API_KEY)")
@@ -124,7 +124,7 @@ def test_server_rejects_oversized_prompt(server, record_figure):
 
     Catches: over-long prompts that crash the engine, hang, come back as 500, or are silently truncated.
     Reference: https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
-    Controls: tests/test_check_bodies_server.py::test_oversized_prompt_check_fails_when_the_server_accepts_it
+    Controls: tests/controls/test_server_controls.py::test_oversized_prompt_check_fails_when_the_server_accepts_it
     """
     limit = probes.max_model_len(server.client, server.model)
     if not limit:
@@ -143,7 +143,7 @@ def test_server_rejects_malformed_bodies(server, record_figure):
     server down for every other client.
     Reference: https://www.rfc-editor.org/rfc/rfc8259#section-8.1 (JSON between systems is UTF-8);
       https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
-    Controls: tests/test_check_bodies_server.py::test_malformed_body_check_fails_when_the_server_crashes
+    Controls: tests/controls/test_server_controls.py::test_malformed_body_check_fails_when_the_server_crashes
     """
     probe = probes.malformed_bodies_rejected(server.client, server.model)
     _record(probe, record_figure)
@@ -160,7 +160,7 @@ def test_server_responses_api(server, server_call_timeout_s, record_figure):
     without its output, miscounts usage, or hides that the reply was cut off.
     Reference: https://platform.openai.com/docs/api-reference/responses ;
       https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
-    Controls: tests/test_check_bodies_server.py::test_responses_check_fails_on_a_stream_that_drops_text
+    Controls: tests/controls/test_server_controls.py::test_responses_check_fails_on_a_stream_that_drops_text
     """
     probe = probes.responses_api(server.client, server.model, 16, server_call_timeout_s)
     _record(probe, record_figure)
@@ -175,7 +175,7 @@ def test_server_responses_stream_ends_with_its_status(server, server_call_timeou
     Catches: streams whose terminal event says "completed" for a truncated reply, so clients (and
     gateways translating to finish_reason) report a cut-off answer as a normal one.
     Reference: https://platform.openai.com/docs/api-reference/responses-streaming/response/incomplete
-    Controls: tests/test_check_bodies_server.py::test_responses_terminal_event_check_fails_on_completed
+    Controls: tests/controls/test_server_controls.py::test_responses_terminal_event_check_fails_on_completed
     """
     probe = probes.responses_terminal_event(server.client, server.model, 16, server_call_timeout_s)
     _record(probe, record_figure)
@@ -188,7 +188,7 @@ def test_server_concurrent_clients_succeed(server, server_call_timeout_s, record
 
     Catches: scheduler or batching failures under concurrency (500s, truncated replies, deadlocks).
     Reference: https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html
-    Controls: tests/test_check_bodies_server.py::test_concurrent_check_fails_when_clients_get_fewer_tokens
+    Controls: tests/controls/test_server_controls.py::test_concurrent_check_fails_when_clients_get_fewer_tokens
     """
     probe = probes.concurrent_completions(server.client, server.model, 8, 16, server_call_timeout_s)
     _record(probe, record_figure)
@@ -204,7 +204,7 @@ def test_server_prompt_matches_harmony(case, server, harmony_encoding, server_ca
     history turns ending in <|return|>, tool calls without `<|constrain|>json` — docs/failure-modes.md,
     modes 10 and 11: the model is served prompts it was never trained on.
     Reference: docs/failure-modes.md, modes 10-11; https://github.com/openai/harmony
-    Controls: tests/test_check_bodies_server.py::test_prompt_rendering_check_fails_on_a_prompt_unlike_harmony
+    Controls: tests/controls/test_server_controls.py::test_prompt_rendering_check_fails_on_a_prompt_unlike_harmony
     """
     res = server.client.post("/v1/chat/completions", case.request(server.model) | {
         "max_tokens": 1, "return_token_ids": True}, timeout_s=server_call_timeout_s)
@@ -224,7 +224,7 @@ def test_server_stops_on_harmony_stop_tokens(server, tokenizer_facts, server_cal
     Catches: docs/failure-modes.md, mode 12 — a server that stops on <|end|> cuts every reply after its
     analysis channel; one that ignores <|call|> runs tool calls on into garbage.
     Reference: docs/failure-modes.md, mode 12; https://github.com/openai/harmony
-    Controls: tests/test_check_bodies_server.py::test_stop_token_check_fails_on_a_server_that_stops_on_end
+    Controls: tests/controls/test_server_controls.py::test_stop_token_check_fails_on_a_server_that_stops_on_end
     """
     probes.stop_tokens(server.client, server.model, list(tokenizer_facts["stop_tokens"]),
                        list(tokenizer_facts["not_stop_tokens"]), server_call_timeout_s).raise_if_failed()

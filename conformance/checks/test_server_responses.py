@@ -24,8 +24,8 @@ def test_server_stop_strings_end_the_text(server, server_call_timeout_s, record_
     Reference: https://platform.openai.com/docs/api-reference/completions/create (stop);
       https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html (include_stop_str_in_output);
       docs/verdicts.md "Response fields and stop strings"
-    Controls: tests/test_server_responses_controls.py::test_stop_check_fails_when_the_stop_string_is_kept,
-      tests/test_server_responses_controls.py::test_stop_check_fails_when_the_stream_differs
+    Controls: tests/controls/test_server_responses_controls.py::test_stop_check_fails_when_the_stop_string_is_kept,
+      tests/controls/test_server_responses_controls.py::test_stop_check_fails_when_the_stream_differs
     """
     probe = server_requests.stop_strings(server.client, server.model, server_call_timeout_s)
     record_figures(record_figure, probe)
@@ -42,7 +42,7 @@ def test_server_max_tokens_is_exact(server, server_call_timeout_s, record_figure
     counts other tokens than those generated, and a cut-off reply reported as finished ("stop").
     Reference: https://platform.openai.com/docs/api-reference/chat/create (max_tokens, finish_reason);
       https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html (ignore_eos)
-    Controls: tests/test_server_responses_controls.py::test_max_tokens_check_fails_when_off_by_one
+    Controls: tests/controls/test_server_responses_controls.py::test_max_tokens_check_fails_when_off_by_one
     """
     probe = server_requests.max_tokens_exact(server.client, server.model, server_call_timeout_s)
     record_figures(record_figure, probe)
@@ -60,7 +60,7 @@ def test_server_usage_adds_up_and_streams_alike(server, server_call_timeout_s, r
     usage chunk or with another count than the same request unstreamed, and a seed that streaming ignores.
     Reference: https://platform.openai.com/docs/api-reference/chat/object (usage);
       https://platform.openai.com/docs/api-reference/chat/create (stream_options.include_usage, seed)
-    Controls: tests/test_server_responses_controls.py::test_usage_check_fails_on_a_wrong_total
+    Controls: tests/controls/test_server_responses_controls.py::test_usage_check_fails_on_a_wrong_total
     """
     probe = server_requests.usage_consistent(server.client, server.model, server_call_timeout_s)
     record_figures(record_figure, probe)
@@ -82,9 +82,9 @@ def test_server_n_choices_are_separate(server, server_call_timeout_s, tolerance,
     Reference: https://platform.openai.com/docs/api-reference/completions/create (n, seed);
       vLLM v1 parallel sampling (vllm/v1/engine/parallel_sampling.py)
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_server_responses_controls.py::test_n_check_fails_when_a_choice_is_missing,
-      tests/test_server_responses_controls.py::test_n_check_fails_when_the_choices_are_one_draw,
-      tests/test_server_responses_controls.py::test_n_check_fails_when_seeded_draws_depend_on_neighbours
+    Controls: tests/controls/test_server_responses_controls.py::test_n_check_fails_when_a_choice_is_missing,
+      tests/controls/test_server_responses_controls.py::test_n_check_fails_when_the_choices_are_one_draw,
+      tests/controls/test_server_responses_controls.py::test_n_check_fails_when_seeded_draws_depend_on_neighbours
     """
     tol, _ = tolerance
     probe = server_requests.n_choices(server.client, server.model, server_call_timeout_s, tol.p99 or tol.max_abs)

@@ -64,14 +64,14 @@ def test_serving_perf_against_baseline(concurrency, target, run_dir, server, ben
       docs/figures.md "Reference figures" (MI300X output tok/s at concurrency 1/8/32)
     Limits: perf.toml [regression.<table>]; perf.toml [regression_spread]; perf.toml [host_speed];
       perf_floors.toml [floor] sku, model, input_len, output_len, concurrency, figure, per_gpu, floor
-    Controls: tests/test_check_bodies_server.py::test_serving_perf_check_fails_when_requests_fail_under_load,
-      tests/test_perf_pins.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
-      tests/test_perf_pins.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
-      tests/test_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check,
-      tests/test_check_bodies_server.py::test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack,
-      tests/test_perf_pins.py::test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host,
-      tests/test_perf_pins.py::test_a_pin_of_another_request_count_fails_the_level_as_unlike,
-      tests/test_perf_pins.py::test_the_tiny_model_on_a_gpu_is_judged_for_a_collapse_not_for_its_hosts_swings
+    Controls: tests/controls/test_serving_perf_controls.py::test_serving_perf_check_fails_when_requests_fail_under_load,
+      tests/controls/test_serving_perf_controls.py::test_a_drop_that_compounds_over_runs_fails_against_the_pin,
+      tests/controls/test_serving_perf_controls.py::test_a_damaged_pin_file_fails_the_check_in_one_sentence,
+      tests/controls/test_serving_perf_controls.py::test_a_server_that_fails_its_warm_up_fails_the_check,
+      tests/controls/test_serving_perf_controls.py::test_serving_perf_check_on_a_shared_gpu_fails_as_shared_not_as_the_stack,
+      tests/controls/test_serving_perf_controls.py::test_a_level_missed_against_a_pin_from_a_faster_host_fails_as_slower_host,
+      tests/controls/test_serving_perf_controls.py::test_a_pin_of_another_request_count_fails_the_level_as_unlike,
+      tests/controls/test_serving_perf_controls.py::test_the_tiny_model_on_a_gpu_is_judged_for_a_collapse_not_for_its_hosts_swings
     """
     plan = bench_shapes.plan(target.name, concurrency, bench_shapes.shape_of(request))  # the first shape: the mix
     env = {k: str(v) for k, v in target.env.items()}
@@ -153,7 +153,7 @@ def test_serving_perf_at_shape(shape, concurrency, target, run_dir, server, benc
       https://inferencex.semianalysis.com (the 1k/1k, 1k/8k, 8k/1k shapes)
     Limits: perf.toml [regression.<table>]; perf.toml [regression_spread]; perf.toml [host_speed];
       perf_floors.toml [floor] sku, model, input_len, output_len, concurrency, figure, per_gpu, floor
-    Controls: tests/test_bench_shapes.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
+    Controls: tests/controls/test_serving_perf_controls.py::test_shape_check_fails_when_requests_fail_at_a_long_shape
     """
     input_len, output_len = bench_shapes.lengths(target.name, shape)
     limit = target.profile.engine_options().get("max_model_len", target.options_for("vllm").get("max_model_len"))
@@ -187,10 +187,10 @@ def test_graph_mode_matches_eager(target, prompts, limits, call_timeout_s, recor
     Reference: https://docs.vllm.ai/en/latest/design/cuda_graphs.html
     Limits: perf.toml [graph_mode.max_greedy_divergences.<dtype>] (measured: docs/notebook/2026-12-measurements.md
       "Two engines against each other, measured"); tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graphs_change_tokens,
-      tests/test_check_bodies_server.py::test_graph_mode_check_fails_when_graph_tokens_leave_the_reference,
-      tests/test_check_bodies_server.py::test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise,
-      tests/test_check_bodies_server.py::test_graph_mode_check_at_depth_judges_by_the_noise_twin_and_still_fails_a_fault
+    Controls: tests/controls/test_serving_perf_controls.py::test_graph_mode_check_fails_when_graphs_change_tokens,
+      tests/controls/test_serving_perf_controls.py::test_graph_mode_check_fails_when_graph_tokens_leave_the_reference,
+      tests/controls/test_serving_perf_controls.py::test_graph_mode_check_in_bfloat16_counts_a_parting_on_noise,
+      tests/controls/test_serving_perf_controls.py::test_graph_mode_check_at_depth_judges_by_the_noise_twin_and_still_fails_a_fault
     """
     capability = perf.graph_capability(target.name, target.engine)
     if not capability.supported:

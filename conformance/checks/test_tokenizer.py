@@ -21,7 +21,7 @@ def test_tokenizer_vocab_and_specials_match_o200k_harmony(hf_tokenizer, o200k_ha
     rendered with <|end|> where the model was trained on <|message|>), a truncated or padded vocab,
     eos/pad ids that do not match the model.
     Reference: docs/model.md "Tokenizer: o200k_harmony"; tiktoken_ext/openai_public.py o200k_harmony
-    Controls: tests/test_tokenizer_controls.py::test_vocab_check_body_fails_on_two_swapped_ranks
+    Controls: tests/controls/test_tokenizer_controls.py::test_vocab_check_body_fails_on_two_swapped_ranks
     """
     reports = [fidelity.compare_vocabulary(hf_tokenizer, o200k_harmony, int(tokenizer_facts["mergeable_ranks"])),
                fidelity.compare_specials(hf_tokenizer, o200k_harmony, tokenizer_facts)]
@@ -38,7 +38,7 @@ def test_tokenizer_round_trip_smoke(hf_tokenizer, o200k_harmony, record_figure):
     Catches: a wrong pre-tokenizer regex (whitespace runs, digits split differently), a normalizer
     that rewrites text, decode clean-up that changes spaces, specials in text not recognised.
     Reference: docs/model.md "Tokenizer: o200k_harmony"; https://github.com/openai/tiktoken
-    Controls: tests/test_tokenizer_controls.py::test_round_trip_smoke_body_fails_on_a_normalizing_tokenizer
+    Controls: tests/controls/test_tokenizer_controls.py::test_round_trip_smoke_body_fails_on_a_normalizing_tokenizer
     """
     report = fidelity.compare_corpus(hf_tokenizer, o200k_harmony, fidelity.load_corpus(smoke_only=True))
     record_figures(record_figure, report)
@@ -55,7 +55,7 @@ def test_tokenizer_matches_o200k_harmony_on_corpus(hf_tokenizer, o200k_harmony, 
     such as NFC normalisation, a byte-fallback difference, ZWJ handling, lone-surrogate crashes that
     return other ids, and incremental detokenisation that emits broken characters.
     Reference: docs/model.md "Tokenizer: o200k_harmony"; tiktoken/core.py (encode, decode)
-    Controls: tests/test_tokenizer_controls.py::test_corpus_check_body_fails_on_a_merge_moved_to_the_end
+    Controls: tests/controls/test_tokenizer_controls.py::test_corpus_check_body_fails_on_a_merge_moved_to_the_end
     """
     report = fidelity.compare_corpus(hf_tokenizer, o200k_harmony, fidelity.load_corpus())
     record_figures(record_figure, report)
@@ -70,7 +70,8 @@ def test_harmony_stop_tokens_match_gpt_oss(harmony_encoding, tokenizer_facts):
     Catches: a harmony library whose stop set includes <|end|> 200007 (replies cut after the analysis
     channel) or lacks <|call|> (tool calls run on into garbage) — the reference the server is judged by.
     Reference: docs/model.md "Tokenizer: o200k_harmony" (stop tokens); https://github.com/openai/harmony
-    Controls: tests/test_tokenizer_controls.py::test_harmony_stop_token_check_body_fails_on_a_library_stopping_on_end
+    Controls:
+      tests/controls/test_tokenizer_controls.py::test_harmony_stop_token_check_body_fails_on_a_library_stopping_on_end
     """
     got = sorted(harmony_encoding.stop_tokens_for_assistant_actions())
     if got != sorted(tokenizer_facts["stop_tokens"]):
@@ -86,7 +87,7 @@ def test_chat_template_renders_harmony(case, hf_tokenizer, harmony_encoding):
     history turns instead of <|end|>, drop `<|constrain|>json` from tool calls, or misplace the
     developer instructions — prompts the model never saw in training.
     Reference: docs/model.md "Tokenizer: o200k_harmony" (known mismatches); https://github.com/openai/harmony/issues/91
-    Controls: tests/test_tokenizer_controls.py::test_chat_template_check_body_fails_on_lowercase_reasoning
+    Controls: tests/controls/test_tokenizer_controls.py::test_chat_template_check_body_fails_on_lowercase_reasoning
     """
     if not getattr(hf_tokenizer, "chat_template", None):
         pytest.skip("the model's tokenizer has no chat template")

@@ -101,8 +101,8 @@ def test_vllm_tp_greedy_matches_tp1(vllm_tp, engine_greedy, prompts, tolerance, 
     that agrees with a TP = 1 that is itself off the reference.
     Reference: https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html ; docs/failure-modes.md, mode 8
     Limits: tolerances.toml [logprobs.<dtype>]
-    Controls: tests/test_check_bodies_engine.py::test_vllm_tp_check_fails_when_tp2_generates_other_tokens,
-      tests/test_tp_shards.py::test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference
+    Controls: tests/controls/test_tp_sharding_controls.py::test_vllm_tp_check_fails_when_tp2_generates_other_tokens,
+      tests/controls/test_tp_sharding_controls.py::test_vllm_tp_check_fails_when_tp2_drifts_from_the_reference
     """
     proc, tp = vllm_tp
     tol, top_k = tolerance
@@ -136,8 +136,8 @@ def test_vllm_tp_shards_match_reference(vllm_tp, reference, call_timeout_s, reco
     smaller than the loader's slice, a rank missing a tensor.
     Reference: https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/layers/linear.py ;
       https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/models/gpt_oss.py
-    Controls: tests/test_tp_shards.py::test_shard_check_fails_when_two_ranks_shards_are_swapped,
-      tests/test_tp_shards.py::test_shard_check_fails_on_heads_permuted_within_a_rank
+    Controls: tests/controls/test_tp_sharding_controls.py::test_shard_check_fails_when_two_ranks_shards_are_swapped,
+      tests/controls/test_tp_sharding_controls.py::test_shard_check_fails_on_heads_permuted_within_a_rank
     """
     proc, tp = vllm_tp
     try:

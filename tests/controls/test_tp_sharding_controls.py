@@ -16,9 +16,15 @@ from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import Reference
 from conformance.run import run_target
 from conformance.verdicts.limits import limits_for
-from tests.check_fakes import FAILED, Figures, scoring
-
-TOL = limits_for("float32").logprobs
+from tests.check_fakes import (
+    FAILED,
+    PROMPTS,
+    TOL,
+    Figures,
+    completion,
+    greedy,
+    scoring,
+)
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +263,23 @@ def test_real_vllm_cpu_tp2_shards_judged_against_the_reference(tiny, tmp_path):
             tp_sharding.test_vllm_tp_shards_match_reference((proc, 2), permuted, 120.0, Figures())
     finally:
         proc.close()
+
+
+class _TPProc:
+    """TPEngineProcess stand-in: a TP=2 engine whose greedy tokens differ from TP=1."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def call(self, method, prompts, *args, **kwargs):
+        return greedy(prompts, lambda p: [11, 11, 11, 11])
+
+    def close(self) -> None:
+        pass
+
+
+def test_vllm_tp_check_fails_when_tp2_generates_other_tokens():
+    reference = scoring(lambda prompt, tokens, k: completion(prompt, tokens))  # agrees with TP=2
+    with pytest.raises(FAILED, match="vLLM TP=2 chose 11"):
+        tp_sharding.test_vllm_tp_greedy_matches_tp1((_TPProc(), 2), (greedy(PROMPTS.prompts), 1.0), PROMPTS, TOL,
+                                                    reference, 1.0, Figures())

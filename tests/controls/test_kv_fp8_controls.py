@@ -1,4 +1,6 @@
-"""fp8 KV cache, reference side and accounting (the engine side needs AVX-512/AMX on vLLM-CPU, or a GPU)."""
+"""Controls of conformance/checks/test_kv_fp8.py: the fp8 KV cache's reference side and accounting, and the
+checks' own bodies against engines that ignore the fp8 cache, round the other way or keep bf16 pages (the engine
+side needs AVX-512/AMX on vLLM-CPU, or a GPU)."""
 
 from __future__ import annotations
 

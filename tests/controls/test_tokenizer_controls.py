@@ -1,13 +1,11 @@
 """Negative controls of the tokenizer and harmony checks: broken tokenizers, broken chat templates and
-broken renderings must be rejected by the same verdict code the checks use; the offline vocabulary
-must be the exact o200k_base and fail with one sentence when it cannot be had."""
+broken renderings must be rejected by the same verdict code the checks use (conformance/checks/test_tokenizer.py),
+and by the checks' own bodies (the offline vocabulary itself: tests/test_tokenizer_vocab.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -43,48 +41,12 @@ def mutated(good_dir: Path, tmp_path: Path, edit) -> object:
     return load(tmp_path)
 
 
-def test_rebuilt_vocab_is_exactly_o200k_base_and_found_offline(o200k_path: Path, enc):
-    blob = o200k_path.read_bytes()
-    assert hashlib.sha256(blob).hexdigest() == vocab.facts()["o200k_base_sha256"]
-    alias = o200k_path.parent / vocab.tiktoken_cache_name()
-    assert alias.read_bytes() == blob  # what tiktoken's read_file_cached opens instead of downloading
-    assert enc.n_vocab == 201088 and enc.encode("<|call|>", allowed_special="all") == [200012]
-
-
-def test_user_vocab_file_from_the_env_is_used(o200k_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(vocab.VOCAB_ENV, str(o200k_path.parent))  # a directory holding the file works too
-    monkeypatch.setitem(sys.modules, "quicktok", None)  # so it cannot have come from quicktok
-    got = vocab.ensure_o200k(tmp_path / "cache")
-    assert got.read_bytes() == o200k_path.read_bytes()
-
-
-def test_wrong_vocab_file_is_refused_in_one_sentence(tmp_path: Path):
-    bad = tmp_path / "o200k_base.tiktoken"
-    bad.write_bytes(b"YQ== 0\n")
-    with pytest.raises(vocab.VocabUnavailable) as err:
-        vocab.ensure_o200k(tmp_path / "cache", source=bad)
-    msg = str(err.value)
-    assert "not o200k_base" in msg and "\n" not in msg
-
-
-def test_missing_quicktok_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(sys.modules, "quicktok", None)  # import quicktok now raises ImportError
-    monkeypatch.delenv(vocab.VOCAB_ENV, raising=False)
-    with pytest.raises(vocab.VocabUnavailable) as err:
-        vocab.ensure_o200k(tmp_path / "empty")
-    assert "quicktok-v1" in str(err.value) and "\n" not in str(err.value)
-
-
 def test_fidelity_passes_on_the_generated_tokenizer(good_tok, enc):
     facts = vocab.facts()
     for report in (fidelity.compare_vocabulary(good_tok, enc, int(facts["mergeable_ranks"])),
                    fidelity.compare_specials(good_tok, enc, facts),
                    fidelity.compare_corpus(good_tok, enc, fidelity.load_corpus())):
         report.raise_if_failed()
-
-
-# The broken tokenizers, built once per module (each took ~4 s): the verdict helpers' controls below and the controls
-# that run the tokenizer checks' own bodies (tests/check_mutation.py reruns those) share them
 
 
 def _swap(data: dict) -> None:
@@ -142,6 +104,8 @@ def test_specials_check_rejects_a_missing_special_token(good_dir, tmp_path, enc)
 
 
 CASES = {c.name: c for c in harmony.load_cases()}
+
+
 # Chat-template mutations the harmony comparison must reject: (old text, new text, case that shows it)
 TEMPLATE_BUGS = {
     "lowercase_reasoning": ("'\\n\\nReasoning: '", "'\\n\\nreasoning: '", "reasoning_low"),
@@ -244,7 +208,6 @@ def test_chat_template_check_body_fails_on_lowercase_reasoning(good_tok, hrm):
     broken.chat_template = hf_build.CHAT_TEMPLATE.read_text().replace(old, new)
     with pytest.raises(CheckFailed, match="differs"):
         check(CASES[case_name], broken, hrm)
-
 
 
 def test_openai_harmony_0_0_8_rendering_tool_calls_legacy_is_the_known_bug_on_those_two_cases_only():
