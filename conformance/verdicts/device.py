@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from conformance import datafiles
+from conformance.engines import registry
 from conformance.verdicts.verdict import FigureLimit, Verdict
 from env_checks.probes import code_object_scan, code_object_verdict, isa
 
@@ -52,7 +53,7 @@ def library_isa(info: dict[str, Any], engine: str, scan: Any = None) -> isa.IsaV
     cfg = devices()["isa"]
     device = info.get("isa_full") or info.get("isa") or ""
     scans, facts = (scan or isa.scan_installed)(ISA_KIND[info["platform"]], timeout_s=float(cfg["tool_timeout_s"]))
-    strict = ("torch", "vllm") if engine == "vllm" else ("torch",)
+    strict = ("torch", *registry.kind(engine).native_libraries)  # data/engines.toml native_libraries
     other = dict(cfg.get("other_generation", {}))  # data: libraries vLLM builds for another GPU generation only
     v = isa.verdict(scans, device, info.get("arch_list") or None, strict=strict, other_generation=other)
     v.notes += [f"{label}: {why}" for label, why in other.items()]
