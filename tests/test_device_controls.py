@@ -13,7 +13,7 @@ from conformance.engines.device_probe import DeviceProbe
 from conformance.verdicts import device
 from conformance.verdicts.pins_check import pin_report
 from env_checks.pins import PINS_DIR
-from env_checks.probes import isa
+from env_checks.probes import code_object_scan, isa
 
 MI300X_INFO = {"platform": "rocm", "name": "AMD Instinct MI300X", "isa": "gfx942",
                "isa_full": "gfx942:sramecc+:xnack-", "arch_list": ["gfx942"]}
@@ -225,3 +225,10 @@ def test_vllm_pins_are_advisory_when_the_engine_is_not_vllm():
     other = pin_report(fp, PINS_DIR / "cpu.toml", engine="transformers")
     assert not any("vllm_version" in p for p in other.problems)
     assert any("vllm_version" in a for a in other.advisories)
+
+
+def test_the_raw_code_object_scan_is_not_applicable_on_cuda(monkeypatch):
+    monkeypatch.setattr(code_object_scan, "installed", lambda: pytest.fail("scanned on CUDA"))
+    raw = device.raw_code_object_isa({"platform": "cuda", "isa": "sm_90"}, "vllm")
+    assert not raw.problems and raw.figures() == {"amdgpu_code_objects_applicable": 0.0}
+    assert raw.not_applicable.startswith("raw AMDGPU code objects: not applicable on cuda")

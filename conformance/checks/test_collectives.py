@@ -37,7 +37,8 @@ def test_collective_results_exact(op, collective_launch, record_figure):
     Reference: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md ;
       https://pytorch.org/docs/stable/distributed.html#collective-functions
     Limits: distributed.toml [collectives.tolerance]
-    Controls: tests/test_check_bodies_platform.py::test_collective_exact_check_fails_when_a_rank_is_counted_twice
+    Controls:
+      tests/controls/test_collectives_controls.py::test_collective_exact_check_fails_when_a_rank_is_counted_twice
     """
     launch, row = collective_launch
     tol = distributed.data()["collectives"]["tolerance"]
@@ -60,7 +61,7 @@ def test_collective_bus_bandwidth(op, collective_launch, record_figure):
     link trained down, collectives slowed by an upgrade; the figure feeds the dashboard's trend.
     Reference: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md#bus-bandwidth
     Limits: distributed.toml [collectives.<target>] busbw_floor_gbps
-    Controls: tests/test_check_bodies_platform.py::test_collective_bandwidth_check_fails_below_the_floor
+    Controls: tests/controls/test_collectives_controls.py::test_collective_bandwidth_check_fails_below_the_floor
     """
     launch, row = collective_launch
     nbytes = int(row["bandwidth_bytes"])

@@ -47,8 +47,8 @@ def test_device_isa_in_build(probe, target, record_figure):
       https://llvm.org/docs/AMDGPUUsage.html#amdgpu-elf-header ; https://github.com/vllm-project/vllm/issues/32895
     Limits: devices.toml [isa] tool_timeout_s; devices.toml [isa.other_generation];
       devices.toml [isa.code_objects] platforms; devices.toml [isa.code_objects.loaded_by]
-    Controls: tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x,
-      tests/test_check_bodies_platform.py::test_device_isa_check_fails_on_a_library_with_only_gfx950_code_objects
+    Controls: tests/controls/test_device_controls.py::test_device_isa_check_fails_on_an_mi250_build_on_an_mi300x,
+      tests/controls/test_device_controls.py::test_device_isa_check_fails_on_a_library_with_only_gfx950_code_objects
     """
     info = probe.info
     sku = device.sku_for(info.get("name"))
@@ -77,7 +77,7 @@ def test_gemm_numerics(dtype, probe, call_timeout_s, record_figure):
     GEMM paths returning garbage, NaN from uninitialised workspaces.
     Reference: https://pytorch.org/docs/stable/notes/numerical_accuracy.html
     Limits: devices.toml [gemm_numerics.tolerance.<dtype>]
-    Controls: tests/test_check_bodies_platform.py::test_gemm_numerics_check_fails_on_a_gemm_off_by_one_percent
+    Controls: tests/controls/test_device_controls.py::test_gemm_numerics_check_fails_on_a_gemm_off_by_one_percent
     """
     plan = device.gemm_plan(dtype, probe.info)
     if plan.skip:
@@ -114,8 +114,8 @@ def test_gemm_throughput_floor(dtype, probe, call_timeout_s, record_figure):
     Reference: https://rocm.docs.amd.com/projects/ROCmValidationSuite/en/latest/ (GST level-4 targets: MI300X
       bf16 552, fp16 523, fp8 981 TFLOP/s)
     Limits: devices.toml [device] floor_tflops
-    Controls: tests/test_check_bodies_platform.py::test_gemm_throughput_check_fails_below_the_floor,
-      tests/test_check_bodies_platform.py::test_a_gemm_floor_missed_on_a_shared_gpu_fails_as_shared
+    Controls: tests/controls/test_device_controls.py::test_gemm_throughput_check_fails_below_the_floor,
+      tests/controls/test_device_controls.py::test_a_gemm_floor_missed_on_a_shared_gpu_fails_as_shared
     """
     info = probe.info
     sku = device.sku_for(info.get("name"))
@@ -147,9 +147,9 @@ def test_hbm_bandwidth_floor(probe, call_timeout_s, record_figure):
     missed while another process held the GPU fails as `shared_gpu`, naming it.
     Reference: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html (peak HBM bandwidth)
     Limits: devices.toml [device] floor_hbm_gbps
-    Controls: tests/test_check_bodies_platform.py::test_hbm_bandwidth_check_fails_below_the_floor,
-      tests/test_check_bodies_platform.py::test_device_floors_fail_when_the_probe_errors,
-      tests/test_check_bodies_platform.py::test_an_hbm_floor_missed_on_a_shared_gpu_fails_as_shared
+    Controls: tests/controls/test_device_controls.py::test_hbm_bandwidth_check_fails_below_the_floor,
+      tests/controls/test_device_controls.py::test_device_floors_fail_when_the_probe_errors,
+      tests/controls/test_device_controls.py::test_an_hbm_floor_missed_on_a_shared_gpu_fails_as_shared
     """
     info = probe.info
     sku = device.sku_for(info.get("name"))

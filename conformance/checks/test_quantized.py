@@ -95,7 +95,7 @@ def test_model_quantization_is_well_formed(model_under_test, record_figure):
     Catches: a truncated download, a header whose dtype disagrees with the data, a missing scale tensor, an
     unknown quant_method — before an engine loads them as garbage or hangs on them.
     Reference: https://huggingface.co/docs/safetensors/index ; conformance/checkpoints/quant/validate.py
-    Controls: tests/test_check_bodies_platform.py::test_model_quantization_check_fails_on_a_truncated_shard
+    Controls: tests/controls/test_quantized_controls.py::test_model_quantization_check_fails_on_a_truncated_shard
     """
     try:
         found = validate(model_under_test.path)
@@ -124,9 +124,10 @@ def test_quantized_checkpoint_matches_reference(fmt, engine_kind, engines, targe
       https://github.com/neuralmagic/compressed-tensors ; conformance/checkpoints/quant/formats.py
     Limits: quant.toml [format.<fmt>] dtype, max_abs, p99, median, top_k; quant.toml [label.<label>] max_abs, p99,
       median, top_k
-    Controls: tests/test_check_bodies_platform.py::test_quantized_check_fails_on_a_loader_that_reverses_gptq_nibbles,
-      tests/test_check_bodies_platform.py::test_quantized_check_fails_when_the_transformers_engine_under_test_lacks_a_loader,
-      tests/test_check_bodies_platform.py::test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror
+    Controls:
+      tests/controls/test_quantized_controls.py::test_quantized_check_fails_on_a_loader_that_reverses_gptq_nibbles,
+      tests/controls/test_quantized_controls.py::test_quantized_check_fails_when_the_transformers_engine_under_test_lacks_a_loader,
+      tests/controls/test_quantized_controls.py::test_quantized_check_fails_on_an_internal_crash_that_mentions_importerror
     """
     path = quantized(fmt)
     known = known_weights_match(path)
@@ -150,7 +151,7 @@ def test_mxfp4_checkpoint_matches_reference(engine_kind, engines, target, prompt
       docs/model.md "MXFP4"
     Limits: quant.toml [format.mxfp4] dtype, max_abs, p99, median, top_k; quant.toml [label.<label>] max_abs, p99,
       median, top_k
-    Controls: tests/test_check_bodies_platform.py::test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles
+    Controls: tests/controls/test_quantized_controls.py::test_mxfp4_check_fails_on_a_loader_that_swaps_nibbles
     """
     path = mxfp4()
     _loads_and_matches("mxfp4", path, path, engine_kind, engines, target, prompts, call_timeout_s, record_figure)

@@ -14,7 +14,8 @@ def test_torch_build_matches_target(target, record_figure):
     Catches: `--rocm` run against a CUDA or CPU build of torch (a container mix-up that would make
     every later verdict about the wrong stack), or a GPU target with no device visible.
     Reference: https://pytorch.org/docs/stable/notes/hip.html (torch.version.hip identifies ROCm builds)
-    Controls: tests/test_check_bodies_platform.py::test_torch_build_check_fails_on_a_cpu_torch_for_the_rocm_target
+    Controls:
+      tests/controls/test_stack_identity_controls.py::test_torch_build_check_fails_on_a_cpu_torch_for_the_rocm_target
     """
     record_figure("visible_gpus", len(target.devices))
     target.report.raise_if_failed()
@@ -65,7 +66,7 @@ def test_stack_pins_hold(target, fingerprint, record_figure):
     Catches: a stack outside the versions the team certified, a known-bad vLLM (rounded YaRN), gfx90a
     where gfx942 is required, missing /dev/kfd access — and facts that could not be read (fail closed).
     Reference: docs/figures.md "Reference figures" (MEC firmware 177); env_checks/pins/*.toml carry a link per pin
-    Controls: tests/test_check_bodies_platform.py::test_pins_check_fails_when_the_vllm_version_cannot_be_read
+    Controls: tests/controls/test_stack_identity_controls.py::test_pins_check_fails_when_the_vllm_version_cannot_be_read
     """
     from conformance.verdicts.pins_check import pin_report
 

@@ -44,7 +44,8 @@ def test_tp_sharding_recombines_to_unsharded(model, layout, tp, unsharded, recor
     backend partition too small for the loader's block-rounded slice (accuracy lost at TP>1 from padding).
     Reference: docs/model.md "MXFP4"; docs/failure-modes.md, mode 8; https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/models/gpt_oss.py
     Limits: distributed.toml [tp] rel_tol
-    Controls: tests/test_check_bodies_platform.py::test_tp_sharding_check_fails_when_a_partial_is_never_all_reduced
+    Controls:
+      tests/controls/test_tp_sharding_controls.py::test_tp_sharding_check_fails_when_a_partial_is_never_all_reduced
     """
     path = tp_checkpoints.tp_checkpoint(model, layout)
     if (model, layout) not in unsharded:

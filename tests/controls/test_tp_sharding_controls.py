@@ -5,13 +5,17 @@ with one planted fault each, and see the failure name the tensor and the rank.""
 
 from __future__ import annotations
 
+import io
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from conformance import distributed
+from conformance.checks import test_tp_sharding as tp_checks
 from conformance.checks import test_tp_sharding as tp_sharding
 from conformance.distributed import tp_checkpoints, tp_shards
+from conformance.distributed import tp_reference as tpref
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.reference import Reference
 from conformance.run import run_target
@@ -283,3 +287,15 @@ def test_vllm_tp_check_fails_when_tp2_generates_other_tokens():
     with pytest.raises(FAILED, match="vLLM TP=2 chose 11"):
         tp_sharding.test_vllm_tp_greedy_matches_tp1((_TPProc(), 2), (greedy(PROMPTS.prompts), 1.0), PROMPTS, TOL,
                                                     reference, 1.0, Figures())
+
+
+def test_tp_sharding_check_fails_when_a_partial_is_never_all_reduced(monkeypatch):
+    """Each rank's partial attention/MoE output returned as if it were the sum (no all-reduce): half of it."""
+    def launch(plan, fn, path, layers, alignment, tokens, seed):
+        out = tpref.layer_outputs(Reference(path), layers, tokens, seed)
+        buf = io.BytesIO()
+        torch.save({k: v / 2 for k, v in out.items()}, buf)
+        return [buf.getvalue()]
+    monkeypatch.setattr(distributed, "launch", launch)
+    with pytest.raises(FAILED, match="TP sharding tiny plain TP 2"):
+        tp_checks.test_tp_sharding_recombines_to_unsharded("tiny", "plain", 2, {}, Figures())
