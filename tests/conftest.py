@@ -44,12 +44,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # hands whole files to workers in collection order (noxfile.py passes --no-loadscope-reorder), so the longest
 # start first and the short ones fill in at the end, instead of one long file running alone at the end.
 LONGEST_FIRST = ("test_run_end_to_end.py",  # 188 s
-                 "test_logit_parity_controls.py", "test_long_context_controls.py",  # 127-105
-                 "test_accuracy_plumbing.py",  # 93
-                 "test_quantized_controls.py", "test_graph_decode.py", "test_engine_controls.py",  # 88-65
-                 "test_tokenizer_controls.py", "test_model_math_controls.py", "test_run_reliability.py",  # 64-59
+                 # these two were one file of 127 s (the checks' controls on real engines), split by check module
+                 "test_logit_parity_controls.py", "test_model_math_controls.py",
+                 "test_long_context_controls.py", "test_accuracy_plumbing.py",  # 127-93 with the two above
+                 "test_quantized_verdicts.py", "test_graph_decode.py", "test_engine_verdicts.py",  # 88-65
+                 "test_tokenizer_controls.py", "test_model_math_verdicts.py", "test_run_reliability.py",  # 64-59
                  "test_run_options.py", "test_reference.py", "test_quant_writers.py",  # 58-51
-                 "test_server_controls.py", "test_distributed_controls.py", "test_workflows.py")  # 43-37
+                 "test_server_probes.py", "test_distributed_verdicts.py", "test_workflows.py")  # 43-37
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

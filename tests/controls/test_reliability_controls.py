@@ -15,7 +15,7 @@ from conformance.engines.base import KVState
 from conformance.engines.worker import EngineError
 from conformance.run import run_target
 from tests.check_fakes import FAILED, PROMPTS, Figures, ScriptedEngine, ScriptedEngines, fails, target_of
-from tests.test_server_controls import MODEL
+from tests.test_server_probes import MODEL
 
 
 def test_soak_check_fails_on_growing_memory(monkeypatch):

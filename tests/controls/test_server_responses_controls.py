@@ -24,7 +24,7 @@ from conformance.run.serving_fixtures import ServerUnderTest
 from conformance.verdicts import server_requests
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
-from tests.test_server_controls import MODEL, StubHandler
+from tests.test_server_probes import MODEL, StubHandler
 
 VOCAB = [" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Then", " it", " ran",
          " home", "!", " Again"]

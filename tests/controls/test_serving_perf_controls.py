@@ -3,7 +3,7 @@
 that compounds over runs, each run within tolerance of the one before (which the old latest-run baseline let
 through), fails against the pin; a run never changes the pin nor becomes the baseline by itself; promotion takes the
 median of the last N accepted runs; a damaged pin file fails in one sentence. `vllm bench serve` is replaced by its
-figures (the benchmark itself is covered by tests/test_perf_controls.py). Then the serving levels' own bodies on a
+figures (the benchmark itself is covered by tests/test_perf_verdicts.py). Then the serving levels' own bodies on a
 loopback server: failed requests, a GPU shared with another job, a long shape, a warm-up that fails; and the
 graph-mode check's own body on scripted eager and graph engines."""
 
@@ -25,7 +25,7 @@ from conformance.verdicts import bench_shapes, compare, perf
 from env_checks import baselines
 from reports.history import History
 from tests.check_fakes import FAILED, Figures, ScriptedEngine, ScriptedEngines, fails, run_ctx, scoring
-from tests.test_server_controls import MODEL as STUB_MODEL
+from tests.test_server_probes import MODEL as STUB_MODEL
 
 FP = {"platform": {"accelerator": "none", "cpu_flags": ["avx2"]}, "packages": {"torch": "2.13.0+cpu"}}
 CHECK = "conformance/checks/test_serving_perf.py::test_serving_perf_against_baseline[c8]"
