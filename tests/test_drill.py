@@ -27,9 +27,10 @@ def _fault(name: str) -> drill.Fault:
 
 def test_the_faults_table_names_every_planted_fault_for_the_engines_that_carry_it():
     table = {f.name: f for f in drill.faults()}
-    assert set(table) == set(planted.FAULTS) | set(planted.SAMPLER_FAULTS)
-    assert {n for n, f in table.items() if "vllm" in f.engines} == set(planted.SAMPLER_FAULTS) | {
-        "sinks_dropped", "rope_bf16_positions", "rope_bf16_inv_freq"}  # faults._vllm's
+    assert set(table) == set(planted.FAULTS) | set(planted.SAMPLER_FAULTS) | set(planted.HISTORY_FAULTS)
+    assert {n for n, f in table.items() if "vllm" in f.engines} == set(planted.SAMPLER_FAULTS) | set(
+        planted.HISTORY_FAULTS) | {"sinks_dropped", "rope_bf16_positions", "rope_bf16_inv_freq"}  # faults._vllm's
+    assert {n for n, f in table.items() if f.tier != "p0"} == {"history_drift"}  # a P1 check catches it
     assert {n for n, f in table.items() if "transformers" in f.engines} == set(planted.FAULTS)
 
 
@@ -125,6 +126,22 @@ def test_first_catch_ends_each_run_at_its_first_failed_check(tmp_path, capsys, m
     assert tail == ["--", "-p", "no:randomly", *(["--maxfail=1"] * first_catch)]
     assert cmd.index("--planted-fault") < cmd.index("-k") < cmd.index("--") and "--cpu" in cmd[:cmd.index("--")]
     assert code == 0 and "drill: 1 of 1 faults caught" in capsys.readouterr().out
+
+
+def test_each_fault_runs_in_the_tier_of_its_checks_unless_the_options_name_one(tmp_path, monkeypatch):
+    """history_drift is caught by a P1 check (faults.toml `tier`): its run asks for --tier p1 and a P0 fault's for p0;
+    a --tier among the drill's run options holds for every fault."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr(drill, "_run", lambda cmd: ran.append(cmd) or False)
+    monkeypatch.setattr(drill, "_record", lambda reports, before, fault: None)
+
+    def tiers(*options: str) -> dict[str, list[str]]:
+        ran.clear()
+        cli_main(["drill", "--faults", "history_drift,seed_dropped", *options, "--cpu", "--reports-dir", str(tmp_path)])
+        return {cmd[cmd.index("--planted-fault") + 1]: [cmd[i + 1] for i, a in enumerate(cmd) if a == "--tier"]
+                for cmd in ran}
+    assert tiers() == {"history_drift": ["p1"], "seed_dropped": ["p0"]}
+    assert tiers("--tier", "p2") == {"history_drift": ["p2"], "seed_dropped": ["p2"]}
 
 
 def test_an_interrupted_drill_lets_its_run_record_itself_and_exits_2(tmp_path):

@@ -16,6 +16,11 @@ SMALL_KV_CACHE: dict[str, Any] = {"block_size": 32, "num_gpu_blocks_override": 1
 LIMITED_SCHEDULER: dict[str, Any] = {"max_num_seqs": 2, "max_num_batched_tokens": 32,
                                      "enable_chunked_prefill": True}
 
+# The engine under test's configuration started a second time, apart (another global seed: a distinct engine whose
+# greedy answers are the same): the fresh engine of the history check, and the same options as the seeded-sampling
+# check's restarted engine (test_sampling.py), so a run starts that engine once for both.
+SECOND_START: dict[str, Any] = {"seed": 12345}
+
 # Block sizes the accounting is verified at (the default one is covered in P0).
 BLOCK_SIZES = (16, 32, 64, 128)
 

@@ -77,10 +77,45 @@ def _vllm_sampler(name: str) -> None:
 SAMPLER_FAULTS = ("temperature_ignored", "nucleus_not_applied", "top_k_off_by_one", "seed_dropped",
                   "max_tokens_off_by_one")
 
+# Logit drift per request the engine has served (history_drift): over the dozen requests between two probes of
+# conformance/checks/test_request_history.py a top-5 logprob moves by up to ~0.1 nats, a drift of the size
+# vllm-project/vllm#57493's users saw, which hides inside bf16's limits against the reference.
+HISTORY_DRIFT_PER_REQUEST = 5e-3
+HISTORY_FAULTS = ("history_drift",)
+
+
+def _vllm_history_drift(engine: Any) -> None:
+    """Logits that drift with the number of requests the engine has been given: each request the scheduler admits
+    adds HISTORY_DRIFT_PER_REQUEST x a fixed pattern over the vocabulary (cos 0.7 t, so log-softmax moves) to every
+    logit computed after it, in float32. The counter lives in this process: the model runs here (executor uni,
+    in-process engine core, as the suite's engines run)."""
+    from vllm.v1.core.sched import scheduler
+
+    served = [0]
+    add = scheduler.Scheduler.add_request
+
+    def counted(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        served[0] += 1
+        return add(self, request, *args, **kwargs)
+    scheduler.Scheduler.add_request = counted
+
+    def edit(model: Any) -> None:
+        compute = model.compute_logits
+
+        def drifted(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            logits = compute(hidden_states, *args, **kwargs)
+            vocab = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.float32)
+            return logits.float() + HISTORY_DRIFT_PER_REQUEST * served[0] * torch.cos(0.7 * vocab)
+        model.compute_logits = drifted
+
+    engine.llm.apply_model(edit)
+
 
 def _vllm(engine: Any, name: str) -> None:
     if name in SAMPLER_FAULTS:
         return _vllm_sampler(name)
+    if name in HISTORY_FAULTS:
+        return _vllm_history_drift(engine)
 
     def edit(model: Any) -> None:
         for layer in model.model.layers:
@@ -130,8 +165,9 @@ def _transformers(engine: Any, name: str) -> None:
         raise ValueError(f"unknown planted fault {name!r} for transformers")
 
 
+# model math; SAMPLER_FAULTS are vLLM's sampler and stop rule, HISTORY_FAULTS the state it keeps between requests
 FAULTS = ("rope_bf16_positions", "rope_bf16_inv_freq", "sinks_dropped", "routing_not_renormalised",
-          "expert_bias_dropped")  # model math; SAMPLER_FAULTS are vLLM's sampler and stop rule
+          "expert_bias_dropped")
 
 
 def plant(engine: Any, name: str) -> None:

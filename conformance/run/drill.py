@@ -1,4 +1,5 @@
-"""`conformance drill`: prove, on the stack installed here and in the run's dtype, that P0 sees each planted fault.
+"""`conformance drill`: prove, on the stack installed here and in the run's dtype, that the suite sees each planted
+fault (P0's checks, and P1's where a fault is P1's to catch: faults.toml `tier`).
 
   conformance drill [--faults NAME,...] [--faults-file TOML] [--junit-xml FILE] [--first-catch] [RUN OPTIONS...]
   nox -s drill -- --cuda --dtype float16
@@ -42,6 +43,7 @@ class Fault:
     name: str
     engines: tuple[str, ...]
     caught_by: tuple[str, ...]
+    tier: str = "p0"  # the tier of its checks: the run's --tier where the drill's options give none
 
     def keyword(self) -> str:
         return " or ".join(self.caught_by)
@@ -54,7 +56,7 @@ def faults(path: Path = FAULTS_FILE) -> list[Fault]:
         engines, checks = row.get("engines"), row.get("caught_by")
         if not engines or not checks or not all(isinstance(x, str) for x in [*engines, *checks]):
             raise datafiles.DataError(f"{path}: [faults.{name}] needs `engines` and `caught_by`, lists of names.")
-        out.append(Fault(name, tuple(engines), tuple(checks)))
+        out.append(Fault(name, tuple(engines), tuple(checks), str(row.get("tier", "p0"))))
     return out
 
 
@@ -167,7 +169,6 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
         chosen = [f for f in chosen if f.name in wanted]
     if not chosen:
         parser.error(f"{ns.faults_file} has no fault for the {engine} engine")
-    rest = rest if run_ns.tier else ["--tier", "p0", *rest]  # the checks of faults.toml are P0's
     reports = Path(run_ns.reports_dir)
     reports.mkdir(parents=True, exist_ok=True)
     outcomes, interrupted = [], False
@@ -177,7 +178,8 @@ def main(argv: list[str], run_parser: Callable[[Any], None]) -> int:
     options, pytest_args = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
     pytest_args += ["--maxfail=1"] if ns.first_catch else []
     for n, fault in enumerate(chosen, start=1):
-        cmd = [sys.executable, "-m", "conformance", "run", *options, "--planted-fault", fault.name,
+        tier = [] if run_ns.tier else ["--tier", fault.tier]  # where its checks are (faults.toml)
+        cmd = [sys.executable, "-m", "conformance", "run", *tier, *options, "--planted-fault", fault.name,
                "-k", fault.keyword(), *(["--", *pytest_args] if pytest_args else [])]
         print(f"drill: fault {n} of {len(chosen)}: {fault.name}: {shlex.join(cmd[2:])}", flush=True)
         before = {p.name for p in reports.iterdir() if p.is_dir()}

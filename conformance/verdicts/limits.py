@@ -9,7 +9,8 @@ reads `limits.<name>`, never a data file keyed by the dtype. The tables:
 - perf.toml [graph_mode.max_greedy_divergences]
 - profiles.toml [kv_fp8.tolerance.<dtype>]: optional (measured for the dtypes an fp8 KV cache was run in); its
   absence fails only the fp8-KV check, with the sentence in `missing`. [kv_fp8.<target>.tolerance.<dtype>] replaces
-  the limits it names for that target (whose kernels round more than the cache: fp8 attention on CUDA)."""
+  the limits it names for that target (whose kernels round more than the cache: fp8 attention on CUDA).
+- tolerances.toml [history.<dtype>]: optional as kv_fp8's; its absence fails only the history check."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 from conformance import datafiles
 from conformance.datafiles import DataError
 from conformance.verdicts.compare import BlockLimits, LayerTolerance, LogprobTolerance, largest_stratum_median
+from conformance.verdicts.history import HistoryLimits
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Limits:
     graph_divergences: int  # greedy tokens graph mode may part from eager on
     kv_fp8: tuple[LogprobTolerance, int] | None  # fp8 KV cache against its quantised reference; None: not measured
     missing: Mapping[str, str]  # optional limits the dtype lacks: name -> the sentence a check needing one fails with
+    history: HistoryLimits | None = None  # one request before and after traffic; None: not measured (see missing)
 
 
 def dtypes() -> list[str]:
@@ -85,12 +88,19 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
         kv_fp8 = LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
     except DataError as exc:
         missing["kv_fp8"] = str(exc)
+    history = None
+    try:
+        history = HistoryLimits.from_row(_row(tol, "history", dtype, "tolerances.toml"),
+                                         f"tolerances.toml [history.{dtype}]")
+    except DataError as exc:
+        missing["history"] = str(exc)
     parity = _logprob_tolerance(logprobs, dtype)
     return Limits(dtype, (parity, int(logprobs["top_k"])), (_logprob_tolerance(depth), int(depth["top_k"])),
                   _diagnosis(_row(tol, "diagnosis", dtype, "tolerances.toml"), parity, dtype),
                   _layers(tol, dtype, float(moe["router_tie_ulps"][dtype])), MappingProxyType(_rope(dtype)),
                   float(moe[dtype]),
-                  float(moe["router_tie_ulps"][dtype]), int(divergences[dtype]), kv_fp8, MappingProxyType(missing))
+                  float(moe["router_tie_ulps"][dtype]), int(divergences[dtype]), kv_fp8, MappingProxyType(missing),
+                  history)
 
 
 def refusal(requested: str | None, dtype: str, exact: str | None) -> str | None:
