@@ -46,6 +46,18 @@ def test_another_environment_is_spawned_not_forked():
         worker.start_context("fork", {})
 
 
+def test_a_module_s_variables_apply_only_where_it_is_not_installed():
+    """vLLM's default sampler on CUDA imports FlashInfer's, and the first vLLM runs on the H200 died there with "No
+    module named 'flashinfer'" (fixtures/device_runs/20261203T115147-cuda-2d9224): targets.toml turns that sampler off
+    where flashinfer is not installed ([cuda.env_without_modules.flashinfer]), and keeps it where it is."""
+    row = run_target.data()["cuda"]
+    assert row["env_without_modules"]["flashinfer"] == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    absent = forkserver.environment(row | {"env_without_modules": {"no_such_module_here": {"X": "1"}}})
+    assert absent["X"] == "1"
+    present = forkserver.environment(row | {"env_without_modules": {"json": {"X": "1"}}})
+    assert "X" not in present
+
+
 def _vllms_own_inspection(env: dict[str, str]) -> None:
     os.environ.update(env)
     from vllm.model_executor.models.registry import ModelRegistry

@@ -41,6 +41,12 @@ def test_plan_keeps_what_the_node_holds_and_leaves_out_what_only_a_left_out_pack
     assert plan.only_for_left_out == ["video", "z3-solver"]
 
 
+def test_the_cuda_wheelhouse_carries_what_vllm_s_server_imports():
+    """`vllm serve` imports mistral-common; the first whole P0 on the H200 failed its server without it
+    (fixtures/device_runs/20261203T140433-cuda-7bb521: "No module named 'mistral_common'")."""
+    assert "mistral-common" not in wheelhouse.spec("cuda")["row"]["leave_out"]
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("torch==2.11.0\nnot a freeze line\n", "freeze.txt:2 is not a `name==version` line"),
     ("# nothing\n-e git+https://x#egg=y\n", "names no package"),
