@@ -66,6 +66,13 @@ def suite_identity() -> dict[str, Any]:
     return {"version": version, "commit": commit, "data_hash": digest.hexdigest()}
 
 
+def _relative_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint without the machine's layout: paths checkout-relative, ~ for home (as in messages)."""
+    import json
+
+    return json.loads(_relative_paths(json.dumps(fp, default=str)))
+
+
 def evidence_of(complete: bool, exit_status: int, planted_fault: str | None, not_run: list[str],
                 refused: bool = False) -> bool:
     """Whether a run is platform evidence: complete, judged (exit 0 or 1, not interrupted), of the target it claims
@@ -148,7 +155,7 @@ def model_record(meta: dict[str, Any]) -> dict[str, Any]:
 def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
     from env_checks.record.results import write_run
 
-    fp = ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx)
+    fp = _relative_fingerprint(ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx))
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
     # pytest's junit.xml (written before this trylast hook) names skip locations by absolute path, and holds only the
     # checks that ran: each check of the tiers that did not run is added as an error, so a CI reading JUnit alone
