@@ -84,7 +84,7 @@ def test_an_interrupted_establish_lets_its_run_record_itself_and_pins_nothing(tm
 
 
 def test_establish_names_the_levels_its_judged_run_missed_against_its_own_pin():
-    """Round twenty-seven on an H100: establish's judged run missed the pin of the two runs before it at 2 levels as
+    """On an H100 on 2026-12-06, establish's judged run missed the pin of the two runs before it at 2 levels as
     the stack's failure, while nothing had changed. Establish says so of the kept record, naming the levels; a
     judged run whose misses are not the stack's (a shared GPU) or that missed nothing gets no such sentence."""
     from reports.baselines import missed_own_pin

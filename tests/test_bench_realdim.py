@@ -114,7 +114,7 @@ def test_format_fit_compares_the_extrapolation_with_the_goal():
     assert rows[0] == "reference"  # the phase largest at 36 layers first
     assert "within the 10-minute goal" in bench_realdim.format_fit(
         "p0", {2: [{"wall": 100.0}], 8: [{"wall": 130.0}]}, 36)
-    # round twenty-two on the H200: the 2-layer run started cold (250 s), the 8-layer one warm (239 s)
+    # on the H200 on 2026-12-06: the 2-layer run started cold (250 s), the 8-layer one warm (239 s)
     falling = bench_realdim.format_fit("p0", {2: [{"wall": 250.2}], 8: [{"wall": 239.4}]}, 36).splitlines()[0]
     assert falling.endswith("253.8 s + -1.80 s x layers: the wall does not grow with depth across these runs, so it "
                             "says nothing of 36 layers; their fixed costs differ (the phases below grow)")
@@ -285,7 +285,7 @@ def test_from_runs_never_fits_runs_of_other_options_together(capsys):
 
 
 def test_from_runs_never_fits_an_h100_run_with_the_h200_s(capsys):
-    """Round nineteen's 16-layer first node ran on an H100, every earlier count on the H200 (the same gate options):
+    """The 16-layer first node of 2026-12-05 ran on an H100, every earlier count on the H200 (the same gate options):
     the H100's run is tabled under its card and joins no fit of the H200's."""
     runs = ["20261205T142355-bench-p0-L2-0", "20261205T141217-bench-p0-L24-0", "20261205T161856-bench-p0-L16-0"]
     assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in runs)]) == 0
@@ -361,9 +361,9 @@ def test_a_second_node_that_found_the_fleets_compile_cache_is_tabled_as_such(tmp
 
 
 def test_a_fit_across_machines_says_so_and_one_machine_s_says_nothing(capsys):
-    """Round twenty-three's 24-layer H200 run and round twenty-two's 2- and 8-layer runs came from two H200s (their
+    """The 24-layer H200 run of 2026-12-06 04:34 and the 2- and 8-layer runs of 01:55 came from two H200s (their
     hosts at 4.02-8.37 M single-thread ops/s): the fit is drawn, and a line under it says it is not one machine's.
-    Round twenty-one's three H100 runs came from one machine: no such line."""
+    The three H100 runs of 2026-12-05 21:30-21:42 came from one machine: no such line."""
     runs = ["20261206T015503-bench-p0-L2-0", "20261206T015937-bench-p0-L8-0", "20261206T043410-bench-p0-L24-0"]
     assert bench.main(["--from-runs", *(str(DEVICE_RUNS / r) for r in runs)]) == 0
     out = capsys.readouterr().out

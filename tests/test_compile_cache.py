@@ -83,8 +83,8 @@ def _start(tmp_path: Path, name: str, key: str, env: dict, code: str = "c1") -> 
 
 
 def test_each_vllm_start_s_compile_key_is_recorded_with_what_differs(tmp_path, monkeypatch):
-    """Round nineteen: the server compiled again beside the engine (keys 8385f6e0eb and 0fecc1a111) and nothing in
-    the run said why. Each start's key and vLLM's own factors of it go to results.json `compile_keys`, the
+    """On the H100 on 2026-12-05 the server compiled again beside the engine (keys 8385f6e0eb and 0fecc1a111) and
+    nothing in the run said why. Each start's key and vLLM's own factors of it go to results.json `compile_keys`, the
     environment cut to the variables that differ; a start that compiled nothing adds none."""
     from conformance.run import phases
 
@@ -107,7 +107,7 @@ def test_each_vllm_start_s_compile_key_is_recorded_with_what_differs(tmp_path, m
     assert compile_cache.keys() == []
 
 
-def test_the_compile_keys_of_round_nineteen_s_logs_are_read():
+def test_the_compile_keys_of_an_h100_server_and_engine_s_logs_are_read():
     """The H100's own logs (factor files not kept): the engine's and the server's keys, which differ."""
     logs = (Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h100"
             / "p0-realdim-16-layers-round-nineteen-vllm-0.26.0")
@@ -120,8 +120,9 @@ def test_the_compile_keys_of_round_nineteen_s_logs_are_read():
 
 
 def test_a_secret_in_vllm_s_factors_is_kept_as_a_digest(tmp_path):
-    """Round twenty: vLLM 0.26.0 writes VLLM_API_KEY into its factors in plain text, and the server's key differed
-    from the engine's by it alone. results.json and the console keep a digest: the difference shows, the key not."""
+    """On the H100 (2026-12-05): vLLM 0.26.0 writes VLLM_API_KEY into its factors in plain text, and the server's key
+    differed from the engine's by it alone. results.json and the console keep a digest: the difference shows, the
+    key not."""
     compile_cache.forget_keys()
     for name, key, env in (("engine-vllm-1.log", "83c1b194a5", {"VLLM_API_KEY": None}),
                            ("vllm-server.log", "9a35432acf", {"VLLM_API_KEY": "e0d2d912"})):
@@ -134,7 +135,7 @@ def test_a_secret_in_vllm_s_factors_is_kept_as_a_digest(tmp_path):
 
 
 @pytest.mark.parametrize("run", ["20261205T181030-bench-p0-L16-0", "20261205T182524-bench-p0-L2-0"])
-def test_round_twenty_s_server_compiled_again_for_its_api_key_alone(run):
+def test_the_h100_s_first_nodes_server_compiled_again_for_its_api_key_alone(run):
     """The H100's first nodes: the server's config, code and compiler hashes equal the engine's; only the API key
     the suite handed the server differs (the key recorded as a digest)."""
     data = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "device_runs" / run

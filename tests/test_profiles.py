@@ -190,7 +190,7 @@ def test_the_gate_merges_into_a_profile_s_own_tables_and_leaves_the_tiny_model_a
 
 
 def test_the_gate_leaves_the_device_reference_room_beside_the_engine():
-    """Round nineteen: P0 on an H100 at 16 of gpt-oss-120b's layers ran out of device memory in the fp64 reference
+    """On 2026-12-05 P0 on an H100 at 16 of gpt-oss-120b's layers ran out of device memory in the fp64 reference
     and the server, beside an engine holding the profile's 0.95. A gate-only run takes at most
     [gate] gpu_memory_utilization_at_most (0.9) and records it; a share already below stays, and P1 keeps 0.95."""
     h100 = profiles.profile("h100-gpt-oss-120b")

@@ -43,7 +43,7 @@ def test_a_device_reference_says_where_its_time_goes(tiny, monkeypatch):
 
 
 def test_the_device_s_time_splits_into_weights_read_and_dequantize(tiny_prompts, monkeypatch):
-    """Round twenty's H100 ran the device reference at 5.5 s a layer, and its record could not say how much of it
+    """An H100 on 2026-12-05 ran the device reference at 5.5 s a layer, and its record could not say how much of it
     was reading the checkpoint and widening MXFP4 experts: the device store's own reads and dequantizations are now
     `reference: device weights read` and `device dequantize`, parts of `device` (a store on "cpu" stands in: on a GPU
     each is timed by events on the device's timeline, adding no synchronisation)."""
@@ -55,7 +55,7 @@ def test_the_device_s_time_splits_into_weights_read_and_dequantize(tiny_prompts,
     ref.logprobs(tiny_prompts[0][0][:24])
     assert 0 < spent["device dequantize"] and 0 < spent["device weights read"]
     assert spent["device weights read"] + spent["device dequantize"] < spent["device"]
-    # the experts' slices are a part of the weights read (round twenty-five: which part, on a GPU)
+    # the experts' slices are a part of the weights read (measured on an H100 on 2026-12-06: which part, on a GPU)
     assert 0 < spent["device expert slices read"] < spent["device weights read"]
     assert ref.on_device.w.spent == {"weights read": 0.0, "expert slices read": 0.0, "dequantize": 0.0}, \
         "moved into SPENT"
@@ -348,8 +348,8 @@ def test_several_paths_run_layer_by_layer_at_once_and_agree_with_one_at_a_time(t
 
 def test_tied_router_logits_route_to_the_lower_expert_on_every_device(tiny):
     """The noise twin rounds router logits to bf16, where a tie at the k-th place is common; the device's fp64 and the
-    CPU's must break it alike, or the spot check sees two different experts' outputs (round nineteen's
-    DeviceMismatch on an H100). top_experts puts the lower index first; the reference's MoE routes by it."""
+    CPU's must break it alike, or the spot check sees two different experts' outputs (the DeviceMismatch on an H100
+    on 2026-12-05). top_experts puts the lower index first; the reference's MoE routes by it."""
     from conformance.reference.gpt_oss import top_experts
 
     logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 0.5], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]], dtype=torch.float64)
@@ -365,7 +365,7 @@ def test_tied_router_logits_route_to_the_lower_expert_on_every_device(tiny):
 
 
 def test_a_device_out_of_memory_beside_the_engine_is_one_sentence(tiny, monkeypatch):
-    """Round nineteen: beside an engine holding 0.95 of an H100, the reference's layer ran out of device memory and the
+    """On 2026-12-05, beside an engine holding 0.95 of an H100, the reference's layer ran out of device memory and the
     check failed with torch's paragraph. It is now a DeviceOutOfMemory naming the layer and what to change, and the
     store holds nothing after it."""
     ref = DeviceReference(tiny.path, device="cpu")

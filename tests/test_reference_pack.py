@@ -199,7 +199,7 @@ def test_the_run_option_writes_reads_and_refuses(tiny, tmp_path: Path):
 
 def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_path: Path, no_cache):
     """A second node whose engine decoded other tokens for a prompt than the first's (bf16 greedy paths are not the
-    same run to run: H200 round fifteen) gets that result computed, not the pack's, and the run says at which
+    same run to run: the H200 on 2026-12-05) gets that result computed, not the pack's, and the run says at which
     decode step the paths parted; a prompt the pack never held is no parting."""
     _open(tmp_path, tiny, read=True)
     score_all(tiny.path)
@@ -221,8 +221,8 @@ def test_a_path_that_parts_from_the_pack_s_is_computed_and_says_where(tiny, tmp_
 
 def test_a_directory_s_pack_is_keyed_when_the_run_first_needs_it(tiny, tmp_path: Path, monkeypatch, no_cache):
     """No pack makes the run wait for the checkpoint's hash at its start (the run reads it in the background: 12 s at
-    8 layers of gpt-oss-120b on the H200; round twenty's 16-layer runs with a FILE pack waited for it); a FILE is
-    read at once, and refused then for another prompt set or version, but keyed by the model when first needed.
+    8 layers of gpt-oss-120b on the H200; the H100's 16-layer runs of 2026-12-05 with a FILE pack waited for it); a
+    FILE is read at once, and refused then for another prompt set or version, but keyed by the model when first needed.
     A damaged file in the directory is refused in the check that first asks, and the run's end leaves it as it was."""
     hashed, model = [], _key(tiny.path).model
     monkeypatch.setattr(pack, "content_hash", lambda d: hashed.append(d) or model)
@@ -251,8 +251,8 @@ def test_a_directory_s_pack_is_keyed_when_the_run_first_needs_it(tiny, tmp_path:
 
 def test_another_checkpoint_s_results_neither_read_nor_enter_the_pack(tiny, tmp_path: Path, no_cache):
     """The exact check scores a slice of the run's model (another checkpoint) in the same run: its paths are not the
-    pack's to hold, nor partings from the pack's paths (round twenty-one's first node reported six partings at step 0,
-    all of them the slice's own paths)."""
+    pack's to hold, nor partings from the pack's paths (an H100's first node on 2026-12-05 reported six partings at
+    step 0, all of them the slice's own paths)."""
     run_pack = _open(tmp_path / "pack.json", tiny, read=True)
     Reference(tiny.path).score(*CALLS[0], 4)
     other = tmp_path / "slice"

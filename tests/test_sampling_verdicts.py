@@ -55,7 +55,7 @@ def test_a_batch_flip_is_explained_only_by_moved_logits():
 
 
 def test_a_min_p_cut_in_a_flat_tail_is_neither_chosen_nor_judged_blind():
-    """Round nineteen, 16 of gpt-oss-120b's layers on an H100: the lone greedy request's top-20 put min_p's widest
+    """On an H100 at 16 of gpt-oss-120b's layers (2026-12-05): the lone greedy request's top-20 put min_p's widest
     gap 3.2 nats down, the batch of 2,000 draws computed flatter logits, the support reached past the top-20 they
     returned, and 1,313 healthy draws were called impossible. The cut now stays MIN_P_COVER above the last listed
     token, and a draw whose support reaches past its returned list is conditioned out, never called impossible;

@@ -43,7 +43,7 @@ def test_without_the_variable_the_platform_keeps_its_start_method(monkeypatch):
 def test_every_server_forked_from_the_forkserver_forks_its_engine_core():
     """`vllm serve`'s command line sets VLLM_WORKER_MULTIPROC_METHOD=spawn: a server forked from the forkserver on a
     target without CONFORMANCE_ENGINE_CORE_START spawned its engine core, which imported vLLM again (12-36 s on the
-    H100 nodes) and kept the server's API key, so the server compiled again beside the engine (round twenty-one).
+    H100 nodes) and kept the server's API key, so the server compiled again beside the engine (2026-12-05).
     Every target whose server forks says that its engine core forks too."""
     forked = {name: row for name, row in run_target.data().items()
               if isinstance(row, dict) and row.get("server_start") == "forkserver"}
@@ -249,7 +249,7 @@ def test_a_forked_child_dies_with_the_run_that_launched_it_though_the_forkserver
 
 
 def test_a_cuda_server_forks_where_flashinfer_is_absent(monkeypatch):
-    """Round nineteen: on the H100 (no FlashInfer) the engines' forkserver ran with [cuda.env] plus
+    """On the H100 of 2026-12-05 (no FlashInfer) the engines' forkserver ran with [cuda.env] plus
     VLLM_USE_FLASHINFER_SAMPLER=0 ([cuda.env_without_modules.flashinfer]), the server compared the bare [cuda.env]
     with it, and every server started as a fresh process. It now compares the engines' own environment."""
     cuda = run_target.data()["cuda"] | {"env_without_modules": {"no_such_module_here": {"VLLM_X": "0"}}}
@@ -263,7 +263,7 @@ def test_a_cuda_server_forks_where_flashinfer_is_absent(monkeypatch):
 
 
 def test_a_dying_server_s_root_cause_is_read_from_its_log():
-    """Round nineteen's H100 server (0.95 of the card beside the suite): its log ends in the API server's generic
+    """The H100's server of 2026-12-05 (0.95 of the card beside the suite): its log ends in the API server's generic
     "Engine core initialization failed. See root cause above"; the cause, 70 lines up, now leads the message."""
     from conformance.engines.vllm_server import root_cause
 
@@ -298,8 +298,8 @@ if __name__ == "__main__":
 
 
 def test_the_server_s_forked_children_drop_its_api_key(tmp_path: Path):
-    """Round twenty's H100: vLLM 0.26.0 hashes VLLM_API_KEY into the engine core's torch.compile key, so the suite's
-    fresh key per server compiled the server again beside an engine of the same config. The API server keeps the
+    """On the H100 (2026-12-05): vLLM 0.26.0 hashes VLLM_API_KEY into the engine core's torch.compile key, so the
+    suite's fresh key per server compiled the server again beside an engine of the same config. The API server keeps the
     key; the engine core it forks never sees it; a spawned child (vLLM's extra API servers) still has it."""
     script = tmp_path / "probe.py"
     script.write_text(KEY_PROBE)

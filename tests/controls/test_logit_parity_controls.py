@@ -422,7 +422,7 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
     assert figures.values["exact_layers"] == 2 and json_config(engines.asked[0]["model"])["num_hidden_layers"] == 2
     assert figures.values["max_abs_dlogprob"] < 2e-3
 
-    # the slice written, the disk it filled is no reason to skip it (round twenty-two's 12-layer run on the H200
+    # the slice written, the disk it filled is no reason to skip it (the 12-layer run on the H200 of 2026-12-06
     # skipped the check: "not even one layer ... fits the 6 GiB free on the disk", its own slice having filled it)
     monkeypatch.setattr(exact_slice.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
     figures, engines = Figures(), AskedFor(shared_engines)
@@ -438,7 +438,7 @@ def test_exact_float32_check_runs_an_mxfp4_model_on_its_weights_dequantized(prom
 
 def test_the_exact_check_s_slice_is_written_in_the_background_and_the_check_runs_it(prompts, shared_engines,
                                                                                    monkeypatch, tmp_path):
-    """Round twenty's H100 spent about 30-40 s of the exact check writing its slice (2 layers of 120b's dimensions
+    """On 2026-12-05 an H100 spent about 30-40 s of the exact check writing its slice (2 layers of 120b's dimensions
     dequantized: 15 GB), on the critical path, on both nodes. A --model run that selected the check now writes it in
     the background from collection on, after the model's hash (run/exact_slice.py); the check waits for that job and
     runs the very slice it wrote (not one of its own), and still passes a clean engine and fails one that drops the

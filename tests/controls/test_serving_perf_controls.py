@@ -153,7 +153,7 @@ def test_a_drop_that_compounds_over_runs_fails_against_the_pin(store, tmp_path, 
 
 def test_the_tiny_model_on_a_gpu_is_judged_for_a_collapse_not_for_its_hosts_swings(store, tmp_path, monkeypatch):
     """The tiny model served on a GPU is host-bound (perf.toml [serving_host_bound]): the check's own body lets
-    through the swing one H100 node showed between P2 runs of one stack (round twenty-seven: 0.70x the pinned
+    through the swing one H100 node showed between P2 runs of one stack (2026-12-06: 0.70x the pinned
     output throughput, 1.77x its TTFT p50), which fails the real model; a collapse to 0.4x fails both."""
     swing = dict(HEALTHY, output_tok_s=700.0, ttft_p50_ms=177.0, tpot_p50_ms=13.0, itl_p50_ms=13.0,
                  ttft_p99_ms=400.0, itl_p99_ms=40.0)
@@ -711,7 +711,7 @@ def test_graph_mode_check_fails_when_graph_tokens_leave_the_reference(tmp_path, 
 
 
 def test_graph_mode_check_at_depth_judges_by_the_noise_twin_and_still_fails_a_fault(tmp_path, monkeypatch):
-    """Round twenty-five (one H100, bf16, 24 layers of 120b's dimensions): a healthy graph/eager pair stood a median
+    """On 2026-12-06 (one H100, bf16, 24 layers of 120b's dimensions): a healthy graph/eager pair stood a median
     1.16 / 1.40 from the reference and 1.43 from each other, against bf16's fixed median 0.15. At depth the check
     takes greedy parity's limits: graph mode against the reference widened to the noise twin's (decode bands by
     depth), graph mode against eager by the same. Scripted here at 24 layers: graph mode 1.2 from the reference where

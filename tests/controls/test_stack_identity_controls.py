@@ -57,7 +57,7 @@ def test_pins_check_fails_when_the_vllm_version_cannot_be_read():
 
 
 def test_pins_check_names_the_missing_manifest_on_a_card_without_one():
-    """Round nineteen's first H100 P0 failed with `manifest None: no pin was evaluated`; the sentence now says what
+    """The first H100 P0 (2026-12-05) failed with `manifest None: no pin was evaluated`; the sentence now says what
     is missing. (h100.toml exists since: the recorded H100 fingerprint passes below.)"""
     fp = {"platform": {"accelerator": "nvidia", "gpu_names": ["NVIDIA L4"], "compute_caps": ["8.9"]},
           "packages": {"torch": "2.11.0+cu130", "vllm": "0.26.0"}}

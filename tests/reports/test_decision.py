@@ -216,7 +216,7 @@ def test_the_cuda_vllm_lineage_stands_beside_the_cpu_one_and_only_complete_runs_
     the P2 on a node whose host ran slower missed 8 serving pins, the later ones passed against a pin of their own
     node): the newest run alone does not decide, so the lineage is not safe with each flaky check and its flips named;
     and its model is the tiny test model, so it could read at best "stack conformant (test model)" anyway. Narrowed
-    runs (round six's re-run of P1's six failures, fp8 KV in fp16) and planted faults never count. The bf16
+    runs (the re-run of P1's six failures on 2026-12-04, fp8 KV in fp16) and planted faults never count. The bf16
     cuda-triton row is a lineage of its own: P0 passes."""
     own = tmp_path / "own"
     own.mkdir()

@@ -1,7 +1,8 @@
-"""Issue 39, second recordings and the fault facts: amdgpu page faults (hub, device, process, UTCL2 client), RAS/ACA
-uncorrectable errors, probe and IP-discovery failures with their error code, HIP's NoBinaryForGpu with the target's
-xnack suffix, hipconfig's paths; and a second real recording of amd-smi list/firmware/version, hipconfig and modinfo.
-Sources: fixtures/tools/SOURCES.md ("second recordings"); every value asserted here is stated verbatim in its file.
+"""The second recordings of issue 39 and the fault facts: amdgpu page faults (hub, device, process, UTCL2 client),
+RAS/ACA uncorrectable errors, probe and IP-discovery failures with their error code, HIP's NoBinaryForGpu with the
+target's xnack suffix, hipconfig's paths; and a second real recording of amd-smi list/firmware/version, hipconfig and
+modinfo. Sources: fixtures/tools/SOURCES.md ("second recordings"); every value asserted here is stated verbatim in
+its file.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from env_checks.diagnose import diagnose_text
-from tests.env_checks.test_diagnose_issue39_more import TOOLS, read
+from tests.env_checks.test_diagnose_newer_layouts import TOOLS, read
 
 FAMILIES = {"kernel_faults": 8, "hip_errors": 2, "second": 5}
 NEW = sorted(p for family in FAMILIES for p in (TOOLS / family).iterdir())
