@@ -1,6 +1,6 @@
-"""Engines are data (data/engines.toml, conformance/engines/registry.py): no module outside conformance/engines/ compares
-a value with an engine's name, and an engine declared only in data (its adapter class and its table) is started by the
-suite's worker like any other."""
+"""Engines are data (data/engines.toml, conformance/engines/registry.py): no module outside conformance/engines/
+compares a value with an engine's name, and an engine declared only in data (its adapter class and its table) is
+started by the suite's worker like any other."""
 
 from __future__ import annotations
 

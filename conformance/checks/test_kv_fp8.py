@@ -18,7 +18,7 @@ def _fp8_or_skip(run_target):
     reason = profiles.kv_fp8_unsupported(target, vector_isa())  # only a target whose kernels need an ISA lists one
     if reason:
         pytest.skip(f"{reason} (profiles.toml [kv_fp8.{target}]); the reference side and the accounting are "
-                    "tested in tests/test_kv_fp8.py")
+                    "tested in tests/controls/test_kv_fp8_controls.py")
     return profiles.kv_fp8_format(target, run_target.gcn_arch), profiles.kv_fp8_rounding(target)
 
 

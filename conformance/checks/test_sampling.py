@@ -12,10 +12,10 @@ from conformance.verdicts.verdict import fail
 
 AREA = "sampling"
 # Draws per case. Temperature alone: 6,000 give power 0.99 against a temperature 10 % off at the 1e-6 test (0.35 at
-# 2,000; tests/test_sampling_controls.py measures it); a truncation is caught by draws outside its support.
+# 2,000; tests/test_sampling_verdicts.py measures it); a truncation is caught by draws outside its support.
 DRAWS = {"temperature": 6000}
 DRAWS_TRUNCATED = 2000
-SEED = 20261203  # the draws are reproducible run to run; tests/test_sampling_controls.py varies it
+SEED = 20261203  # the draws are reproducible run to run; tests/test_sampling_verdicts.py varies it
 
 
 @pytest.mark.p0
@@ -93,7 +93,7 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, toleran
     seeded requests; four different seeds do not all give one output. Batched beside others, a kernel may compute
     the logits a little otherwise (vLLM promises batch invariance only in its batch-invariant mode): a batched
     output may part from the lone one only where the logits moved enough to flip that very draw, by no more than the
-    dtype's noise (`sampling.flip_explained`, proven on its own in tests/test_sampling_controls.py).
+    dtype's noise (`sampling.flip_explained`, proven on its own in tests/test_sampling_verdicts.py).
 
     Catches: a request's seed dropped or shared across a batch (the global generator used instead), sampling that
     depends on a request's batch neighbours.
