@@ -60,9 +60,9 @@ def _marked(marker: str) -> list[str]:
     return found
 
 
-def _interrupt(proc: subprocess.Popen, send: Callable[[], None]) -> tuple[str, float]:
-    """Signal `proc` INTO_S after its start, once its run has begun (its header names the run's folder); its
-    output and the seconds from the signal to its exit."""
+def read_in_background(proc: subprocess.Popen) -> tuple[list[str], threading.Event, threading.Thread]:
+    """`proc`'s output lines as they come, and an event set once its run has begun (its header names the run's
+    folder); the reader thread, to join once `proc` has exited."""
     lines: list[str] = []
     begun = threading.Event()
 
@@ -74,6 +74,13 @@ def _interrupt(proc: subprocess.Popen, send: Callable[[], None]) -> tuple[str, f
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    return lines, begun, reader
+
+
+def _interrupt(proc: subprocess.Popen, send: Callable[[], None]) -> tuple[str, float]:
+    """Signal `proc` INTO_S after its start, once its run has begun; its output and the seconds from the signal to
+    its exit."""
+    lines, begun, reader = read_in_background(proc)
     time.sleep(INTO_S)
     assert begun.wait(180) and proc.poll() is None, "".join(lines)[-3000:]
     send()

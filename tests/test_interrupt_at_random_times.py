@@ -14,7 +14,6 @@ import json
 import os
 import random
 import statistics
-import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from reports.results import validate
-from tests.test_interrupt import _marked, _nox
+from tests.test_interrupt import _marked, _nox, read_in_background
 
 pytestmark = pytest.mark.slow
 
@@ -40,17 +39,7 @@ def _signal_once(work: Path, n: int, delay_s: float) -> dict:
     reports = work / "runs"
     work.mkdir(parents=True)
     proc = _nox(work, reports, marker)
-    lines: list[str] = []
-    begun = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("conformance: run "):
-                begun.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    lines, begun, reader = read_in_background(proc)
     assert begun.wait(180), "".join(lines)[-3000:]
     time.sleep(delay_s)
     how = "Ctrl-C to the group" if n % 2 == 0 else "SIGTERM to nox"
