@@ -84,6 +84,9 @@ def _stop(why: str) -> None:
     after."""
     from conformance.engines import worker
 
+    config = _CONFIG.get("config")
+    if config is not None:
+        ctx_of(config).stopping.set()  # nothing in the background launches a process from now on
     worker.CLOSE_TIMEOUT_S = STOP_GRACE_S
     vllm_server.CLOSE_GRACE_S = STOP_GRACE_S
     raise KeyboardInterrupt(why)

@@ -5,6 +5,7 @@ The plugin creates it (`pytest_configure`); fixtures, the serving fixtures and t
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ class RunContext:
     engine_factory: Any = None  # the run's EngineFactory while the engines fixture is set up (fixtures.py)
     shortfall: str | None = None  # what the run lacks of data/run_minimum.toml (run_minimum.py), set at its end
     ledger: Ledger = field(default_factory=Ledger)  # the tiers' checks against what ran (coverage.py)
+    # set by the plugin as a signal stops the run: what runs in the background (the server's prestart) launches
+    # nothing after it
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     # Read-only views of `target` for the code that still takes the run (checks take the `target` fixture).
     @property

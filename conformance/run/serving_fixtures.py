@@ -131,7 +131,7 @@ def prestart_server(run: RunContext) -> None:
                 forkserver.wait_inspected()  # its engine core reads vLLM's model inspection from the cache
             vocab_path = vocab.ensure_o200k()
             with _PRESTART_LOCK:  # an interrupted run discards it first: then no server is launched at all
-                if _PRESTART.get("discarded"):
+                if _PRESTART.get("discarded") or run.stopping.is_set():
                     return
                 proc = new_server(run.target, _served_model(run, vocab_path), vocab_path.parent,
                                   run.run_dir / "vllm-server.log")
