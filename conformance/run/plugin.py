@@ -132,6 +132,9 @@ def pytest_configure(config: pytest.Config) -> None:
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
     _catch_interrupts()
     run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
+    # the tiers' checks, known before collection: a run stopped before it names every one as not run
+    ctx.ledger.expected = coverage.tier_functions(run_options.selected_tiers(config),
+                                                  coverage.checks_dir(config.rootpath))
     from conformance.run import preflight  # every argument, once, before any check, engine or server starts
 
     bad = preflight.problems(opt, report, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None,
@@ -186,8 +189,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
     run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
     config.stash[TIER_CHECKS] = len(items)
-    tiers = run_options.selected_tiers(config)
-    ctx.ledger.expected = coverage.tier_functions(tiers, coverage.checks_dir(config.rootpath))
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
