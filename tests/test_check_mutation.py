@@ -166,7 +166,8 @@ def test_a_tokenizer_crash_on_bad_unicode_is_not_a_refusal():
 
 def test_amx_is_detected_from_cpuinfo_and_keys_the_mxfp4_skip():
     """Fail-open closed: the MXFP4 skip said "without AMX" but applied to every CPU host."""
-    from conformance.run import cpu_features, expectations
+    from conformance.monitor import cpu_features
+    from conformance.run import expectations
 
     assert cpu_features.amx("processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n") is True
     assert cpu_features.amx("processor : 0\nflags : fpu avx2\n") is False

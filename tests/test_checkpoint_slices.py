@@ -102,7 +102,7 @@ def test_the_bf16_dequantization_equals_the_references_for_every_scale_and_byte(
 
 
 def test_a_slice_left_half_written_by_a_stopped_run_is_removed_and_a_fresh_one_kept(tiny, tmp_path):
-    """The exact check's slice is written in the background (run/exact_slice.py); a run stopped meanwhile leaves its
+    """The exact check's slice is written in the background (checkpoints/exact_slice.py); a stopped run leaves its
     temporary folder (15 GB at 120b's dimensions). The next slice written removes those over an hour old and leaves a
     younger one, which another run may be writing."""
     import os

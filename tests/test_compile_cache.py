@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import compile_cache
+from conformance.engines import compile_cache
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The depth-noise measurement (conformance/run/depth_noise.py) that sets tolerances.toml `noise_ratio`: it runs
+"""The depth-noise measurement (conformance/lab/depth_noise.py) that sets tolerances.toml `noise_ratio`: it runs
 greedy parity's own body on a real engine and prints the engine's figures, the noise twin's and their ratios. Its
 sweep of 2026-12-04 (fixtures/recorded/depth-noise/, docs/verdicts.md "Greedy parity at depth") is judged again
 here by today's limits: no healthy model fails them, and the planted faults still do."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import depth_noise
+from conformance.lab import depth_noise
 from conformance.verdicts.limits import limits_for
 
 SWEEP = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "depth-noise"

@@ -1,4 +1,4 @@
-"""The fit preflight (conformance/run/fit.py) on gpt-oss-120b's real tensor table: no weights needed."""
+"""The fit preflight (conformance/checkpoints/fit.py) on gpt-oss-120b's real tensor table: no weights needed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
+from conformance.checkpoints import fit
 from conformance.checkpoints.models import TinySpec, hf_config
 from conformance.reference import kv_model
-from conformance.run import fit
 from conformance.verdicts import profiles
 
 MI300X = 192e9

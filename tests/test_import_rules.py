@@ -33,12 +33,12 @@ PACKAGES = ("conformance", "env_checks", "reports")
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("datafiles", "tooling"),
     ("engines",),
-    ("reference",),
+    ("monitor", "reference"),
     ("verdicts",),
     ("checkpoints",),
     ("distributed",),
     ("run",),
-    ("checks",),
+    ("checks", "lab"),
     ("__main__",),
 )
 # Which packages of the repository each one may import (docs/architecture.md "The import rule, and its two doors").

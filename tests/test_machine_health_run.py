@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conformance import datafiles
-from conformance.run import machine_health
+from conformance.monitor import machine_health
 from env_checks.signatures import match
 from reports.results import validate
 

@@ -8,7 +8,7 @@ import sys
 import time
 import types
 
-from conformance.run import machine_health, telemetry
+from conformance.monitor import machine_health, telemetry
 
 
 class FakeBackend:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run.fit import FitVerdict
+from conformance.checkpoints.fit import FitVerdict
 from conformance.verdicts import compare
 from conformance.verdicts.verdict import CheckFailed, Problems, Verdict, at_least, fail, record_figures
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conformance.run import fit
+from conformance.checkpoints import fit
 from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "engine"

@@ -12,7 +12,7 @@ AREA = "kv-cache"
 
 
 def _fp8_or_skip(run_target):
-    from conformance.run.cpu_features import vector_isa
+    from conformance.monitor.cpu_features import vector_isa
 
     target = run_target.name
     reason = profiles.kv_fp8_unsupported(target, vector_isa())  # only a target whose kernels need an ISA lists one

@@ -351,7 +351,7 @@ def engines(request: pytest.FixtureRequest, run: RunContext, model_under_test: M
     factory = EngineFactory(run, model_under_test, items=request.session.items)
     if capabilities.declared().has(run.engine, "memory_budget"):  # the fit preflight: fail closed, in one
         # sentence, before any engine starts
-        from conformance.run import fit
+        from conformance.checkpoints import fit
 
         try:
             verdict = fit.gate(run.target, model_under_test.path, model_under_test.config, factory.options(),

@@ -7,7 +7,7 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
   start to the first child it forks;
 - `checkpoints`: building (or, when cached, verifying) the tiny checkpoints and the o200k vocabulary, and with
   --model reading its content hash, all in the background from collection on;
-- `exact slice`: with --model, writing the exact float32 check's slice in the background (run/exact_slice.py);
+- `exact slice`: with --model, writing the exact float32 check's slice in the background (checkpoints/exact_slice.py);
 - `load`: the model under test made ready (the `model_under_test` fixture): the tiny checkpoint waited for, or
   --model's directory inspected; each engine's own weight load is part of its start;
 - `reference`: the fp64 reference's set-up and every result the run computed rather than read from the cache or a
@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from conformance.run import compile_cache
+from conformance.engines import compile_cache
 
 _lock = threading.Lock()
 _phases: dict[str, float] = {}
@@ -183,7 +183,7 @@ def wait_built(name: str, timeout_s: float = 1800.0) -> None:
 def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[], Any]]]:
     """What the selected checks will need built: the tiny checkpoint (no --model), the o200k vocabulary
     and the tiny model with the o200k tokenizer (tokenizer and server checks); with --model, its content hash, then
-    the slice the exact float32 check will run (run/exact_slice.py)."""
+    the slice the exact float32 check will run (checkpoints/exact_slice.py)."""
     names = {name for item in items for name in getattr(item, "fixturenames", ())}
     jobs: list[tuple[str, Callable[[], Any]]] = []
     if run.model_arg is None and names & {"model_under_test", "engine", "engines", "reference", "prompts"}:
@@ -204,7 +204,7 @@ def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[
 
         model_dir = Path(run.model_arg)  # a directory it cannot read is the model_under_test fixture's to report
         jobs.append(("model hash", lambda: content_hash(model_dir)))
-        from conformance.run import exact_slice
+        from conformance.checkpoints import exact_slice
 
         if exact_slice.wanted(run, items):  # the exact check's slice (15 GB at 120b's dimensions), keyed by the hash
             def slice_job() -> Path | None:

@@ -19,17 +19,9 @@ import pytest
 
 from conformance import datafiles
 from conformance.engines import vllm_server
-from conformance.run import (
-    capabilities,
-    coverage,
-    expectations,
-    machine_health,
-    options,
-    run_options,
-    run_target,
-    runrecord,
-)
-from conformance.run.cpu_features import amx as _cpu_amx
+from conformance.monitor import machine_health
+from conformance.monitor.cpu_features import amx as _cpu_amx
+from conformance.run import capabilities, coverage, expectations, options, run_options, run_target, runrecord
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
 
@@ -142,7 +134,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if bad:
         raise pytest.UsageError("\n".join(bad))
     if opt.compile_cache:  # before any engine, server or forkserver starts: they inherit the variables
-        from conformance.run import compile_cache
+        from conformance.engines import compile_cache
 
         try:
             compile_cache.use(Path(opt.compile_cache))
@@ -239,7 +231,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _cpu_isa() -> str:
-    from conformance.run.cpu_features import vector_isa
+    from conformance.monitor.cpu_features import vector_isa
 
     return vector_isa()
 
@@ -431,6 +423,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from conformance.reference import cache
 
     cache.disable()  # a process that goes on (tests call `conformance run` in-process) computes afresh
-    from conformance.run import compile_cache
+    from conformance.engines import compile_cache
 
     compile_cache.release()

@@ -98,7 +98,7 @@ def health_policy(arg: str | None, target: str) -> str | None:
     path = Path(arg)
     if not path.is_file():
         return f"--health-policy {arg} is not a file: give a policy TOML (the suite's own is data/health.toml)."
-    from conformance.run.machine_health import load_policy
+    from conformance.monitor.machine_health import load_policy
 
     try:
         load_policy(target, path)

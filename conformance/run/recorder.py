@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from conformance.engines import compile_cache
+from conformance.monitor import machine_health
 from conformance.reference import cache as reference_cache
-from conformance.run import compile_cache, machine_health, phases, runrecord
+from conformance.run import phases, runrecord
 from conformance.run.runcontext import RunContext
 from env_checks.signatures import diagnose
 

@@ -57,7 +57,7 @@ def lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None
 
 def compile_cache_lines() -> list[str]:
     """Where --compile-cache points the compilers, and whether an earlier run (a fleet's first node) filled it."""
-    from conformance.run import compile_cache
+    from conformance.engines import compile_cache
 
     shared = compile_cache.summary()
     if shared is None:

@@ -283,7 +283,7 @@ def greedy_parity(outputs: list[Completion], reference: Any, tol: LogprobToleran
                   record_figure: Callable[[str, float], Any], prefill: bool = True,
                   names: tuple[str, str] = ("engine", "reference")) -> ParityReport:
     """Greedy parity's verdict (checks/test_logit_parity.py::test_greedy_logprobs_match_reference; P2's graph-mode
-    paths; the run's depth-noise measurement, conformance/run/depth_noise.py): the engine's paths scored by the fp64
+    paths; the run's depth-noise measurement, conformance/lab/depth_noise.py): the engine's paths scored by the fp64
     reference. Where the engine exceeds `tol` and the dtype names a noise twin, the limits widen to noise_ratio x the
     twin's figures on the same paths (docs/verdicts.md "Greedy parity at depth"); the report's `tolerance` is the one
     that judged. Figures recorded, problems reported. `prefill=False`: the generated steps alone (outputs asked

@@ -15,7 +15,7 @@ permitted (kernel.dmesg_restrict=1, no systemd-journal group): that is reported 
 tool's own words, never as an empty log.
 
 `extra` names a file of lines to add to what the kernel printed, read through the same parser: a test plants
-a known fault there (the run reads it through CONFORMANCE_KERNEL_LOG_EXTRA, see conformance.run.machine_health).
+a known fault there (the run reads it through CONFORMANCE_KERNEL_LOG_EXTRA, see conformance.monitor.machine_health).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from conformance.checkpoints import fit
 from conformance.checkpoints.models import hf_config
 from conformance.checks import test_fit as fit_checks
-from conformance.run import fit
 from tests.check_fakes import FAILED, Figures, run_ctx
 
 

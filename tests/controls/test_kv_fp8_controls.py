@@ -178,7 +178,7 @@ def test_real_vllm_cpu_fp8_cache_matches_the_truncating_reference(tiny, short_pr
     from types import SimpleNamespace
 
     from conformance.checks import test_kv_fp8 as checks
-    from conformance.run.cpu_features import vector_isa
+    from conformance.monitor.cpu_features import vector_isa
     from tests.check_fakes import FAILED, Figures
 
     reason = profiles.kv_fp8_unsupported("cpu", vector_isa())

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conformance.checkpoints import exact_slice
 from conformance.checks import test_logit_parity as parity
 from conformance.engines.base import StepLogprobs
 from conformance.engines.worker import EngineProcess
 from conformance.reference import Reference
-from conformance.run import exact_slice
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, TOL, Figures, ScriptedEngine, ScriptedEngines, target_of
 from tests.controls.conftest import _hf
@@ -440,8 +440,8 @@ def test_the_exact_check_s_slice_is_written_in_the_background_and_the_check_runs
                                                                                    monkeypatch, tmp_path):
     """On 2026-12-05 an H100 spent about 30-40 s of the exact check writing its slice (2 layers of 120b's dimensions
     dequantized: 15 GB), on the critical path, on both nodes. A --model run that selected the check now writes it in
-    the background from collection on, after the model's hash (run/exact_slice.py); the check waits for that job and
-    runs the very slice it wrote (not one of its own), and still passes a clean engine and fails one that drops the
+    the background from collection on, after the model's hash (checkpoints/exact_slice.py); the check waits for that job
+    and runs the very slice it wrote (not one of its own), and still passes a clean engine and fails one that drops the
     sinks. A run without the check, or without --model, writes none."""
     from conformance.checkpoints import crafted
     from conformance.datafiles import content_hash

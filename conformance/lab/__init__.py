@@ -1,0 +1,1 @@
+"""Measurement tools: the campaigns that set a limit of conformance/data (docs/notebook/) run from here."""
