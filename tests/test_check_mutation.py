@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.checks import test_engine
-from conformance.run import controls, run_minimum
+from conformance.run import recorder, runrecord
 from tests import check_mutation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,25 +21,26 @@ CHECK_FILE = ROOT / "conformance" / "checks" / "test_engine.py"
 
 
 def test_every_check_names_controls_that_exist():
-    declared = controls.declared(check_mutation.CHECKS)
+    declared = runrecord.declared_controls(check_mutation.CHECKS)
     assert len(declared) >= 60
     missing = [check for check, pairs in declared.items() if not pairs]
     assert not missing, f"checks without a Controls: line: {missing}"
     broken = {check: problems for check, pairs in declared.items()
-              if (problems := controls.problems(", ".join(f"{f}::{fn}" for f, fn in pairs), CHECK_FILE))}
+              if (problems := runrecord.controls_problems(", ".join(f"{f}::{fn}" for f, fn in pairs), CHECK_FILE))}
     assert not broken, broken
 
 
 def test_controls_lint_names_what_is_wrong():
-    assert controls.problems(None, CHECK_FILE) == [
+    assert runrecord.controls_problems(None, CHECK_FILE) == [
         "has no 'Controls:' line in its docstring (which tests prove it can fail?)"]
-    assert "not tests/<file>.py::<test function>" in controls.problems("tests/x.py", CHECK_FILE)[0]
-    assert controls.problems("tests/test_nothere.py::test_x", CHECK_FILE) == [
+    assert "not tests/<file>.py::<test function>" in runrecord.controls_problems("tests/x.py", CHECK_FILE)[0]
+    assert runrecord.controls_problems("tests/test_nothere.py::test_x", CHECK_FILE) == [
         "names the control tests/test_nothere.py::test_x, but tests/test_nothere.py does not exist"]
-    assert controls.problems("tests/test_check_mutation.py::test_gone", CHECK_FILE) == [
+    assert runrecord.controls_problems("tests/test_check_mutation.py::test_gone", CHECK_FILE) == [
         "names the control tests/test_check_mutation.py::test_gone, but tests/test_check_mutation.py defines no "
         "test_gone"]
-    assert controls.problems("tests/test_check_mutation.py::test_controls_lint_names_what_is_wrong", CHECK_FILE) == []
+    entry = "tests/test_check_mutation.py::test_controls_lint_names_what_is_wrong"
+    assert runrecord.controls_problems(entry, CHECK_FILE) == []
 
 
 def test_the_plugin_lints_controls_like_catches_and_reference():
@@ -78,23 +79,23 @@ def rec(check: str, tier: str, outcome: str) -> SimpleNamespace:
     return SimpleNamespace(id=f"conformance/checks/{check}", tier=tier, outcome=outcome)
 
 
-P0_CORE = [rec(name, "p0", "passed") for name in run_minimum.minimum()["p0"]["required"]]
+P0_CORE = [rec(name, "p0", "passed") for name in recorder.minimum_table()["p0"]["required"]]
 
 
 def test_run_minimum_accepts_a_p0_that_passed_its_core_checks_and_a_subset():
-    assert run_minimum.shortfall(P0_CORE + [rec("test_device.py::test_gemm_numerics[tf32]", "p0", "skipped")]) is None
-    assert run_minimum.shortfall([rec("test_stack_identity.py::test_torch_build_matches_target", "p0", "passed")]) \
+    assert recorder.shortfall(P0_CORE + [rec("test_device.py::test_gemm_numerics[tf32]", "p0", "skipped")]) is None
+    assert recorder.shortfall([rec("test_stack_identity.py::test_torch_build_matches_target", "p0", "passed")]) \
         is None  # a -k subset that left the other core checks out
 
 
 def test_run_minimum_rejects_an_all_skipped_run_and_a_p0_without_its_tokenizer():
     skipped = [rec("test_device.py::test_device_isa_in_build", "p0", "skipped")]
-    assert "no check passed (1 selected, all skipped)" in run_minimum.shortfall(skipped)
+    assert "no check passed (1 selected, all skipped)" in recorder.shortfall(skipped)
     core = [r if "round_trip" not in r.id else rec(r.id.rsplit("/", 1)[-1], "p0", "skipped") for r in P0_CORE]
-    why = run_minimum.shortfall(core)
+    why = recorder.shortfall(core)
     assert why.startswith("P0 requires test_tokenizer.py::test_tokenizer_round_trip_smoke (skipped) to pass")
     p1 = P0_CORE + [rec("test_scheduling.py::test_preemption_keeps_outputs", "p1", "skipped")]
-    assert run_minimum.shortfall(p1).startswith("P1: 0 of 1 selected checks passed")
+    assert recorder.shortfall(p1).startswith("P1: 0 of 1 selected checks passed")
 
 
 def conformance_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -167,12 +168,13 @@ def test_a_tokenizer_crash_on_bad_unicode_is_not_a_refusal():
 def test_amx_is_detected_from_cpuinfo_and_keys_the_mxfp4_skip():
     """Fail-open closed: the MXFP4 skip said "without AMX" but applied to every CPU host."""
     from conformance.monitor import cpu_features
-    from conformance.run import expectations
+    from conformance.run import capabilities
 
     assert cpu_features.amx("processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile\n") is True
     assert cpu_features.amx("processor : 0\nflags : fpu avx2\n") is False
     assert cpu_features.amx("processor : 0\n") is None
-    entry = next(e for e in expectations.load() if "mxfp4_checkpoint_matches_reference[under-test]" in e["check"])
+    entry = next(e for e in capabilities.load_expectations()
+                 if "mxfp4_checkpoint_matches_reference[under-test]" in e["check"])
     base = {"target": "cpu", "engine": "vllm"}
-    assert expectations.matches(entry["when"], base | {"cpu_amx": False})
-    assert not expectations.matches(entry["when"], base | {"cpu_amx": True})
+    assert capabilities.expectation_matches(entry["when"], base | {"cpu_amx": False})
+    assert not capabilities.expectation_matches(entry["when"], base | {"cpu_amx": True})

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.run import cli
+from conformance.run.run_target import TIER_INFO
 from conformance.run.runrecord import check_metadata_problems
-from conformance.run.tiers import TIER_INFO
 from conformance.tooling import check_limits, check_pages, check_reference, failure_catalogue
 from conformance.tooling.check_catalogue import read_checks
 
@@ -58,10 +58,10 @@ def _json(capsys, *argv: str) -> list[dict]:
 
 def test_json_lists_every_check_with_its_limits_read_from_the_data(capsys):
     listed = _json(capsys, "--json")
-    from conformance.run import controls
+    from conformance.run import runrecord
 
-    assert {c["id"].removeprefix("conformance/checks/") for c in listed} == set(controls.declared(ROOT / "conformance"
-                                                                                                  / "checks"))
+    declared = runrecord.declared_controls(ROOT / "conformance" / "checks")
+    assert {c["id"].removeprefix("conformance/checks/") for c in listed} == set(declared)
     by_id = {c["function"]: c for c in listed}
     gemm = by_id["test_gemm_numerics"]
     data = tomllib.loads((DATA / "devices.toml").read_text())["gemm_numerics"]["tolerance"]

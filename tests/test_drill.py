@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.engines import faults as planted
-from conformance.run import drill
+from conformance.run import cli
 from conformance.run.cli import main as cli_main
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "device_runs"
@@ -20,13 +20,13 @@ def _record(run_id: str) -> dict:
     return json.loads((RUNS / run_id / "results.json").read_text())
 
 
-def _fault(name: str) -> drill.Fault:
-    (fault,) = [f for f in drill.faults() if f.name == name]
+def _fault(name: str) -> cli.Fault:
+    (fault,) = [f for f in cli.faults() if f.name == name]
     return fault
 
 
 def test_the_faults_table_names_every_planted_fault_for_the_engines_that_carry_it():
-    table = {f.name: f for f in drill.faults()}
+    table = {f.name: f for f in cli.faults()}
     assert set(table) == set(planted.FAULTS) | set(planted.SAMPLER_FAULTS) | set(planted.HISTORY_FAULTS)
     assert {n for n, f in table.items() if "vllm" in f.engines} == set(planted.SAMPLER_FAULTS) | set(
         planted.HISTORY_FAULTS) | {"sinks_dropped", "rope_bf16_positions", "rope_bf16_inv_freq"}  # faults._vllm's
@@ -44,8 +44,8 @@ def test_the_faults_table_names_every_planted_fault_for_the_engines_that_carry_i
                                                             "test_rope_tables_match_reference"]),
 ])
 def test_the_h200_s_fault_runs_are_caught_by_verdicts_not_by_engine_errors(run_id, fault, failed):
-    outcome = drill.judge(_fault(fault), _record(run_id))
-    assert (outcome.verdict, outcome.run_id, outcome.failed) == (drill.CAUGHT, run_id, failed)
+    outcome = cli.judge(_fault(fault), _record(run_id))
+    assert (outcome.verdict, outcome.run_id, outcome.failed) == (cli.CAUGHT, run_id, failed)
 
 
 def test_a_run_that_passed_its_checks_is_blind_and_one_that_did_not_judge_could_not_run():
@@ -54,16 +54,16 @@ def test_a_run_that_passed_its_checks_is_blind_and_one_that_did_not_judge_could_
     passed = json.loads(json.dumps(record))
     for check in passed["checks"]:
         check.update(outcome="passed", message="")
-    assert drill.judge(fault, passed).verdict == drill.BLIND
+    assert cli.judge(fault, passed).verdict == cli.BLIND
     errored = json.loads(json.dumps(record))
     errored["checks"][1].update(outcome="error", message="conformance.engines.worker.EngineError: engine died")
-    outcome = drill.judge(fault, errored)
-    assert outcome.verdict == drill.NOT_RUN and "EngineError: engine died" in outcome.why
+    outcome = cli.judge(fault, errored)
+    assert outcome.verdict == cli.NOT_RUN and "EngineError: engine died" in outcome.why
     cut = dict(record, complete=False, checks=[])
-    assert drill.judge(fault, cut).why == "the run did not complete"
-    assert drill.judge(fault, _record("20261204T183718-cuda-fb9310")).why.startswith("the run carried fault "
+    assert cli.judge(fault, cut).why == "the run did not complete"
+    assert cli.judge(fault, _record("20261204T183718-cuda-fb9310")).why.startswith("the run carried fault "
                                                                                       "'temperature_ignored'")
-    assert drill.judge(fault, None).why == "the run wrote no results.json"
+    assert cli.judge(fault, None).why == "the run wrote no results.json"
 
 
 def test_the_drill_refuses_what_it_chooses_itself_and_unknown_faults(capsys):
@@ -114,11 +114,11 @@ def test_first_catch_ends_each_run_at_its_first_failed_check(tmp_path, capsys, m
     """--first-catch hands each fault's run pytest's --maxfail=1 after the user's own pytest arguments (and the run
     options stay before them); a run stopped there, incomplete, whose one check failed with a verdict, is caught."""
     ran: list[list[str]] = []
-    monkeypatch.setattr(drill, "_run", lambda cmd: ran.append(cmd) or False)
+    monkeypatch.setattr(cli, "_run", lambda cmd: ran.append(cmd) or False)
     record = {"run_id": "r1", "planted_fault": "temperature_ignored", "complete": False, "checks": [
         {"id": "t.py::test_sampled_tokens_follow_the_requested_distribution", "outcome": "failed",
          "message": "conformance.verdicts.verdict.CheckFailed: temperature 1.0 was not applied"}]}
-    monkeypatch.setattr(drill, "_record", lambda reports, before, fault: record)
+    monkeypatch.setattr(cli, "_record", lambda reports, before, fault: record)
     code = cli_main(["drill", "--faults", "temperature_ignored", *(["--first-catch"] * first_catch), "--cpu",
                      "--reports-dir", str(tmp_path), "--", "-p", "no:randomly"])
     (cmd,) = ran
@@ -132,8 +132,8 @@ def test_each_fault_runs_in_the_tier_of_its_checks_unless_the_options_name_one(t
     """history_drift is caught by a P1 check (faults.toml `tier`): its run asks for --tier p1 and a P0 fault's for p0;
     a --tier among the drill's run options holds for every fault."""
     ran: list[list[str]] = []
-    monkeypatch.setattr(drill, "_run", lambda cmd: ran.append(cmd) or False)
-    monkeypatch.setattr(drill, "_record", lambda reports, before, fault: None)
+    monkeypatch.setattr(cli, "_run", lambda cmd: ran.append(cmd) or False)
+    monkeypatch.setattr(cli, "_record", lambda reports, before, fault: None)
 
     def tiers(*options: str) -> dict[str, list[str]]:
         ran.clear()

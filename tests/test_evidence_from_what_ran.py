@@ -1,4 +1,4 @@
-"""A run is platform evidence only if every check of its tiers ran (conformance/run/coverage.py), whatever narrowed
+"""A run is platform evidence only if every check of its tiers ran (conformance/run/runrecord.py), whatever narrowed
 it: -k, --lf, --deselect, node ids, -x, --collect-only. Each narrowed run here is real (a P0 of the CPU default cut
 down to its quickest checks): exit 4, `evidence: false`, the checks that did not run named in `not_run` and listed
 as errors in junit.xml, so neither the dashboard nor a CI reading JUnit sees it as a pass."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import coverage
+from conformance.run import runrecord
 from conformance.run.cli import CHECKS
 from reports.results import validate
 
@@ -47,10 +47,10 @@ def _assert_narrowed(proc: subprocess.CompletedProcess, reports: Path, code: int
     out = proc.stdout + proc.stderr
     assert proc.returncode == code, out[-3000:]
     record, junit = _the_record(reports)
-    p0 = coverage.tier_functions(("p0",))
+    p0 = runrecord.tier_functions(("p0",))
     assert record["evidence"] is False and record["not_run"] and record["evidence_problems"], record["not_run"]
     ran = {c["id"].split("[", 1)[0] for c in record["checks"]}
-    assert {coverage.function_of(c) for c in record["not_run"]} | ran == set(p0)  # every check accounted for
+    assert {runrecord.function_of(c) for c in record["not_run"]} | ran == set(p0)  # every check accounted for
     suite = junit if junit.tag == "testsuite" else junit.find("testsuite")
     errors = [case for case in suite.iter("testcase") if case.find("error") is not None]
     assert len(errors) >= len(record["not_run"]) and int(suite.get("errors")) >= len(record["not_run"])
@@ -64,9 +64,9 @@ def test_the_tiers_checks_read_from_source_are_those_a_whole_collection_holds(tm
     missed one would let a run that skipped it count as whole)."""
     proc = _conformance(tmp_path / "runs", "--", "--collect-only")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    collected = {coverage.PREFIX + line.split("[", 1)[0] for line in proc.stdout.splitlines()
+    collected = {runrecord.CHECKS_PREFIX + line.split("[", 1)[0] for line in proc.stdout.splitlines()
                  if line.startswith("test_") and "::" in line}
-    assert collected and collected == set(coverage.tier_functions(("p0",)))
+    assert collected and collected == set(runrecord.tier_functions(("p0",)))
     # --collect-only is a listing: nothing ran, nothing is recorded, and it says so
     assert "nothing ran and no run was recorded" in proc.stdout and not (tmp_path / "runs").exists()
 
@@ -85,7 +85,7 @@ def test_a_run_narrowed_by_last_failed_is_no_evidence(tmp_path):
     cache.mkdir(parents=True)
     (cache / "lastfailed").write_text(json.dumps({QUICK: True}))
     record = _assert_narrowed(_conformance(reports, "--", "--lf"), reports)
-    assert [c["id"] for c in record["checks"]] == [coverage.PREFIX + QUICK]
+    assert [c["id"] for c in record["checks"]] == [runrecord.CHECKS_PREFIX + QUICK]
     assert any("never collected" in p for p in record["evidence_problems"])
 
 
@@ -100,19 +100,19 @@ def test_a_run_narrowed_by_deselect_is_no_evidence(tmp_path):
 
 def test_a_run_narrowed_by_a_node_id_is_no_evidence(tmp_path):
     reports = tmp_path / "runs"
-    record = _assert_narrowed(_pytest(reports, str(CHECKS / QUICK)), reports, code=coverage.NARROWED_STATUS)
+    record = _assert_narrowed(_pytest(reports, str(CHECKS / QUICK)), reports, code=runrecord.NARROWED_STATUS)
     assert len(record["checks"]) == 1 and any("never collected" in p for p in record["evidence_problems"])
 
 
 def test_the_ledger_names_checks_collected_but_never_executed():
     """-x, --maxfail, --sw or an interrupt: collected checks that never got an outcome are not run."""
-    ledger = coverage.Ledger(expected={"conformance/checks/test_a.py::test_x": "p0",
+    ledger = runrecord.Ledger(expected={"conformance/checks/test_a.py::test_x": "p0",
                                        "conformance/checks/test_a.py::test_y": "p0"},
                              collected=["conformance/checks/test_a.py::test_x", "conformance/checks/test_a.py::test_y"],
                              reported={"conformance/checks/test_a.py::test_x"})
     assert ledger.not_run() == ["conformance/checks/test_a.py::test_y"]
     assert ledger.problems() == ["1 check(s) of the run's tiers were collected but never executed: test_a.py::test_y"]
     assert ledger.reasons()["conformance/checks/test_a.py::test_y"].startswith("not run: the run stopped before it")
-    whole = coverage.Ledger(expected=dict(ledger.expected), collected=list(ledger.collected),
+    whole = runrecord.Ledger(expected=dict(ledger.expected), collected=list(ledger.collected),
                             reported=set(ledger.collected))
     assert whole.not_run() == [] and whole.problems() == []

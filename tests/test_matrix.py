@@ -190,12 +190,12 @@ def test_run_args_are_accepted_by_the_conformance_cli(combo):
 def test_drill_args_are_accepted_by_the_drill(combo, capsys):
     """`nox -s "matrix(<id>)" -- drill`: the drill on the combo's target and engine, its id recorded in each run; the
     drill reads them with the run's own options (here it stops at its usage check, before any run)."""
-    from conformance.run import drill
+    from conformance.run import cli
 
     args = mx.run_args(combo, [], ["--dtype", "float16"], drill=True)
     assert args[:2] == ["conformance", "drill"]
     with pytest.raises(SystemExit):
-        drill.main([*args[2:], "-k", "x"], cli.run_parser)
+        cli.drill_main([*args[2:], "-k", "x"], cli.run_parser)
     assert "the drill chooses -k and --planted-fault itself" in capsys.readouterr().err
 
 

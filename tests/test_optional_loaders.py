@@ -4,7 +4,7 @@ checks with the package named, and nothing else. A vLLM engine under test is nev
 
 from __future__ import annotations
 
-from conformance.run import expectations
+from conformance.run import capabilities
 from tests.check_fakes import CollectedItem
 
 CHECK = "conformance/checks/test_quantized.py::test_quantized_checkpoint_matches_reference"
@@ -15,15 +15,15 @@ IDS.append("conformance/checks/test_quantized.py::test_mxfp4_checkpoint_matches_
 
 def _skipped(run_info: dict) -> dict[str, str]:
     items = [CollectedItem(i) for i in IDS]
-    expectations.apply(items, run_info)
+    capabilities.apply_expectations(items, run_info)
     return {i.nodeid.split("[")[1].rstrip("]"): i.markers[0].kwargs["reason"] for i in items if i.markers}
 
 
 def test_missing_modules_lists_only_what_cannot_be_imported():
     entries = [{"when": {"missing_modules": ["json", "no_such_module_for_the_suite"]}},
                {"when": {"missing_modules": "another_missing_module_xyz"}}, {"when": {"engine": "vllm"}}]
-    assert expectations.missing_modules(entries) == ["another_missing_module_xyz", "no_such_module_for_the_suite"]
-    assert set(expectations.missing_modules()) <= {"optimum", "gptqmodel", "compressed_tensors"}
+    assert capabilities.missing_modules(entries) == ["another_missing_module_xyz", "no_such_module_for_the_suite"]
+    assert set(capabilities.missing_modules()) <= {"optimum", "gptqmodel", "compressed_tensors"}
 
 
 def test_a_missing_loader_skips_its_formats_and_names_the_package():

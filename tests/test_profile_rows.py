@@ -1,4 +1,4 @@
-"""`--profile NAME:all` (conformance/run/profile_rows.py): a profile's backend matrix expanded to one run per row,
+"""`--profile NAME:all` (conformance/run/cli.py): a profile's backend matrix expanded to one run per row,
 on the data (MI300X's production profile) and in one real CPU run through the CLI."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run import cli, profile_rows
+from conformance.run import cli
 from conformance.verdicts import profiles
 
 
 def test_mi300x_production_profile_expands_to_its_backend_rows():
-    rows = profile_rows.expand("mi300x-gpt-oss-120b:all")
+    rows = cli.expand_rows("mi300x-gpt-oss-120b:all")
     labels = [r.label for r in rows]
     assert labels == ["mi300x-gpt-oss-120b:rocm-aiter-unified", "mi300x-gpt-oss-120b:rocm-triton-aiter-off",
                       "mi300x-gpt-oss-120b:rocm-aiter-fa", "mi300x-gpt-oss-120b:rocm-attn-aiter-off"]
@@ -29,23 +29,23 @@ def test_mi300x_production_profile_expands_to_its_backend_rows():
 
 
 def test_one_row_or_no_profile_is_not_expanded():
-    assert profile_rows.expand(None) is None
-    assert profile_rows.expand("mi300x-gpt-oss-120b:rocm-aiter-fa") is None
-    assert [r.label for r in profile_rows.expand("cpu:all")] == ["cpu:cpu"]
+    assert cli.expand_rows(None) is None
+    assert cli.expand_rows("mi300x-gpt-oss-120b:rocm-aiter-fa") is None
+    assert [r.label for r in cli.expand_rows("cpu:all")] == ["cpu:cpu"]
 
 
 def test_an_unknown_profile_fails_in_one_sentence():
     with pytest.raises(profiles.ProfileError, match="there is no serving profile 'mi999x'"):
-        profile_rows.expand("mi999x:all")
+        cli.expand_rows("mi999x:all")
     assert cli.main(["run", "--profile", "mi999x:all"]) == 2
 
 
 def test_rows_after_the_first_run_the_engine_level_checks_only():
-    rows = profile_rows.expand("mi300x-gpt-oss-120b:all")
+    rows = cli.expand_rows("mi300x-gpt-oss-120b:all")
     args = ["x", str(cli.CHECKS), "-q", "--profile=mi300x-gpt-oss-120b:all", "--rocm"]
-    first = profile_rows.row_args(args[1:], cli.CHECKS, rows[0])
+    first = cli.row_args(args[1:], cli.CHECKS, rows[0])
     assert first == [str(cli.CHECKS), "-q", "--profile=mi300x-gpt-oss-120b:rocm-aiter-unified", "--rocm"]
-    later = profile_rows.row_args(args[1:], cli.CHECKS, rows[2])
+    later = cli.row_args(args[1:], cli.CHECKS, rows[2])
     modules = [Path(a).name for a in later if a.endswith(".py")]
     assert modules == ["test_logit_parity.py", "test_kv_cache.py", "test_kv_accounting.py", "test_scheduling.py",
                        "test_prefix_cache.py", "test_running_config.py"] and str(cli.CHECKS) not in later
@@ -54,15 +54,15 @@ def test_rows_after_the_first_run_the_engine_level_checks_only():
 
 def test_a_missing_engine_level_module_fails_in_one_sentence(tmp_path):
     with pytest.raises(profiles.ProfileError, match="do not exist: test_gone.py"):
-        profile_rows.engine_level_checks(tmp_path, {"row_expansion": {"checks": ["test_gone.py"]}})
+        cli.engine_level_checks(tmp_path, {"row_expansion": {"checks": ["test_gone.py"]}})
 
 
 def test_run_rows_runs_each_row_and_returns_the_worst_exit():
-    rows = profile_rows.expand("mi300x-gpt-oss-120b:all")
+    rows = cli.expand_rows("mi300x-gpt-oss-120b:all")
     seen: list[list[str]] = []
     codes = iter([0, 1, 0, 0])
     said: list[str] = []
-    code = profile_rows.run_rows(rows, [str(cli.CHECKS), "--profile=x:all"], cli.CHECKS,
+    code = cli.run_rows(rows, [str(cli.CHECKS), "--profile=x:all"], cli.CHECKS,
                                  lambda a: (seen.append(a), next(codes))[1], said.append)
     assert code == 1 and len(seen) == 4
     assert [next(a for a in s if a.startswith("--profile=")) for s in seen] == [f"--profile={r.label}" for r in rows]

@@ -164,7 +164,7 @@ def test_a_gate_only_run_at_real_size_captures_graphs_for_the_batches_p0_sends(g
     (the engine under test, the float32 twin on its row, the server), and says so in its record; P1 and up run the
     production options untouched."""
     from conformance.run import serving_fixtures
-    from conformance.run.targets import TargetReport
+    from conformance.run.run_target import TargetReport
 
     report = TargetReport("cuda", "cuda", devices=["NVIDIA H200"])
     target = run_target.build("cuda", "vllm", "bfloat16", report, model=_real_size_config(tmp_path),

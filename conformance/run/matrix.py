@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from conformance.engines import registry
 from conformance.run import run_target
-from conformance.run.tiers import TIERS
+from conformance.run.run_target import TIERS
 from env_checks import pins
 from env_checks.versions import InvalidVersion, Version
 
@@ -97,7 +97,7 @@ class Matrix:
 @dataclass(frozen=True)
 class RunRequest:
     """What `nox -s matrix -- ...` asked for: tiers, a per-GPU fan-out width, and arguments for `conformance run`;
-    or `drill`: the planted-fault drill (conformance/run/drill.py) on the combo instead of tiers."""
+    or `drill`: the planted-fault drill (conformance/run/cli.py) on the combo instead of tiers."""
 
     tiers: tuple[str, ...] = ("p0",)
     gpus: int = 0

@@ -1,7 +1,13 @@
 """The suite's pytest plugin: options, target resolution, metadata lint, expectations, progress
 lines, the closing summary table and the run record (results.json, junit.xml, fingerprint.json).
 
-Loaded with `-p conformance.run.plugin` (the `conformance` CLI and the nox sessions do that)."""
+Loaded with `-p conformance.run.plugin` (the `conformance` CLI and the nox sessions do that).
+
+The plugin's run-time rules kept out of plugin.py: the `--tier` selection, the xdist refusal, the run
+header at session start, the heartbeat lines on the terminal and the `--server` address.
+
+Tiers are a plugin option, not a `-m` expression, so that a user's own `-m "not slow"` (or `-k`) narrows the
+tiers asked for instead of replacing them."""
 
 from __future__ import annotations
 
@@ -18,12 +24,84 @@ from typing import Any
 import pytest
 
 from conformance import datafiles
-from conformance.engines import vllm_server
+from conformance.engines import heartbeat, openai_api, vllm_server
+from conformance.engines.vllm_server import SERVER_URL_ENV, ServerError
 from conformance.monitor import machine_health
 from conformance.monitor.cpu_features import amx as _cpu_amx
-from conformance.run import capabilities, coverage, expectations, options, run_options, run_target, runrecord
+from conformance.run import capabilities, cli, phases, recorder, run_target, runrecord
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
+
+# -- run options -----------------------------------------------------------------------------------------------------
+
+
+XDIST_SENTENCE = ("the conformance plugin runs its checks in one process (its engines, server and run record are "
+                  "per session), so it cannot run under pytest-xdist: drop -n/--dist (for one run per GPU use "
+                  "`nox -s matrix -- --gpus N`).")
+
+
+def refuse_xdist(config: pytest.Config) -> None:
+    """A UsageError (one sentence) under `-n N` / `--dist`: without it the workers die on a KeyError."""
+    opt = config.option
+    if hasattr(config, "workerinput") or getattr(opt, "numprocesses", None) or \
+            getattr(opt, "dist", "no") not in ("no", None):
+        raise pytest.UsageError(XDIST_SENTENCE)
+
+
+def selected_tiers(config: pytest.Config) -> tuple[str, ...]:
+    try:
+        return run_target.tiers_asked(config.option.tier)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--tier: {exc}") from None
+
+
+def deselect_other_tiers(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the checks of the selected tiers; the others are reported as deselected, as `-m` would."""
+    wanted = set(selected_tiers(config))
+    if wanted == set(run_target.TIERS):
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if run_target.tier_of(m.name for m in item.iter_markers()) in wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def configure_run(config: pytest.Config) -> None:
+    """At pytest_configure: tier markers, heartbeats to the terminal, and the user's server if any."""
+    for line in run_target.tier_marker_lines():
+        config.addinivalue_line("markers", line)
+    config.addinivalue_line("markers", phases.OWN_ENGINE_LINE)
+    selected_tiers(config)  # a bad --tier is a usage error before anything starts
+    try:
+        heartbeat.to_fd(1)  # fd 1 is the terminal now; pytest's capture redirects it during each check
+    except OSError:
+        pass  # no stdout: the lines go to stderr
+    try:
+        url = openai_api.server_url(config.option.server, os.environ)
+    except ServerError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if url:  # the serving checks read it; a user's server replaces the suite's own
+        os.environ[SERVER_URL_ENV] = url
+
+
+def print_header(session: pytest.Session, ctx: Any) -> None:
+    """The run header, where pytest shows none (`-q`, `--no-header`: what `conformance run` uses)."""
+    config = session.config
+    tw = config.pluginmanager.get_plugin("terminalreporter")
+    if tw is None or recorder.pytest_shows_header(config):
+        return
+    for line in header_lines(config, ctx):
+        tw.write_line(line, bold=True)
+
+
+def header_lines(config: pytest.Config, ctx: Any) -> list[str]:
+    return recorder.run_header_lines(ctx, selected_tiers(config))
+
+
+# -- plugin ----------------------------------------------------------------------------------------------------------
+
 
 _CONFIG: dict[str, pytest.Config] = {}  # pytest_runtest_logreport is given no config
 TIER_CHECKS = pytest.StashKey[int]()  # how many checks the run's tiers hold, before a -k / -m narrows them
@@ -34,7 +112,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("conformance", "GPU LLM inference stack conformance")
     g.addoption("--target", default=run_target.AUTO, choices=run_target.choices(),  # data/targets.toml
                 help="stack to test; auto = the GPU torch sees, else the CPU default")
-    for option in (*options.target_flags(), *options.OPTIONS):  # declared once, with the CLI (run/options.py)
+    for option in (*cli.target_flags(), *cli.OPTIONS):  # declared once, with the CLI (run/cli.py)
         option.add_to(g.addoption)
     g.addoption("--run-id", default=None, help="run id (default: time + target + random)")
 
@@ -103,12 +181,12 @@ def _catch_interrupts() -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    run_options.refuse_xdist(config)  # a usage error under -n, not a KeyError in the workers
+    refuse_xdist(config)  # a usage error under -n, not a KeyError in the workers
     opt = config.option
     report = run_target.resolve(opt.target)
     try:  # --engine, --dtype (every limit the checks read) and --profile against the data: one sentence each
         target = run_target.build(report.resolved, opt.engine, opt.dtype, report, opt.target, opt.model, opt.profile,
-                                  gate_only=run_options.selected_tiers(config) == ("p0",))
+                                  gate_only=selected_tiers(config) == ("p0",))
     except (run_target.RunRefused, datafiles.DataError) as exc:
         raise pytest.UsageError(str(exc)) from None
     run_id = opt.run_id or _new_run_id(target.name)
@@ -116,17 +194,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if run_dir.exists():
         raise pytest.UsageError(f"run directory {run_dir} already exists: pick another --run-id.")
     config.stash[REPORTS_EXISTED] = run_dir.parent.exists()
-    narrowed_by = coverage.narrowing_options(opt, list(config.args))
+    narrowed_by = runrecord.narrowing_options(opt, list(config.args))
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), target, opt.combo, opt.planted_fault, narrowed_by)
     config.stash[RUN_KEY] = ctx
     _CONFIG["config"] = config
     if not getattr(opt, "xmlpath", None):
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
     _catch_interrupts()
-    run_options.configure(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
+    configure_run(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     # the tiers' checks, known before collection: a run stopped before it names every one as not run
-    ctx.ledger.expected = coverage.tier_functions(run_options.selected_tiers(config),
-                                                  coverage.checks_dir(config.rootpath))
+    ctx.ledger.expected = runrecord.tier_functions(selected_tiers(config),
+                                                  runrecord.checks_dir(config.rootpath))
     from conformance.run import preflight  # every argument, once, before any check, engine or server starts
 
     bad = preflight.problems(opt, report, os.environ.get(vllm_server.SERVER_URL_ENV) if opt.server else None,
@@ -152,11 +230,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from conformance.run import phases  # phase timings, background builds, server checks last
 
     config.pluginmanager.register(phases, "conformance-phases")
-    config.pluginmanager.register(expectations, "conformance-expectations")  # a narrowed xfail hides no other failure
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return run_options.header_lines(config, ctx_of(config))
+    return header_lines(config, ctx_of(config))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -170,16 +247,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     t = ctx.resolved()
     run_info = {"target": t.resolved, "engine": ctx.engine, "dtype": ctx.dtype_name,
                 "torch_flavour": t.torch_flavour, "gcn_arch": sorted(set(t.gcn_arch)), "cpu_isa": _cpu_isa(),
-                "cpu_amx": _cpu_amx(), "missing_modules": expectations.missing_modules(),
-                "needs_device": ctx.target.needs_device, "versions": expectations.installed_versions()}
+                "cpu_amx": _cpu_amx(), "missing_modules": capabilities.missing_modules(),
+                "needs_device": ctx.target.needs_device, "versions": capabilities.installed_versions()}
     profile = ctx.target.profile  # the serving profile's SKU (H200, MI300X, cpu) and model (tiny, gpt-oss-120b)
     run_info |= {"sku": profile.sku, "model": profile.model} if profile is not None else {}
-    ctx.unmatched_expectations = expectations.apply(items, run_info)
+    ctx.unmatched_expectations = capabilities.apply_expectations(items, run_info)
     check_s = ctx.target.timeouts.check_s
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(check_s))  # a hang is that check's timeout failure
-    run_options.deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
+    deselect_other_tiers(config, items)  # --tier; a user's -m / -k narrow it further
     config.stash[TIER_CHECKS] = len(items)
 
 
@@ -189,7 +266,7 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     config = _CONFIG.get("config")
     if config is None:
         return
-    tiers = run_options.selected_tiers(config)
+    tiers = selected_tiers(config)
     ctx_of(config).ledger.deselected += [runrecord.check_id(item.nodeid) for item in items
                                          if runrecord.tier_of_item(item) in tiers]
 
@@ -202,7 +279,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     from conformance.run import preflight
 
     none = preflight.selection(ctx.narrowed_by, len(items), session.config.stash.get(TIER_CHECKS, 0),
-                               run_options.selected_tiers(session.config))
+                               selected_tiers(session.config))
     if none:
         raise pytest.UsageError(none)  # pytest_sessionfinish records nothing
     for item in items:
@@ -299,7 +376,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         ctx_of(config).ledger.reported.add(rec.id)
         rec.outcome, rec.message = outcome, _message(report)
         rec.failure_class = runrecord.classify(outcome, rec.message, getattr(report, "exception_chain", None))
-        rec.bug_link = expectations.link_of(rec.message) if outcome in ("xfailed", "xpassed") else None
+        rec.bug_link = capabilities.link_of(rec.message) if outcome in ("xfailed", "xpassed") else None
     if report.when == "teardown":
         _progress(config, rec)
 
@@ -331,7 +408,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 
 @pytest.hookimpl(trylast=True)  # after pytest's own header, if it shows one
 def pytest_sessionstart(session: pytest.Session) -> None:
-    run_options.print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
+    print_header(session, ctx_of(session.config))  # where -q / --no-header hide pytest's header
     from conformance.reference import cache  # conformance/reference/cache.py
 
     cache.reset_counts()
@@ -378,16 +455,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # zero executed checks is a failure
     if machine_health.finish() and machine_health.failed() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a GPU fault during the run fails it
-    from conformance.run import run_minimum
 
-    ctx.shortfall = run_minimum.shortfall(ctx.records.values())
+    ctx.shortfall = recorder.shortfall(ctx.records.values())
     if ctx.shortfall and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # every check skipped, or P0 without its core verdicts
     if ctx.ledger.not_run() and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = coverage.NARROWED_STATUS  # what ran passed, but not all the tiers' checks ran: no pass
+        session.exitstatus = runrecord.NARROWED_STATUS  # what ran passed, but not all the tiers' checks ran: no pass
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     status = int(session.exitstatus)  # recorded as `conformance run` exits (a narrowed run: 4)
-    recorder.write(ctx, coverage.NARROWED_EXIT if status == coverage.NARROWED_STATUS else status,
+    recorder.write(ctx, runrecord.NARROWED_EXIT if status == runrecord.NARROWED_STATUS else status,
                    complete=exitstatus != pytest.ExitCode.INTERRUPTED and bool(ran))
 
 

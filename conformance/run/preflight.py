@@ -14,7 +14,7 @@ from typing import Any
 from conformance import datafiles
 from conformance.checkpoints.modeldir import ModelDirError, inspect_model_dir
 from conformance.run import run_target
-from conformance.run.targets import TargetReport
+from conformance.run.run_target import TargetReport
 
 MATRIX = Path(__file__).resolve().parents[2] / "ci" / "matrix.toml"  # in a checkout; a wheel carries no matrix
 

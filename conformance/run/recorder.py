@@ -1,18 +1,150 @@
 """Writes the run (results.json, fingerprint.json beside pytest's junit.xml) and prints the
 closing summary table. A failure here must never hide the verdict, so the fingerprint is
-collected defensively and the writer's own errors are shown, not swallowed."""
+collected defensively and the writer's own errors are shown, not swallowed.
+
+The run header: the first lines of every run name what is being tested (target, the stack's versions,
+the GPUs, engine, dtype, profile, tiers) and where the run is written (run id and folder); where another process
+already holds a GPU as the run starts, a line names it; on ROCm, a line counts the raw AMDGPU code objects of the
+installed libraries per ISA and names each library the GPU cannot run.
+
+pytest prints `pytest_report_header` lines only with its own header, which `-q` (what `conformance run`
+uses) and `--no-header` hide; the plugin then prints these lines itself as the session starts.
+
+The least a run must have passed to count as a pass (data/run_minimum.toml): a run whose selected checks
+all skipped judged nothing, and a P0 run without its identity, engine, parity and tokenizer verdicts is no
+gate. The plugin turns a shortfall into a failed run with one sentence."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.engines import compile_cache
+from conformance import datafiles
+from conformance.engines import compile_cache, gpu_sharers
 from conformance.monitor import machine_health
 from conformance.reference import cache as reference_cache
 from conformance.run import phases, runrecord
 from conformance.run.runcontext import RunContext
+from env_checks.record.fingerprint import package_versions
 from env_checks.signatures import diagnose
+
+# -- runheader -------------------------------------------------------------------------------------------------------
+
+
+HEADER_PREFIX = "conformance:"
+
+
+def _version(packages: Mapping[str, str | None], key: str) -> str:
+    return packages.get(key) or "not installed"
+
+
+def busy_line(listing: list[gpu_sharers.GpuProcess] | None) -> str | None:
+    """The header's line for processes other than the suite's that hold a GPU as the run starts (`listing` as
+    gpu_sharers.listed()), or None. The suite holds no GPU yet, so every other process listed is another job."""
+    own = gpu_sharers.own_pids()
+    others = [p for p in listing or [] if p.pid not in own]
+    if not others:
+        return None
+    return (f"{HEADER_PREFIX} the GPU is already in use: {'; '.join(p.describe() for p in others)}. Correctness checks "
+            "are not affected; a serving level or device floor that misses its mark while it runs fails as shared_gpu")
+
+
+def run_header_lines(ctx: Any, tiers: Sequence[str] = (), packages: Mapping[str, str | None] | None = None,
+          gpu_processes: list[gpu_sharers.GpuProcess] | None = None) -> list[str]:
+    """The header of the run `ctx` (a RunContext); `packages` as env_checks.fingerprint.package_versions(),
+    `gpu_processes` as gpu_sharers.listed() (read here on a GPU target when not given)."""
+    packages = package_versions() if packages is None else packages
+    t = ctx.resolved()
+    if gpu_processes is None and t.devices:
+        gpu_processes = gpu_sharers.listed()
+    gpu = f"{len(t.devices)} x {t.devices[0]}" if t.devices else "no GPU"
+    arch = f" ({', '.join(sorted(set(t.gcn_arch)))})" if t.gcn_arch else ""
+    vllm = _version(packages, "vllm")
+    if packages.get("vllm_distribution") not in (None, "vllm"):
+        vllm += f" ({packages['vllm_distribution']})"
+    profile = getattr(ctx, "profile", None) or "default"
+    return [
+        f"{HEADER_PREFIX} target {t.resolved} (asked: {t.requested}); torch {t.torch_version or 'not installed'} "
+        f"[{t.torch_flavour or '?'}]; vLLM {vllm}; transformers {_version(packages, 'transformers')}; {gpu}{arch}",
+        f"{HEADER_PREFIX} engine {ctx.engine}, dtype {ctx.dtype_name}, profile {profile}, "
+        f"model {ctx.model_arg or 'tiny-gpt-oss'}" + (f"; tiers {', '.join(tiers)}" if tiers else ""),
+        f"{HEADER_PREFIX} run {ctx.run_id} -> {ctx.run_dir}",
+    ] + ([line] if (line := busy_line(gpu_processes)) else []) + compile_cache_lines() + code_object_lines(ctx)
+
+
+def compile_cache_lines() -> list[str]:
+    """Where --compile-cache points the compilers, and whether an earlier run (a fleet's first node) filled it."""
+    from conformance.engines import compile_cache
+
+    shared = compile_cache.summary()
+    if shared is None:
+        return []
+    found = (f"{shared['files_at_start']} file(s) from earlier runs, loaded where they match this stack"
+             if shared["warm"] else "empty, this run fills it")
+    return [f"{HEADER_PREFIX} compile cache {shared['path']}: {found}"]
+
+
+def code_object_lines(ctx: Any) -> list[str]:
+    """On a target whose GPUs load raw AMDGPU code objects (devices.toml [isa.code_objects] platforms): what the
+    installed libraries and caches hold per ISA, and each library the GPU cannot run, named before any engine
+    starts. The scan (env_checks.code_object_scan) is kept: the fingerprint and the device ISA check read it."""
+    from conformance import datafiles
+    from env_checks.probes import code_object_scan, code_object_verdict
+
+    cfg = datafiles.load_toml(datafiles.DATA / "devices.toml")["isa"]["code_objects"]
+    t = ctx.resolved()
+    if t.resolved not in cfg["platforms"]:
+        return []
+    loaded_by = cfg["loaded_by"].get(ctx.engine, [])
+    summary = code_object_verdict.summary(code_object_scan.installed(), t.gcn_arch, loaded_by)
+    return [f"{HEADER_PREFIX} {line}" for line in summary]
+
+
+def pytest_shows_header(config: Any) -> bool:
+    """Whether pytest prints its own header (and so the report-header lines) for this session."""
+    return config.option.verbose >= 0 and not getattr(config.option, "no_header", False)
+
+
+# -- run minimum -----------------------------------------------------------------------------------------------------
+
+
+def minimum_table() -> dict[str, Any]:
+    return datafiles.load_toml(datafiles.DATA / "run_minimum.toml")
+
+
+def _name(check_id: str) -> str:
+    """conformance/checks/test_x.py::test_y[param] -> test_x.py::test_y"""
+    return check_id.rsplit("/", 1)[-1].split("[", 1)[0]
+
+
+def shortfall(records: Iterable[Any], table: dict[str, Any] | None = None) -> str | None:
+    """One sentence saying what the run lacks, or None. records: CheckRecord-like (id, tier, outcome)."""
+    table = table if table is not None else minimum_table()
+    records = list(records)
+    if records and not any(r.outcome == "passed" for r in records):
+        outcomes = sorted({r.outcome for r in records})
+        return (f"no check passed ({len(records)} selected, all {'/'.join(outcomes)}): a run that judged nothing "
+                "is not a pass.")
+    for tier in sorted({r.tier for r in records}):
+        rule = table.get(tier, {})
+        mine = [r for r in records if r.tier == tier]
+        passed = sum(r.outcome == "passed" for r in mine)
+        if passed < int(rule.get("min_passed", 0)):
+            return (f"{tier.upper()}: {passed} of {len(mine)} selected checks passed, at least "
+                    f"{rule['min_passed']} must (data/run_minimum.toml): a tier that judged nothing is not a pass.")
+        by_name: dict[str, list[str]] = {}
+        for r in mine:
+            by_name.setdefault(_name(r.id), []).append(r.outcome)
+        unmet = [f"{name} ({'/'.join(sorted(set(by_name[name])))})" for name in rule.get("required", [])
+                 if name in by_name and not all(o in ("passed", "xfailed") for o in by_name[name])]
+        if unmet:
+            return (f"{tier.upper()} requires {', '.join(unmet)} to pass (data/run_minimum.toml): without "
+                    "them the tier is no verdict.")
+    return None
+
+
+# -- recorder --------------------------------------------------------------------------------------------------------
 
 
 def fingerprint(ctx: RunContext) -> dict[str, Any]:
@@ -249,7 +381,7 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
         tr.write_line(f"expectation matched no check: {u}", yellow=True)
     for line, bad in machine_health.summary_lines():
         tr.write_line(line, **({"red": True} if bad else {}))
-    shortfall = getattr(ctx, "shortfall", None)  # conformance/run/run_minimum.py: what the run lacks to be a pass
+    shortfall = getattr(ctx, "shortfall", None)  # conformance/run/recorder.py: what the run lacks to be a pass
     if shortfall:
         tr.write_line(f"not a pass: {shortfall}", red=True)
     if not records:  # a -k / -m that selects none is refused before this (preflight.selection)

@@ -7,7 +7,13 @@ noxfile asks it too): the names of the targets (`--target`, `--cpu/--cuda/--rocm
 the matrix) come from it, the engine names from data/engines.toml: adding a platform or an engine adds a table
 there, no choice list in code.
 
-Standard library only at import (the CLI and the noxfile read the target names from here)."""
+Standard library only at import (the CLI and the noxfile read the target names from here).
+
+The check tiers, declared once: the CLI's `--tier` choices, the plugin's `--tier` option and tier markers,
+the run record and the matrix all read them from here (standard library only: nox imports it).
+
+What torch says of the stack a run tests: `TargetReport`, the torch facts and the problems of the target
+asked for against the one installed (`run_target.resolve` writes it; the requirements per target are data)."""
 
 from __future__ import annotations
 
@@ -22,8 +28,76 @@ from conformance.engines import registry
 from conformance.engines.forkserver import environment
 
 if TYPE_CHECKING:
-    from conformance.run.targets import TargetReport
     from conformance.verdicts.profiles import Profile
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+
+from conformance.verdicts.verdict import Verdict
+
+# -- tiers -----------------------------------------------------------------------------------------------------------
+
+
+# name -> what the tier is for (the marker's description)
+TIER_INFO: dict[str, str] = {
+    "p0": "the gate",
+    "p1": "production",
+    "p2": "performance",
+    "p3": "extended",
+}
+TIERS: tuple[str, ...] = tuple(TIER_INFO)
+DEFAULT_TIERS: tuple[str, ...] = ("p0",)
+
+
+def tier_marker_lines() -> list[str]:
+    """The `markers` ini lines that declare the tier markers."""
+    return [f"{tier}: tier {tier.upper()}, {what}" for tier, what in TIER_INFO.items()]
+
+
+def tiers_asked(asked: Sequence[str] | None) -> tuple[str, ...]:
+    """The tiers asked for (repeatable `--tier`; each value may also be a comma list such as `p0,p1`), in
+    declaration order and without repeats; none asked = every tier. ValueError names an unknown tier."""
+    if not asked:
+        return TIERS
+    names = {part.strip().lower() for value in asked for part in value.split(",") if part.strip()}
+    unknown = sorted(names - set(TIERS))
+    if unknown:
+        raise ValueError(f"unknown tier {', '.join(unknown)}: the tiers are {', '.join(TIERS)}.")
+    return tuple(t for t in TIERS if t in names)
+
+
+def tier_of(marker_names: Iterable[str]) -> str | None:
+    """The tier among a check's marker names (None when it has none)."""
+    return next((name for name in marker_names if name in TIER_INFO), None)
+
+
+# -- targets ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TargetReport(Verdict):
+    requested: str
+    resolved: str
+    torch_version: str | None = None
+    torch_flavour: str | None = None
+    hip_version: str | None = None
+    cuda_version: str | None = None
+    devices: list[str] = field(default_factory=list)
+    gcn_arch: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def sentence(self) -> str:
+        return " ".join(self.problems)
+
+    def failure_message(self) -> str:
+        return self.sentence()
+
+
+# -- run target ------------------------------------------------------------------------------------------------------
+
 
 AUTO = "auto"
 # the per-engine option tables of a target (engine name -> options; "device" configures the device checks)
@@ -175,7 +249,6 @@ def _torch_facts() -> dict[str, Any]:
 def resolve(requested: str, facts: dict[str, Any] | None = None) -> TargetReport:
     """Decide the target (`--rocm` on a CUDA or CPU build of torch is one clear sentence); `facts` can be given for
     a known-bad stack (negative controls)."""
-    from conformance.run.targets import TargetReport
 
     facts = facts if facts is not None else _torch_facts()
     table = data()

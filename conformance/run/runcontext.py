@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from conformance.run import run_target
-from conformance.run.coverage import Ledger
-from conformance.run.runrecord import CheckRecord
-from conformance.run.targets import TargetReport
+from conformance.run.run_target import TargetReport
+from conformance.run.runrecord import CheckRecord, Ledger
 
 RUN_KEY = pytest.StashKey["RunContext"]()
 

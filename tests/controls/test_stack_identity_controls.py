@@ -12,7 +12,7 @@ from conformance.checks import test_stack_identity as identity
 from conformance.checks.test_stack_identity import test_stack_versions_recorded as versions_check
 from conformance.checks.test_stack_identity import test_vllm_platform_matches_target as platform_check
 from conformance.run import run_target
-from conformance.run.targets import TargetReport
+from conformance.run.run_target import TargetReport
 from tests.check_fakes import FAILED, Figures, target_of
 
 

@@ -214,13 +214,13 @@ def test_openai_harmony_0_0_8_rendering_tool_calls_legacy_is_the_known_bug_on_th
     """The H200's P1 on vLLM 0.26.0 failed the two tool-call cases against openai-harmony 0.0.8, which renders the
     recipient before the channel (openai/harmony#81); oss-harmony 0.0.11 and later openai-harmony are not excused.
     Every case passes the same template against oss-harmony here (the check body, above)."""
-    from conformance.run import expectations
+    from conformance.run import capabilities
     from tests.check_fakes import CollectedItem
 
     def marked(versions: dict[str, str]) -> list[str]:
         items = [CollectedItem(f"conformance/checks/test_tokenizer.py::test_chat_template_renders_harmony[{name}]")
                  for name in CASES]
-        expectations.apply(items, {"target": "cuda", "engine": "vllm", "versions": versions})
+        capabilities.apply_expectations(items, {"target": "cuda", "engine": "vllm", "versions": versions})
         return [i.nodeid.split("[")[1].rstrip("]") for i in items if i.markers]
 
     assert marked({"openai-harmony": "0.0.8"}) == ["tool_call_history", "tool_result_pending"]
