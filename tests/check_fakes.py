@@ -15,6 +15,7 @@ import pytest
 from conformance.engines.base import Completion, StepLogprobs
 from conformance.engines.observations import StepwiseRun
 from conformance.run import run_target
+from conformance.run.phases import Phases
 from conformance.run.run_target import TargetReport
 from conformance.verdicts.limits import limits_for
 
@@ -48,6 +49,9 @@ class ScriptedEngines:
         self.default, self.by_key, self._options = default, by_key, dict(options or {})
         self.model = SimpleNamespace(path=Path(model_path))
         self.asked: list[dict] = []
+
+    def wait_built(self, name: str) -> None:
+        """Nothing is built in the background for a scripted engine."""
 
     def get(self, **overrides: Any) -> ScriptedEngine:
         self.asked.append(overrides)
@@ -92,7 +96,8 @@ def run_ctx(target: str = "cpu", engine: str = "vllm", dtype: str = "float32", d
     target_of(...), its views of the target as RunContext has them."""
     spec = target_of(target, engine, dtype, devices, model_arg)
     return SimpleNamespace(resolved=lambda: spec.report, engine=engine, dtype_name=dtype, run_dir=run_dir or Path("."),
-                           model_arg=model_arg, target=spec, profile=spec.profile and spec.profile.label)
+                           model_arg=model_arg, target=spec, profile=spec.profile and spec.profile.label,
+                           phases=Phases())
 
 
 class CollectedItem:

@@ -49,16 +49,15 @@ def test_schema_rejects_a_phase_that_is_not_seconds():
 
 
 def test_snapshot_names_startups_and_computes_floor():
-    phases.reset()
-    phases.record("parity_decode", 2.0)
-    phases.record("parity_decode", 9.0)  # a second decode does not replace the first
+    run = phases.Phases()
+    run.record("parity_decode", 2.0)
+    run.record("parity_decode", 9.0)  # a second decode does not replace the first
     startups = [("device engine", 4.0), ("vllm engine", 10.0), ("vllm engine", 30.0),
                 ("vLLM server (started in the background)", 12.5)]
-    snap = phases.snapshot(startups, now=phases.T0 + 60.0)
+    snap = run.snapshot(startups, now=phases.T0 + 60.0)
     assert snap["engine: vllm engine #1"] == 10.0 and snap["engine: vllm engine #2"] == 30.0
     assert snap["engine: device engine #1"] == 4.0 and snap["server"] == 12.5
     assert snap["wall"] == 60.0 and snap["floor"] == 12.0 and snap["floor_ratio"] == 5.0
-    phases.reset()
 
 
 REALDIM_LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200" / \
@@ -76,22 +75,20 @@ def test_each_vllm_start_adds_its_weights_compile_and_graphs_from_vllm_s_log(tmp
     assert phases.vllm_start_breakdown(logs[2].read_text())["vllm start: graphs"] == 64.0
     eager = tmp_path / "eager.log"
     eager.write_text("INFO [default_loader.py:501] Loading weights took 0.35 seconds\n")
-    phases.reset()
+    run = phases.Phases()
     for log in [*logs, eager, tmp_path / "never-written.log"]:
-        phases.add_vllm_start(log)
-    snap = phases.snapshot([], now=phases.T0 + 1.0)
+        run.add_vllm_start(log)
+    snap = run.snapshot([], now=phases.T0 + 1.0)
     assert snap["vllm start: weights"] == pytest.approx(0.75 + 7.39 + 0.70 + 0.35)
     assert snap["vllm start: compile"] == pytest.approx(8.53 + 7.96 + 8.96)
     assert snap["vllm start: graphs"] == pytest.approx(63 + 30 + 64)
-    phases.reset()
 
 
 def test_snapshot_without_a_vllm_engine_has_no_floor():
-    phases.reset()
-    phases.record("parity_decode", 2.0)
-    snap = phases.snapshot([("transformers engine", 3.0)], now=phases.T0 + 10.0)
+    run = phases.Phases()
+    run.record("parity_decode", 2.0)
+    snap = run.snapshot([("transformers engine", 3.0)], now=phases.T0 + 10.0)
     assert "floor" not in snap and "floor_ratio" not in snap and snap["wall"] == 10.0
-    phases.reset()
 
 
 def test_process_age_from_proc_text():
@@ -102,21 +99,20 @@ def test_process_age_from_proc_text():
 
 
 def test_background_build_error_reaches_the_waiter_once_done():
-    phases.reset()
+    run = phases.Phases()
     gate = threading.Event()
 
     def slow_fail() -> None:
         gate.wait(5)
         raise OSError("disk full")
 
-    thread = phases.start_builds([("tiny", slow_fail)])
-    assert not phases._built["tiny"].is_set()
+    thread = run.start_builds([("tiny", slow_fail)])
+    assert not run.built["tiny"].is_set()
     gate.set()
-    phases.wait_built("tiny", timeout_s=5)
+    run.wait_built("tiny", timeout_s=5)
     thread.join(5)
-    assert str(phases._build_errors["tiny"]) == "disk full" and "checkpoints" in phases.snapshot()
-    phases.wait_built("never-started")  # returns at once
-    phases.reset()
+    assert str(run.build_errors["tiny"]) == "disk full" and "checkpoints" in run.snapshot()
+    run.wait_built("never-started")  # returns at once
 
 
 def _item(nodeid: str, *fixtures: str, marks: tuple[str, ...] = ()) -> SimpleNamespace:

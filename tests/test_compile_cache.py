@@ -88,18 +88,18 @@ def test_each_vllm_start_s_compile_key_is_recorded_with_what_differs(tmp_path, m
     environment cut to the variables that differ; a start that compiled nothing adds none."""
     from conformance.run import phases
 
-    monkeypatch.setattr(phases, "_phases", {})
+    run = phases.Phases()
     compile_cache.forget_keys()
-    phases.add_vllm_start(_start(tmp_path, "engine-vllm-0.log", "0fecc1a111", {"VLLM_A": "1", "VLLM_B": "x"}))
-    phases.add_vllm_start(_start(tmp_path, "vllm-server.log", "8385f6e0eb", {"VLLM_A": "1", "VLLM_B": "y"}, "c2"))
+    run.add_vllm_start(_start(tmp_path, "engine-vllm-0.log", "0fecc1a111", {"VLLM_A": "1", "VLLM_B": "x"}))
+    run.add_vllm_start(_start(tmp_path, "vllm-server.log", "8385f6e0eb", {"VLLM_A": "1", "VLLM_B": "y"}, "c2"))
     eager = tmp_path / "engine-vllm-1.log"
     eager.write_text("WARNING Enforce eager set, disabling torch.compile and CUDAGraphs.\n")
-    phases.add_vllm_start(eager)
+    run.add_vllm_start(eager)
     keys = compile_cache.keys()
     assert [(k["process"], k["key"], k["code_hash"], k["env"]) for k in keys] == [
         ("engine-vllm-0.log", "0fecc1a111", "c1", {"VLLM_B": "x"}),
         ("vllm-server.log", "8385f6e0eb", "c2", {"VLLM_B": "y"})]
-    assert phases._phases["vllm start: compile"] == pytest.approx(2 * 16.94)
+    assert run.seconds["vllm start: compile"] == pytest.approx(2 * 16.94)
     (line,) = compile_cache.recompiled()
     assert line == ("compile: vllm-server.log compiled again under key 8385f6e0eb, not engine-vllm-0.log's "
                     "0fecc1a111, for the same config: code_hash, VLLM_B ('x' against 'y')")

@@ -163,12 +163,12 @@ def test_once_its_imports_are_timed_a_child_inspects_the_model_for_vllm(monkeypa
 
     for with_vllm, want in ((True, [os.getpid, forkserver.inspect_architectures]), (False, [os.getpid])):
         started.clear()
-        monkeypatch.setattr(phases, "_forkserver_probe", {})
+        run = phases.Phases()
         monkeypatch.setattr(forkserver, "_inspection", {})
-        monkeypatch.setattr(phases, "record", lambda name, seconds: None)
+        monkeypatch.setattr(run, "record", lambda name, seconds: None)
         monkeypatch.setattr(forkserver, "started_at", 0.0)
         monkeypatch.setattr(forkserver, "imports_vllm", with_vllm)
         monkeypatch.setattr(forkserver, "context", lambda env=None: Ctx())
-        event = phases.forkserver_ready()
+        event = run.forkserver_ready()
         assert event is not None and event.wait(10)
         assert started == want

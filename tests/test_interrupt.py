@@ -143,7 +143,7 @@ def test_an_interrupt_10_s_into_nox_p0_writes_an_incomplete_run_and_exits_2(tmp_
     assert "the run is written with complete: false" in out
 
 
-def test_an_interrupt_on_a_frame_without_a_line_is_still_reported(monkeypatch):
+def test_an_interrupt_on_a_frame_without_a_line_is_still_reported():
     """A clean-clone CI run: Ctrl-C landed on an instruction of no source line (tb_lineno None), pytest's report of
     the interrupt raised TypeError, and the run ended with 1, not 2. The plugin leaves such frames out of it."""
     import types
@@ -152,14 +152,14 @@ def test_an_interrupt_on_a_frame_without_a_line_is_still_reported(monkeypatch):
 
     from conformance.run import plugin
 
-    monkeypatch.setattr(plugin, "_STOPPING", {})
+    session = plugin.RunSession(None, None)  # a session's hooks, as pytest_configure registers them
     lineless = types.TracebackType(None, sys._getframe(), 10**6, -1)  # an instruction past the code: no line
     assert lineless.tb_lineno is None
     excinfo = ExceptionInfo.from_exc_info((KeyboardInterrupt, KeyboardInterrupt("signal 2"), lineless))
     with pytest.raises(TypeError):
         excinfo.getrepr(funcargs=True)  # what pytest's terminal reporter calls
-    plugin.pytest_keyboard_interrupt(excinfo)
-    assert "KeyboardInterrupt" in str(excinfo.getrepr(funcargs=True)) and plugin._STOPPING["taken"] == 1.0
+    session.pytest_keyboard_interrupt(excinfo)
+    assert "KeyboardInterrupt" in str(excinfo.getrepr(funcargs=True)) and session.taken
 
 
 def test_ctrl_c_right_after_the_header_still_writes_an_incomplete_run(tmp_path):

@@ -31,9 +31,9 @@ WITH_TOKENIZER_LABELS = ("token_id_above_vocab", "token_id_negative")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def _model_with_tokenizer(target, model_under_test) -> tuple[Path, int]:
+def _model_with_tokenizer(target, model_under_test, engines) -> tuple[Path, int]:
     """(the model dir a tokenizer-loaded engine serves, its vocab_size): the user's checkpoint with its own
-    tokenizer, or the tiny gpt-oss with the o200k_harmony tokenizer."""
+    tokenizer, or the tiny gpt-oss with the o200k_harmony tokenizer (built in the background: waited for)."""
     if target.model:
         path = Path(target.model)
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -42,9 +42,7 @@ def _model_with_tokenizer(target, model_under_test) -> tuple[Path, int]:
         return path, int(model_under_test.config["vocab_size"])
     from conformance.checkpoints.models import TOKENIZER_SPEC, tiny_gpt_oss_with_tokenizer
     from conformance.checkpoints.tokenizer import vocab
-    from conformance.run import phases
-
-    phases.wait_built("tiny-tok")
+    engines.wait_built("tiny-tok")
     try:
         return tiny_gpt_oss_with_tokenizer(vocab_path=vocab.ensure_o200k()).path, TOKENIZER_SPEC.vocab_size
     except vocab.VocabUnavailable as exc:
@@ -56,7 +54,7 @@ def engines_ahead(engines):
     """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
     check = "test_bad_request_rejected_while_serving"
     yield check, {}
-    yield check, {"model": _model_with_tokenizer(engines.target, engines.model)[0], **WITH_TOKENIZER}
+    yield check, {"model": _model_with_tokenizer(engines.target, engines.model, engines)[0], **WITH_TOKENIZER}
 
 @pytest.mark.p1
 @pytest.mark.needs("request_queue")
@@ -82,7 +80,7 @@ def test_bad_request_rejected_while_serving(label, target, engines, prompts, mod
       tests/controls/test_bad_requests_controls.py::test_token_id_check_fails_when_the_engine_crashes
     """
     if label in WITH_TOKENIZER_LABELS:
-        model_dir, vocab_size = _model_with_tokenizer(target, model_under_test)
+        model_dir, vocab_size = _model_with_tokenizer(target, model_under_test, engines)
         proc = engines.get(model=model_dir, **WITH_TOKENIZER)
     else:
         proc, vocab_size = engines.get(), int(model_under_test.config["vocab_size"])

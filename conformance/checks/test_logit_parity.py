@@ -5,7 +5,6 @@ import pytest
 from conformance.checkpoints import exact_slice, slices
 from conformance.datafiles import DataError
 from conformance.engines.worker import EngineError
-from conformance.run import phases
 from conformance.verdicts import compare, mathcheck, settings
 from conformance.verdicts.verdict import fail, record_figures
 
@@ -152,7 +151,7 @@ def test_exact_float32_logprobs_match_reference(target, exact_limits, engines, r
         pytest.skip(f"targets.toml names no exact_dtype for {target.name}")
     if exact == target.dtype:
         pytest.skip(f"the run's dtype is {target.dtype}: test_greedy_logprobs_match_reference is the exact verdict")
-    phases.wait_built(exact_slice.JOB)  # written in the background from collection on (checkpoints/exact_slice.py)
+    engines.wait_built(exact_slice.JOB)  # written in the background from collection on (checkpoints/exact_slice.py)
     key = model_under_test.content_hash or model_under_test.name
     exact_plan = exact_slice.plan(model_under_test.config, model_under_test.num_params, target.engine, exact,
                                   engines.options(dtype=exact), model_under_test.name, key)

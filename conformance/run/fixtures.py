@@ -20,7 +20,7 @@ from conformance.engines import registry
 from conformance.engines import worker as engine_worker
 from conformance.engines.base import Completion
 from conformance.engines.worker import EngineError, EngineProcess
-from conformance.run import capabilities, phases
+from conformance.run import capabilities
 from conformance.run.run_target import RunTarget
 from conformance.run.runcontext import RunContext, ctx_of
 from conformance.verdicts import settings
@@ -69,13 +69,13 @@ def model_under_test(run: RunContext) -> ModelUnderTest:
             pytest.fail(str(exc), pytrace=False)
         m = ModelUnderTest(str(info.path), info.path, None, info.config, info.num_params)
     else:
-        phases.wait_built("tiny")  # built in the background from collection on (phases.py)
+        run.phases.wait_built("tiny")  # built in the background from collection on (phases.py)
         tiny = tiny_gpt_oss()
         info = inspect_model_dir(tiny.path)
         m = ModelUnderTest("tiny-gpt-oss", tiny.path, tiny.content_hash, info.config, info.num_params)
     run.model_meta = {"name": m.name, "content_hash": m.digest, "path": str(m.path) if run.model_arg else None,
                       "num_params": m.num_params}
-    phases.record("load", time.perf_counter() - started)
+    run.phases.record("load", time.perf_counter() - started)
     return m
 
 
@@ -235,7 +235,7 @@ class EngineFactory:
             proc = self._start(kind, model_dir, options)
         self.run.startups.append((f"{kind} engine", (proc.ready_at or time.perf_counter()) - proc.started_at))
         if registry.kind(kind).start_log:  # data/engines.toml: what loading, compiling and graphs took
-            phases.add_vllm_start(proc.log_path)
+            self.run.phases.add_vllm_start(proc.log_path)
         self.live[key] = proc
         self._share[key] = self.share_of(options)
         if key == default or (kind == self.run.engine and not self.run.engine_info):
@@ -255,6 +255,11 @@ class EngineFactory:
         return EngineProcess(kind, model_dir, options, env, log,
                              start_timeout_s=target.timeouts.engine_start_s, start_method=target.start_method(kind),
                              run_time_env=late, wait=wait)
+
+    def wait_built(self, name: str) -> None:
+        """Wait for a build the run started in the background (phases.build_jobs): the tiny checkpoint with the
+        o200k tokenizer, the exact check's slice; at once when none was started."""
+        self.run.phases.wait_built(name)
 
     def default_info(self) -> dict[str, Any]:
         """What the default engine reported at its start, once it was handed out ({} before)."""
@@ -336,9 +341,9 @@ class EngineFactory:
             proc.close(max(0.0, deadline - time.monotonic()))
         self._closing.clear()
         if self._planned:
-            phases.record("engines_ahead_waited", self.ahead_waited)
-            phases.record("engines_ahead_hidden", self.ahead_hidden)
-            phases.record("engines_ahead_unclaimed", self.unclaimed + len(self.ahead))
+            self.run.phases.record("engines_ahead_waited", self.ahead_waited)
+            self.run.phases.record("engines_ahead_hidden", self.ahead_hidden)
+            self.run.phases.record("engines_ahead_unclaimed", self.unclaimed + len(self.ahead))
         self.live.clear()
         self.ahead.clear()
 
@@ -461,7 +466,7 @@ def _host_memory_bytes() -> int:
 
 
 @pytest.fixture(scope="session")
-def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Iterator[Any]:
+def reference(run: RunContext, model_under_test: ModelUnderTest, target: RunTarget) -> Iterator[Any]:
     """The fp64 reference; streaming (one layer and only routed experts resident) for big checkpoints; on the
     target's `reference_device` where it names one (data/targets.toml), spot-checked against the CPU. Its
     `reference` phase: its set-up plus every result the run computed (not those read from the cache or a pack;
@@ -481,14 +486,14 @@ def reference(model_under_test: ModelUnderTest, target: RunTarget) -> Iterator[A
                         target.table.get("reference_device"))
     set_up_s = time.perf_counter() - started
     yield ref
-    phases.record("reference", set_up_s + reference_cache.counts.compute_s - computed_before)
+    run.phases.record("reference", set_up_s + reference_cache.counts.compute_s - computed_before)
     for what, seconds in SPENT.items():
         if seconds > spent_before[what]:
-            phases.record(f"reference: {what}", seconds - spent_before[what])
+            run.phases.record(f"reference: {what}", seconds - spent_before[what])
 
 
 @pytest.fixture(scope="session")
-def engine_greedy(engine: EngineProcess, prompts: PromptSet, tolerance: Any,
+def engine_greedy(run: RunContext, engine: EngineProcess, prompts: PromptSet, tolerance: Any,
                   call_timeout_s: float) -> tuple[list[Completion], float]:
     """One greedy run of the prompt set with prompt logprobs, shared by the checks; and its seconds."""
     _, top_k = tolerance
@@ -498,7 +503,7 @@ def engine_greedy(engine: EngineProcess, prompts: PromptSet, tolerance: Any,
                           timeout_s=call_timeout_s)
     except EngineError as exc:
         pytest.fail(str(exc), pytrace=False)
-    phases.record("parity_decode", time.perf_counter() - started)
+    run.phases.record("parity_decode", time.perf_counter() - started)
     return out, time.perf_counter() - started
 
 

@@ -26,11 +26,12 @@ Recorded in results.json as `phases` ({name: seconds}; `nox -s bench` and the da
 - `wall`: interpreter start to the record; `floor`: the first vLLM engine start plus the parity decode,
   the least a P0 run can take here; `floor_ratio`: wall / floor.
 
-Off the critical path (hooked in by the plugin, which registers this module):
+Each run keeps its own `Phases` (RunContext.phases); the plugin's session hooks (plugin.RunSession) order the checks,
+start the builds and stamp the end of the last check. Off the critical path:
 
 - the checkpoints and the vocabulary are built in a background thread from the end of collection on,
   overlapping the first checks, and with --model the exact float32 check's slice after them; a fixture or check
-  that needs one waits for that build only (`wait_built`);
+  that needs one waits for that build only (`Phases.wait_built`; a check asks its `engines`);
 - the checks that use the suite's own server run last, so the server (started in the background at
   collection, serving_fixtures.prestart_server) starts while every other check runs.
 """
@@ -49,11 +50,6 @@ import pytest
 
 from conformance.engines import compile_cache
 
-_lock = threading.Lock()
-_phases: dict[str, float] = {}
-_marks: dict[str, float] = {}  # perf_counter stamps
-_built: dict[str, threading.Event] = {}
-_build_errors: dict[str, BaseException] = {}
 SERVER_FIXTURE = "server"
 
 
@@ -80,15 +76,6 @@ _age = process_age_s()
 T0 = time.perf_counter() - (_age if _age is not None else 0.0)
 
 
-def reset() -> None:
-    compile_cache.forget_keys()
-    with _lock:
-        _phases.clear()
-        _marks.clear()
-        _built.clear()
-        _build_errors.clear()
-
-
 # What vLLM logs of its start, per phase name: the first match in an engine's or the server's log.
 VLLM_START_LINES = {
     "vllm start: weights": re.compile(r"Loading weights took ([0-9.]+) seconds"),
@@ -104,80 +91,123 @@ def vllm_start_breakdown(log_text: str) -> dict[str, float]:
     return {name: float(m.group(1)) for name, m in found.items() if m}
 
 
-def add_vllm_start(log_path: Path) -> None:
-    """Add a vLLM start's breakdown (its log, read once it is ready) to the run's phases; an unreadable log adds
-    nothing (a missing figure, never a failed run)."""
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return
-    compile_cache.note_start(log_path.name, text)
-    with _lock:
-        for name, seconds in vllm_start_breakdown(text).items():
-            _phases[name] = _phases.get(name, 0.0) + seconds
+class Phases:
+    """One run's phases (RunContext.phases): the seconds recorded per phase, the marks, the background builds and the
+    forkserver's import probe. Thread-safe: engines start and builds run in threads of their own."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+        self.marks: dict[str, float] = {}  # perf_counter stamps
+        self.built: dict[str, threading.Event] = {}
+        self.build_errors: dict[str, BaseException] = {}
+        self._forkserver_probe: threading.Event | None = None
 
-def record(name: str, seconds: float) -> None:
-    """Set phase `name` (seconds >= 0); a phase recorded twice keeps the first value (the first start)."""
-    with _lock:
-        _phases.setdefault(name, max(0.0, float(seconds)))
+    def add_vllm_start(self, log_path: Path) -> None:
+        """Add a vLLM start's breakdown (its log, read once it is ready) to the run's phases; an unreadable log adds
+        nothing (a missing figure, never a failed run)."""
+        try:
+            text = log_path.read_text(errors="replace")
+        except OSError:
+            return
+        compile_cache.note_start(log_path.name, text)
+        with self._lock:
+            for name, seconds in vllm_start_breakdown(text).items():
+                self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
+    def record(self, name: str, seconds: float) -> None:
+        """Set phase `name` (seconds >= 0); a phase recorded twice keeps the first value (the first start)."""
+        with self._lock:
+            self.seconds.setdefault(name, max(0.0, float(seconds)))
 
-def snapshot(startups: list[tuple[str, float]] | None = None, now: float | None = None) -> dict[str, float]:
-    """The phases so far, with the start-ups, `wall`, `floor` and `floor_ratio` (rounded to ms)."""
-    now = time.perf_counter() if now is None else now
-    with _lock:
-        out = dict(_phases)
-        marks = dict(_marks)
-    counts: dict[str, int] = {}
-    for what, seconds in startups or []:
-        name = "server" if "server" in what.lower() else what
-        counts[name] = counts.get(name, 0) + 1
-        out.setdefault(name if name == "server" else f"engine: {name} #{counts[name]}", max(0.0, float(seconds)))
-    if "checks_done" in marks:
-        out["report"] = now - marks["checks_done"]
-    out["wall"] = now - T0
-    first_vllm = out.get("engine: vllm engine #1")
-    if first_vllm is not None and "parity_decode" in out:
-        out["floor"] = first_vllm + out["parity_decode"]
-        if out["floor"] > 0:
-            out["floor_ratio"] = out["wall"] / out["floor"]
-    return {k: round(v, 3) for k, v in out.items()}
+    def mark(self, name: str) -> None:
+        """Stamp `name` now (the last stamp wins): `checks_done` is the end of the last check."""
+        with self._lock:
+            self.marks[name] = time.perf_counter()
 
+    def snapshot(self, startups: list[tuple[str, float]] | None = None, now: float | None = None) -> dict[str, float]:
+        """The phases so far, with the start-ups, `wall`, `floor` and `floor_ratio` (rounded to ms)."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            out = dict(self.seconds)
+            marks = dict(self.marks)
+        counts: dict[str, int] = {}
+        for what, seconds in startups or []:
+            name = "server" if "server" in what.lower() else what
+            counts[name] = counts.get(name, 0) + 1
+            out.setdefault(name if name == "server" else f"engine: {name} #{counts[name]}", max(0.0, float(seconds)))
+        if "checks_done" in marks:
+            out["report"] = now - marks["checks_done"]
+        out["wall"] = now - T0
+        first_vllm = out.get("engine: vllm engine #1")
+        if first_vllm is not None and "parity_decode" in out:
+            out["floor"] = first_vllm + out["parity_decode"]
+            if out["floor"] > 0:
+                out["floor_ratio"] = out["wall"] / out["floor"]
+        return {k: round(v, 3) for k, v in out.items()}
 
-# -- background builds ------------------------------------------------------------------------------
+    def start_builds(self, jobs: list[tuple[str, Callable[[], Any]]]) -> threading.Thread | None:
+        """Run the build jobs in order in one daemon thread; `checkpoints` is their total time. A job that
+        raises is recorded and raised again to whoever waits for it (the fixture reports it)."""
+        if not jobs:
+            return None
+        with self._lock:
+            for name, _ in jobs:
+                self.built.setdefault(name, threading.Event())
 
-def start_builds(jobs: list[tuple[str, Callable[[], Any]]]) -> threading.Thread | None:
-    """Run the build jobs in order in one daemon thread; `checkpoints` is their total time. A job that
-    raises is recorded and raised again to whoever waits for it (the fixture reports it)."""
-    if not jobs:
-        return None
-    with _lock:
-        for name, _ in jobs:
-            _built.setdefault(name, threading.Event())
+        def work() -> None:
+            started = time.perf_counter()
+            for name, job in jobs:
+                try:
+                    job()
+                except BaseException as exc:  # noqa: BLE001 - handed to the fixture that needs it
+                    self.build_errors[name] = exc
+                finally:
+                    self.built[name].set()
+            self.record("checkpoints", time.perf_counter() - started)
 
-    def work() -> None:
-        started = time.perf_counter()
-        for name, job in jobs:
+        thread = threading.Thread(target=work, name="prebuild", daemon=True)
+        thread.start()
+        return thread
+
+    def wait_built(self, name: str, timeout_s: float = 1800.0) -> None:
+        """Wait until the background build `name` is done (at once when none was started); its error, if any,
+        is left for the caller's own build call to raise with its own message."""
+        event = self.built.get(name)
+        if event is not None:
+            event.wait(timeout_s)
+
+    def forkserver_ready(self) -> threading.Event | None:
+        """An event set once the run's forkserver has done its preload imports (None when no forkserver was
+        started: engines are spawned). The first call starts a probe that records `imports`: from the forkserver's
+        start until it forks a child, which it does only once its imports are done."""
+        from conformance.engines import forkserver
+
+        if forkserver.started_at is None:
+            return None
+        with self._lock:
+            if self._forkserver_probe is not None:
+                return self._forkserver_probe
+            event = self._forkserver_probe = threading.Event()
+        started, ctx = forkserver.started_at, forkserver.context()
+        if forkserver.imports_vllm:
+            forkserver.expect_inspection(event)
+
+        def probe() -> None:
             try:
-                job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the fixture that needs it
-                _build_errors[name] = exc
+                child = ctx.Process(target=os.getpid, daemon=True)
+                child.start()
+                child.join(1800)
+                self.record("imports", time.perf_counter() - started)
+                if forkserver.imports_vllm:  # vLLM's model inspection, cached for the engines (they wait for it)
+                    forkserver.inspect_ahead(ctx)
+            except Exception:  # noqa: BLE001 - a missing figure, never a failed run
+                pass
             finally:
-                _built[name].set()
-        record("checkpoints", time.perf_counter() - started)
+                event.set()
 
-    thread = threading.Thread(target=work, name="prebuild", daemon=True)
-    thread.start()
-    return thread
-
-
-def wait_built(name: str, timeout_s: float = 1800.0) -> None:
-    """Wait until the background build `name` is done (at once when none was started); its error, if any,
-    is left for the caller's own build call to raise with its own message."""
-    event = _built.get(name)
-    if event is not None:
-        event.wait(timeout_s)
+        threading.Thread(target=probe, name="forkserver-probe", daemon=True).start()
+        return event
 
 
 def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[], Any]]]:
@@ -212,46 +242,10 @@ def build_jobs(run: Any, items: list[pytest.Item]) -> list[tuple[str, Callable[[
                 try:
                     return exact_slice.prebuild(run, model_dir)
                 finally:  # its own phase: 0 where an earlier run wrote it
-                    record(exact_slice.JOB, time.perf_counter() - started)
+                    run.phases.record(exact_slice.JOB, time.perf_counter() - started)
 
             jobs.append((exact_slice.JOB, slice_job))
     return jobs
-
-
-_forkserver_probe: dict[str, threading.Event] = {}
-
-
-def forkserver_ready() -> threading.Event | None:
-    """An event set once the run's forkserver has done its preload imports (None when no forkserver was
-    started: engines are spawned). The first call starts a probe that records `imports`: from the forkserver's
-    start until it forks a child, which it does only once its imports are done."""
-    from conformance.engines import forkserver
-
-    if forkserver.started_at is None:
-        return None
-    with _lock:
-        if "event" in _forkserver_probe:
-            return _forkserver_probe["event"]
-        event = _forkserver_probe["event"] = threading.Event()
-    started, ctx = forkserver.started_at, forkserver.context()
-    if forkserver.imports_vllm:
-        forkserver.expect_inspection(event)
-
-    def probe() -> None:
-        try:
-            child = ctx.Process(target=os.getpid, daemon=True)
-            child.start()
-            child.join(1800)
-            record("imports", time.perf_counter() - started)
-            if forkserver.imports_vllm:  # vLLM's model inspection, cached for the engines (they wait for it)
-                forkserver.inspect_ahead(ctx)
-        except Exception:  # noqa: BLE001 - a missing figure, never a failed run
-            pass
-        finally:
-            event.set()
-
-    threading.Thread(target=probe, name="forkserver-probe", daemon=True).start()
-    return event
 
 
 # -- collection order -------------------------------------------------------------------------------
@@ -297,31 +291,3 @@ def need_engines(items: list[pytest.Item]) -> bool:
 
 def _module_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
-
-
-# -- hooks (this module is registered as a plugin by conformance.run.plugin) ----------------------------
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """After deselection: the server checks last, and the builds the selected checks need begin."""
-    if hasattr(config, "workerinput") or not items:
-        return
-    from conformance.run.runcontext import ctx_of
-
-    order_checks(items)
-    reset()
-    record("startup", time.perf_counter() - T0)
-    run = ctx_of(config)
-    if not run.resolved().problems:
-        start_builds(build_jobs(run, items))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """After the plugin has started the forkserver: time its imports."""
-    forkserver_ready()
-
-
-def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
-    with _lock:
-        _marks["checks_done"] = time.perf_counter()  # the last one wins: the end of the last check

@@ -103,7 +103,6 @@ def header_lines(config: pytest.Config, ctx: Any) -> list[str]:
 # -- plugin ----------------------------------------------------------------------------------------------------------
 
 
-_CONFIG: dict[str, pytest.Config] = {}  # pytest_runtest_logreport is given no config
 TIER_CHECKS = pytest.StashKey[int]()  # how many checks the run's tiers hold, before a -k / -m narrows them
 REPORTS_EXISTED = pytest.StashKey[bool]()  # whether --reports-dir was there before the run
 
@@ -121,62 +120,123 @@ def _new_run_id(target: str) -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{target}-{secrets.token_hex(3)}"
 
 
-# When the run was first interrupted (SIGINT or SIGTERM; "at"), whether the session is still starting ("starting":
-# an interrupt waits for collection), whether pytest has the KeyboardInterrupt ("taken"),
-# and how long a repeat is taken for the same one: Ctrl-C signals the whole process group and `nox` passes its own
-# signal on, so the run gets it twice at once.
-_STOPPING: dict[str, float] = {}
-REPEAT_S = 3.0
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    """Ctrl-C, a CI cancellation or nox passing either on: the run stops and still writes itself, incomplete
-    (exit 2). A repeat within REPEAT_S is ignored, so that it cannot cut the record short."""
-    now = time.monotonic()
-    if now - _STOPPING.get("at", -REPEAT_S) < REPEAT_S:
-        return
-    if _STOPPING.get("starting") and "at" not in _STOPPING:
-        # pytest writes nothing for an interrupt inside its session start (its sessionfinish never comes): taken at
-        # the start of collection instead; a second one, past REPEAT_S, stops it at once
-        _STOPPING["at"] = now
-        return
-    _STOPPING["at"] = now
-    _stop(f"signal {signum}")
-
-
+REPEAT_S = 3.0  # a repeat of the same interrupt within this is ignored: Ctrl-C signals the whole process group and
+# `nox` passes its own signal on, so the run gets it twice at once
 # How long each engine and server closing after an interrupt may take before it is killed: the run must exit within
 # seconds of the signal (measured: tests/test_interrupt_at_random_times.py), its record written, nothing left running.
 STOP_GRACE_S = 0.5
+SESSION = "conformance-session"  # the name the run's session hooks are registered under
 
 
-def _stop(why: str) -> None:
-    """Stop the run now: engines and servers get a short close, and pytest the KeyboardInterrupt it writes the run
-    after."""
-    from conformance.engines import worker
+class RunSession:
+    """The run's hooks that pytest calls without its config (a report, deselected items, a signal), with the state
+    of its interrupts: one per pytest session, registered by `pytest_configure`, none kept in a module.
 
-    config = _CONFIG.get("config")
-    if config is not None:
-        ctx_of(config).stopping.set()  # nothing in the background launches a process from now on
-    worker.CLOSE_TIMEOUT_S = STOP_GRACE_S
-    vllm_server.CLOSE_GRACE_S = STOP_GRACE_S
-    raise KeyboardInterrupt(why)
+    `interrupted_at`: when the run was first interrupted (SIGINT or SIGTERM); `starting`: the session is still
+    starting (an interrupt then waits for collection); `taken`: pytest has the KeyboardInterrupt."""
+
+    def __init__(self, config: pytest.Config, ctx: RunContext) -> None:
+        self.config, self.ctx = config, ctx
+        self.interrupted_at: float | None = None
+        self.starting = True
+        self.taken = False
+        self.handlers: dict[int, Any] = {}  # the handlers before the run's, put back at its end
+        self.close_graces: tuple[float, float] | None = None  # the engines' and servers' close waits before a stop
+
+    def catch_interrupts(self) -> None:
+        self.handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self.interrupt)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started with SIGINT ignored keeps it
+            self.handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self.interrupt)
+
+    def interrupt(self, signum: int, frame: Any) -> None:
+        """Ctrl-C, a CI cancellation or nox passing either on: the run stops and still writes itself, incomplete
+        (exit 2). A repeat within REPEAT_S is ignored, so that it cannot cut the record short."""
+        now = time.monotonic()
+        if self.interrupted_at is not None and now - self.interrupted_at < REPEAT_S:
+            return
+        first = self.interrupted_at is None
+        self.interrupted_at = now
+        if self.starting and first:
+            # pytest writes nothing for an interrupt inside its session start (its sessionfinish never comes): taken
+            # at the start of collection instead; a second one, past REPEAT_S, stops it at once
+            return
+        self.stop(f"signal {signum}")
+
+    def stop(self, why: str) -> None:
+        """Stop the run now: engines and servers get a short close, and pytest the KeyboardInterrupt it writes the
+        run after."""
+        from conformance.engines import worker
+
+        self.ctx.stopping.set()  # nothing in the background launches a process from now on
+        if self.close_graces is None:
+            self.close_graces = (worker.CLOSE_TIMEOUT_S, vllm_server.CLOSE_GRACE_S)
+        worker.CLOSE_TIMEOUT_S = vllm_server.CLOSE_GRACE_S = STOP_GRACE_S
+        raise KeyboardInterrupt(why)
+
+    def release(self) -> None:
+        """The run's end: the signal handlers and the close waits as they were before it."""
+        from conformance.engines import worker
+
+        while self.handlers:
+            signal.signal(*self.handlers.popitem())
+        if self.close_graces is not None:
+            worker.CLOSE_TIMEOUT_S, vllm_server.CLOSE_GRACE_S = self.close_graces
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        """The session has begun (pytest now writes the run whatever ends it): an interrupt that came during its
+        start is taken here, so the run is written, incomplete (exit 2), as one that came later."""
+        self.starting = False
+        if self.interrupted_at is not None:
+            self.stop("signal during the run's start")
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """A check of the run's tiers taken out after collection (-k, -m, --deselect, --lf, a plugin): the run no
+        longer judges its whole tiers. The other tiers' checks, deselected by --tier, are not the run's."""
+        tiers = selected_tiers(self.config)
+        self.ctx.ledger.deselected += [runrecord.check_id(item.nodeid) for item in items
+                                       if runrecord.tier_of_item(item) in tiers]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """After deselection: the server checks last, and the builds the selected checks need begin."""
+        if hasattr(config, "workerinput") or not items:
+            return
+        from conformance.engines import compile_cache
+
+        phases.order_checks(items)
+        compile_cache.forget_keys()
+        self.ctx.phases.record("startup", time.perf_counter() - phases.T0)
+        if not self.ctx.resolved().problems:
+            self.ctx.phases.start_builds(phases.build_jobs(self.ctx, items))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """After the plugin has started the forkserver: time its imports."""
+        self.ctx.phases.forkserver_ready()
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self.ctx.phases.mark("checks_done")  # the last one wins: the end of the last check
+        factory = self.ctx.engine_factory
+        if factory is not None:  # engines started ahead for checks now over are closed; the next one starts
+            factory.finished(nodeid)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        self.taken = True
+        # An interrupt that lands on an instruction of no source line leaves a frame without a line number
+        # (tb_lineno None, Python 3.11); pytest's own report of the interrupt then crashed (TypeError in getrepr)
+        # and the run ended with exit code 1 instead of 2. Such frames say nothing to the reader: they are left out.
+        excinfo.traceback = excinfo.traceback.filter(lambda entry: entry._rawentry.tb_lineno is not None)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.interrupted_at is not None and not self.taken:  # raised where Python only prints it (a finalizer,
+            raise KeyboardInterrupt("a signal earlier in this check")  # a gc callback): the run stops here instead
+        _log_report(self.config, self.ctx, report)
 
 
-_HANDLERS: dict[int, Any] = {}  # the handlers before the run's, put back at its end
-_CLOSE_GRACES: dict[str, float] = {}  # the engines' and servers' close waits of a run that is not stopping
-
-
-def _catch_interrupts() -> None:
-    from conformance.engines import worker
-
-    _STOPPING.clear()  # a new session in this process (tests call `conformance run` in-process)
-    _CLOSE_GRACES.setdefault("engine", worker.CLOSE_TIMEOUT_S)  # the first session's: a stop shortens them
-    _CLOSE_GRACES.setdefault("server", vllm_server.CLOSE_GRACE_S)
-    worker.CLOSE_TIMEOUT_S, vllm_server.CLOSE_GRACE_S = _CLOSE_GRACES["engine"], _CLOSE_GRACES["server"]
-    _STOPPING["starting"] = 1.0
-    _HANDLERS[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # one started with SIGINT ignored keeps it so
-        _HANDLERS[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
+def session_of(config: pytest.Config) -> RunSession:
+    return config.pluginmanager.get_plugin(SESSION)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -197,10 +257,11 @@ def pytest_configure(config: pytest.Config) -> None:
     narrowed_by = runrecord.narrowing_options(opt, list(config.args))
     ctx = RunContext(run_id, run_dir, runrecord.now_iso(), target, opt.combo, opt.planted_fault, narrowed_by)
     config.stash[RUN_KEY] = ctx
-    _CONFIG["config"] = config
+    session = RunSession(config, ctx)
+    config.pluginmanager.register(session, SESSION)
     if not getattr(opt, "xmlpath", None):
         opt.xmlpath = str(run_dir / "junit.xml")  # read later by pytest's own junitxml plugin
-    _catch_interrupts()
+    session.catch_interrupts()
     configure_run(config)  # tier markers, heartbeat lines, --server (root URL, $OPENAI_BASE_URL)
     # the tiers' checks, known before collection: a run stopped before it names every one as not run
     ctx.ledger.expected = runrecord.tier_functions(selected_tiers(config),
@@ -227,9 +288,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     config.pluginmanager.register(fixtures, "conformance-fixtures")
     config.pluginmanager.register(serving_fixtures, "conformance-serving-fixtures")
-    from conformance.run import phases  # phase timings, background builds, server checks last
-
-    config.pluginmanager.register(phases, "conformance-phases")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -260,17 +318,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[TIER_CHECKS] = len(items)
 
 
-def pytest_deselected(items: list[pytest.Item]) -> None:
-    """A check of the run's tiers taken out after collection (-k, -m, --deselect, --lf, a plugin): the run no longer
-    judges its whole tiers. The other tiers' checks, deselected by --tier, are not the run's."""
-    config = _CONFIG.get("config")
-    if config is None:
-        return
-    tiers = selected_tiers(config)
-    ctx_of(config).ledger.deselected += [runrecord.check_id(item.nodeid) for item in items
-                                         if runrecord.tier_of_item(item) in tiers]
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Records for the checks that will run (after -k / -m deselection)."""
     if sys.exc_info()[0] is not None:  # pytest calls this as collection fails too (a UsageError on its way out)
@@ -290,7 +337,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     ctx.ledger.collected = [r.id for r in ctx.records.values()]
     target = ctx.target
     from conformance.engines import forkserver
-    from conformance.run import phases
 
     engines = not target.problems and phases.need_engines(items)
     if engines and target.forks_engines:
@@ -325,22 +371,6 @@ def _message(report: pytest.TestReport) -> str:
     return text[:4000]
 
 
-def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
-    config = _CONFIG.get("config")
-    factory = ctx_of(config).engine_factory if config is not None else None
-    if factory is not None:  # engines started ahead for checks now over are closed; the next one starts
-        factory.finished(nodeid)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_keyboard_interrupt(excinfo: Any) -> None:
-    _STOPPING["taken"] = 1.0
-    # An interrupt that lands on an instruction of no source line leaves a frame without a line number (tb_lineno
-    # None, Python 3.11); pytest's own report of the interrupt then crashed (TypeError in getrepr) and the run ended
-    # with exit code 1 instead of 2. Such frames say nothing to the reader: they are left out of the report.
-    excinfo.traceback = excinfo.traceback.filter(lambda entry: entry._rawentry.tb_lineno is not None)
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     """The exception a check failed on, kept on its report for the failure class (runrecord.classify)."""
@@ -348,13 +378,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     outcome.get_result().exception_chain = runrecord.exception_chain(call.excinfo.value if call.excinfo else None)
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if "at" in _STOPPING and "taken" not in _STOPPING:  # raised where Python only prints it (a finalizer, a gc
-        raise KeyboardInterrupt("a signal earlier in this check")  # callback): the run stops here instead
-    config = _CONFIG.get("config")
-    if config is None:
-        return
-    rec = ctx_of(config).records.get(report.nodeid)
+def _log_report(config: pytest.Config, ctx: RunContext, report: pytest.TestReport) -> None:
+    """A check's report into its record (outcome, duration, figures, limits), and its progress line."""
+    rec = ctx.records.get(report.nodeid)
     if rec is None:
         return
     rec.duration_s += report.duration
@@ -373,7 +399,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.when == "teardown" and report.failed and rec.outcome == "passed":
         outcome = "error"
     if outcome is not None:
-        ctx_of(config).ledger.reported.add(rec.id)
+        ctx.ledger.reported.add(rec.id)
         rec.outcome, rec.message = outcome, _message(report)
         rec.failure_class = runrecord.classify(outcome, rec.message, getattr(report, "exception_chain", None))
         rec.bug_link = capabilities.link_of(rec.message) if outcome in ("xfailed", "xpassed") else None
@@ -429,26 +455,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         machine_health.start(ctx_of(session.config).target.name, session.config.option.health_policy)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection(session: pytest.Session) -> None:
-    """The session has begun (pytest now writes the run whatever ends it): an interrupt that came during its start
-    is taken here, so the run is written, incomplete (exit 2), as one that came later."""
-    if _STOPPING.pop("starting", None) and "at" in _STOPPING:
-        _stop("signal during the run's start")
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from conformance.run import recorder, serving_fixtures
 
-    serving_fixtures.discard_prestarted()
     ctx = ctx_of(session.config)
+    serving_fixtures.discard_prestarted(ctx)
     if exitstatus == pytest.ExitCode.USAGE_ERROR or session.config.option.collectonly:
         # refused once the session began (-k selecting none), or a listing (--collect-only): no run is recorded
         machine_health.finish()  # its telemetry stopped; its record goes nowhere
         _discard(ctx.run_dir, session.config)
         return
-    if "at" in _STOPPING:  # signalled, even if the KeyboardInterrupt got lost and the last check finished
+    if session_of(session.config).interrupted_at is not None:  # even if the KeyboardInterrupt got lost
         session.exitstatus = exitstatus = pytest.ExitCode.INTERRUPTED
     ran = [r for r in ctx.records.values() if r.duration_s > 0]
     if not ran and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
@@ -491,8 +509,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    while _HANDLERS:
-        signal.signal(*_HANDLERS.popitem())
+    session = session_of(config)
+    if session is not None:
+        session.release()
     from conformance.engines import forkserver
 
     forkserver.stop()  # the engines and the server are closed by now

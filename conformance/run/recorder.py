@@ -24,7 +24,7 @@ from conformance import datafiles
 from conformance.engines import compile_cache, gpu_sharers
 from conformance.monitor import machine_health
 from conformance.reference import cache as reference_cache
-from conformance.run import phases, runrecord
+from conformance.run import runrecord
 from conformance.run.runcontext import RunContext
 from env_checks.record.fingerprint import package_versions
 from env_checks.signatures import diagnose
@@ -264,7 +264,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "summary": runrecord.summary_of(records),
         "checks": [r.as_dict() for r in records],
         "unmatched_expectations": ctx.unmatched_expectations,
-        "phases": phases.snapshot(ctx.startups),
+        "phases": ctx.phases.snapshot(ctx.startups),
         "reference_results": reference_cache.run_summary(),
         "compile_cache": compile_cache.summary(),  # --compile-cache: whether the run found a fleet's kernels there
         "compile_keys": compile_cache.keys(),  # each vLLM start's torch.compile key and what it hashed

@@ -13,10 +13,24 @@ from typing import Any
 import pytest
 
 from conformance.run import run_target
+from conformance.run.phases import Phases
 from conformance.run.run_target import TargetReport
 from conformance.run.runrecord import CheckRecord, Ledger
 
 RUN_KEY = pytest.StashKey["RunContext"]()
+
+
+@dataclass
+class Prestart:
+    """The suite's server started in the background for the checks that will need it
+    (serving_fixtures.prestart_server): its thread, the process while it starts, the server once it has."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None
+    proc: Any = None
+    server: Any = None
+    error: BaseException | None = None
+    discarded: bool = False  # an interrupted run discarded it: the thread, still waiting, launches nothing
 
 
 @dataclass(slots=True)  # slots: an attribute not declared here is an AttributeError, never patched on
@@ -44,6 +58,8 @@ class RunContext:
     # set by the plugin as a signal stops the run: what runs in the background (the server's prestart) launches
     # nothing after it
     stopping: threading.Event = field(default_factory=threading.Event)
+    phases: Phases = field(default_factory=Phases)  # where the run's time goes (phases.py)
+    prestart: Prestart = field(default_factory=Prestart)
 
     # Read-only views of `target` for the code that still takes the run (checks take the `target` fixture).
     @property

@@ -22,7 +22,7 @@ import pytest
 from conformance.checkpoints.tokenizer import vocab
 from conformance.engines import forkserver, heartbeat, openai_api, server_fork, vllm_server
 from conformance.engines.vllm_server import SERVER_KEY_ENV, SERVER_URL_ENV, ServerClient, ServerError, VllmServer
-from conformance.run import capabilities, phases
+from conformance.run import capabilities
 from conformance.run.run_target import RunTarget
 from conformance.run.runcontext import RunContext
 
@@ -34,11 +34,11 @@ NOT_FOR_SERVER = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
 
 
 @pytest.fixture(scope="session")
-def o200k_vocab() -> Path:
+def o200k_vocab(run: RunContext) -> Path:
     """The verified o200k_base.tiktoken (rebuilt from quicktok-v1, or $CONFORMANCE_TOKENIZER_VOCAB). A wrong
     vocabulary (sha256 mismatch) or none at all fails the checks that need it: never a skip, which would let
     P0 pass without its tokenizer checks."""
-    phases.wait_built("o200k")  # built in the background from collection on (phases.py)
+    run.phases.wait_built("o200k")  # built in the background from collection on (phases.py)
     try:
         return vocab.ensure_o200k()
     except vocab.VocabUnavailable as exc:
@@ -105,68 +105,65 @@ def _served_model(run: RunContext, vocab_path: Path) -> ServedModel:
 
 @pytest.fixture(scope="session")
 def served_model(run: RunContext, o200k_vocab: Path) -> ServedModel:
-    phases.wait_built("tiny-tok")
+    run.phases.wait_built("tiny-tok")
     return _served_model(run, o200k_vocab)
 
 
 # The suite's server takes ~30 s to start on two cores: when checks will need it, it is started in a
-# background thread as the session begins, overlapping the engine and device checks (plugin.py).
-_PRESTART: dict[str, Any] = {}
-_PRESTART_LOCK = threading.Lock()
-
-
+# background thread as the session begins, overlapping the engine and device checks (plugin.py); its state is the
+# run's (RunContext.prestart).
 def prestart_server(run: RunContext) -> None:
     has_server = capabilities.declared().has(run.engine, "server")  # data/engines.toml
     if os.environ.get(SERVER_URL_ENV) or not has_server or run.resolved().problems:
         return
-    _PRESTART.pop("discarded", None)  # a new session (the flag is the last one's)
+    pre = run.prestart
 
     def start() -> None:
         try:
             for built in ("o200k", "tiny-tok"):  # the background builds (phases.py), not a second build
-                phases.wait_built(built)
-            ready = phases.forkserver_ready()  # a forked server would wait for its imports anyway: so
-            if ready is not None:              # its start_seconds is its own start, not theirs
+                run.phases.wait_built(built)
+            ready = run.phases.forkserver_ready()  # a forked server would wait for its imports anyway: so
+            if ready is not None:                  # its start_seconds is its own start, not theirs
                 ready.wait(run.target.timeouts.engine_start_s)
                 forkserver.wait_inspected()  # its engine core reads vLLM's model inspection from the cache
             vocab_path = vocab.ensure_o200k()
-            with _PRESTART_LOCK:  # an interrupted run discards it first: then no server is launched at all
-                if _PRESTART.get("discarded") or run.stopping.is_set():
+            with pre.lock:  # an interrupted run discards it first: then no server is launched at all
+                if pre.discarded or run.stopping.is_set():
                     return
                 proc = new_server(run.target, _served_model(run, vocab_path), vocab_path.parent,
                                   run.run_dir / "vllm-server.log")
-                _PRESTART["proc"] = proc  # so an interrupted run can stop it while it is still starting
+                pre.proc = proc  # so an interrupted run can stop it while it is still starting
             with heartbeat.phase("vLLM server start (in the background)", proc.log_path, every=0):
-                _PRESTART["server"] = proc.start()
+                pre.server = proc.start()
         except BaseException as exc:  # noqa: BLE001 - the fixture starts it again and reports properly
-            _PRESTART["error"] = exc
+            pre.error = exc
 
-    _PRESTART["thread"] = threading.Thread(target=start, name="server-prestart", daemon=True)
-    _PRESTART["thread"].start()
+    pre.thread = threading.Thread(target=start, name="server-prestart", daemon=True)
+    pre.thread.start()
 
 
-def discard_prestarted() -> None:
+def discard_prestarted(run: RunContext) -> None:
     """Stop a prestarted server no check took (an interrupted run); it lives in its own process group."""
-    with _PRESTART_LOCK:
-        proc = _PRESTART.pop("proc", None)
-        started = "thread" in _PRESTART
-        _PRESTART.clear()
-        _PRESTART["discarded"] = True  # the background thread, still waiting, launches nothing now
+    pre = run.prestart
+    with pre.lock:
+        proc, started = pre.proc, pre.thread is not None
+        pre.proc = pre.thread = pre.server = None
+        pre.discarded = True  # the background thread, still waiting, launches nothing now
     if proc is not None and started:
         proc.close(grace_s=min(10.0, vllm_server.CLOSE_GRACE_S))  # still starting or started: stopped either way
 
 
-def _take_prestarted() -> VllmServer | None:
-    thread = _PRESTART.pop("thread", None)
+def _take_prestarted(run: RunContext) -> VllmServer | None:
+    pre = run.prestart
+    thread, pre.thread = pre.thread, None
     if thread is None:
         return None
     if thread.is_alive():
-        proc = _PRESTART.get("proc")
         with heartbeat.phase("waiting for the vLLM server started in the background",
-                             getattr(proc, "log_path", None)):
+                             getattr(pre.proc, "log_path", None)):
             thread.join()
-    _PRESTART.pop("proc", None)  # taken: the fixture closes it
-    return _PRESTART.pop("server", None)
+    server, pre.proc, pre.server = pre.server, None, None  # taken: the fixture closes it
+    return server
 
 
 @dataclass
@@ -226,7 +223,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
         pytest.fail(f"cannot start the server: {target.sentence()}", pytrace=False)
     model: ServedModel = request.getfixturevalue("served_model")
     vocab_dir = request.getfixturevalue("o200k_vocab").parent
-    proc = _take_prestarted()
+    proc = _take_prestarted(run)
     if proc is None:
         proc = new_server(run.target, model, vocab_dir, run.run_dir / "vllm-server.log")
         factory = run.engine_factory
@@ -242,7 +239,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
                                               " (forked)" if proc.fork_ctx is not None else ""), proc.start_seconds))
     else:
         run.startups.append(("vLLM server (started in the background)", proc.start_seconds))
-    phases.add_vllm_start(proc.log_path)
+    run.phases.add_vllm_start(proc.log_path)
     try:
         yield ServerUnderTest(proc.client(), model.name, proc.api_key, True, proc.start_seconds, SERVER_DATE,
                               proc.log_path)
