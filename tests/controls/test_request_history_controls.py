@@ -1,6 +1,7 @@
-"""The history check's own body against real vLLM-CPU engines: it passes clean engines in float32 and bfloat16 and
-fails engines whose logits drift with the requests they served (conformance/engines/faults.py history_drift) for that
-reason, naming both comparisons. Its verdict helper on crafted answers: tests/test_history_verdicts.py."""
+"""The history check's own body against real vLLM-CPU engines: it passes clean engines in float32, bfloat16 and
+float16 and fails engines whose logits drift with the requests they served (conformance/engines/faults.py
+history_drift) for that reason, naming both comparisons. Its verdict helper on crafted answers:
+tests/test_history_verdicts.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from conformance.checks import test_request_history as checks
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
 
-DTYPES = ["float32", "bfloat16"]
+DTYPES = ["float32", "bfloat16", "float16"]
 
 
 def engines_of(shared_engines, model, dtype: str, **planted):
