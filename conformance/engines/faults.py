@@ -111,11 +111,38 @@ def _vllm_history_drift(engine: Any) -> None:
     engine.llm.apply_model(edit)
 
 
+# A MoE kernel path taken above a number of tokens per forward that computes wrong there (moe_wrong_above_512_tokens),
+# the shape of vllm-project/vllm#44679 (AITER dispatching another MoE kernel at another shape): every forward of more
+# than MOE_SWITCH_TOKENS tokens gets each MoE block's output scaled by MOE_SWITCH_SCALE (a path that loses part of its
+# reduction); forwards up to it are exact. The MoE block check's fixed sizes (1, 7, 128, 129, 512) all stay below it.
+MOE_SWITCH_TOKENS = 512
+MOE_SWITCH_SCALE = 0.875
+SHAPE_FAULTS = ("moe_wrong_above_512_tokens",)
+
+
+def moe_switch(threshold: int, scale: float, model: Any) -> None:
+    """Each MoE block of `model` scales its output by `scale` in a forward of more than `threshold` tokens. A module
+    function of its arguments alone: vLLM pickles it to every rank's worker at TP > 1 (apply_model)."""
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        forward = mlp.forward
+
+        def switched(x: torch.Tensor, *args: Any, forward: Any = forward, **kwargs: Any) -> torch.Tensor:
+            out = forward(x, *args, **kwargs)
+            return out * scale if x.shape[0] > threshold else out
+        mlp.forward = switched
+
+
 def _vllm(engine: Any, name: str) -> None:
     if name in SAMPLER_FAULTS:
         return _vllm_sampler(name)
     if name in HISTORY_FAULTS:
         return _vllm_history_drift(engine)
+    if name in SHAPE_FAULTS:
+        import functools
+
+        engine.llm.apply_model(functools.partial(moe_switch, MOE_SWITCH_TOKENS, MOE_SWITCH_SCALE))
+        return None
 
     def edit(model: Any) -> None:
         for layer in model.model.layers:

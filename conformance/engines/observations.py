@@ -87,3 +87,31 @@ class StepwiseRun:
     @property
     def max_waiting(self) -> int:
         return max((c.waiting for c in self.trace), default=0)
+
+
+@dataclass(frozen=True)
+class ForwardSpan:
+    """The tokens one request had computed in one forward: positions start .. start + tokens - 1."""
+
+    request: int                  # the request's index in the sweep (its groups' requests in order)
+    start: int
+    tokens: int
+
+
+@dataclass
+class Forward:
+    """One forward the scheduler handed the model: how many tokens, and whose."""
+
+    tokens: int
+    spans: list[ForwardSpan] = field(default_factory=list)
+
+
+@dataclass
+class ForwardSweep:
+    """Groups of requests run one group at a time (no forward holds two groups' requests), every forward recorded:
+    the completions in request order, the forwards in order, the group each request belonged to."""
+
+    completions: list[Completion]
+    forwards: list[Forward]
+    group_of: list[int]
+    unfinished: int = 0           # requests still in the engine when the sweep stopped

@@ -15,6 +15,9 @@ from typing import Any
 from conformance.engines import running_config
 from conformance.engines.base import Completion, KVState, StepLogprobs
 from conformance.engines.observations import (
+    Forward,
+    ForwardSpan,
+    ForwardSweep,
     KVGroupLayout,
     KVLayout,
     RequestBlocks,
@@ -221,10 +224,68 @@ class VllmOffline:
     def scheduler_limits(self) -> dict[str, Any]:
         cfg = _attr(self._core(), "vllm_config")
         sched, cache = cfg.scheduler_config, cfg.cache_config
+        graphs = getattr(cfg, "compilation_config", None)
+        eager = bool(getattr(cfg.model_config, "enforce_eager", False))
         return {"max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens,
                 "enable_chunked_prefill": bool(getattr(sched, "enable_chunked_prefill", False)),
                 "enable_prefix_caching": bool(getattr(cache, "enable_prefix_caching", False)),
-                "max_model_len": cfg.model_config.max_model_len}
+                "max_model_len": cfg.model_config.max_model_len, "block_size": int(cache.block_size),
+                # the batch sizes graphs were captured at: none where the engine runs eager
+                "cudagraph_capture_sizes": [] if eager or graphs is None
+                else sorted(int(s) for s in getattr(graphs, "cudagraph_capture_sizes", None) or ())}
+
+    def forward_sweep(self, groups: list[tuple[list[list[int]], int]], top_k: int,
+                      max_steps: int = 20000) -> ForwardSweep:
+        """Each group's requests (prompts, tokens to generate; greedy, prompt logprobs, top_k) added at once and
+        stepped until they finish, group after group, so that no forward holds two groups' requests; every forward
+        the scheduler hands the model is recorded as it scheduled it: its token count and, per request, the first
+        position and the number of tokens computed (checks/test_kernel_paths.py). The scheduler's `schedule` is
+        wrapped on this instance for the sweep only."""
+        from vllm.inputs import TokensPrompt
+
+        engine, sched = self.llm.llm_engine, _attr(self._core(), "scheduler")
+        schedule, requests = _attr(sched, "schedule"), _attr(sched, "requests")
+        forwards: list[Forward] = []
+        owner: dict[str, int] = {}
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            start = {rid: int(r.num_computed_tokens) for rid, r in requests.items()}
+            out = schedule(*args, **kwargs)
+            if out.total_num_scheduled_tokens:
+                forwards.append(Forward(int(out.total_num_scheduled_tokens), [
+                    ForwardSpan(owner.get(rid, -1), start.get(rid, 0), int(n))
+                    for rid, n in out.num_scheduled_tokens.items()]))
+            return out
+
+        completions: list[Completion] = []
+        group_of: list[int] = []
+        left: list[str] = []
+        sched.schedule = recorded
+        try:
+            for g, (prompts, max_tokens) in enumerate(groups):
+                ids: dict[str, int] = {}
+                for prompt in prompts:
+                    rid = f"conformance-{next(self._ids)}"
+                    internal = engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
+                                                  self._params(max_tokens, top_k, True))
+                    owner[internal if isinstance(internal, str) else rid] = len(completions) + len(ids)
+                    ids[rid] = len(ids)
+                done: list[Completion | None] = [None] * len(prompts)
+                steps = 0
+                while engine.has_unfinished_requests() and steps < max_steps:
+                    for out in engine.step():
+                        i = ids.get(out.request_id)
+                        if i is not None and out.finished:
+                            done[i] = _completion(prompts[i], out, True)
+                    steps += 1
+                left += [rid for rid, i in ids.items() if done[i] is None]
+                completions += [c if c is not None else Completion(list(p), []) for c, p in zip(done, prompts)]
+                group_of += [g] * len(prompts)
+        finally:
+            del sched.schedule  # the class's own method again
+            if left:
+                self.abort(left)  # leave the engine clean for the next check
+        return ForwardSweep(completions, forwards, group_of, unfinished=len(left))
 
     def request_blocks(self, request_id: str) -> RequestBlocks:
         """Blocks a live request holds per KV-cache group, read from the allocator's own tables."""

@@ -10,7 +10,8 @@ reads `limits.<name>`, never a data file keyed by the dtype. The tables:
 - profiles.toml [kv_fp8.tolerance.<dtype>]: optional (measured for the dtypes an fp8 KV cache was run in); its
   absence fails only the fp8-KV check, with the sentence in `missing`. [kv_fp8.<target>.tolerance.<dtype>] replaces
   the limits it names for that target (whose kernels round more than the cache: fp8 attention on CUDA).
-- tolerances.toml [history.<dtype>]: optional as kv_fp8's; its absence fails only the history check."""
+- tolerances.toml [history.<dtype>]: optional as kv_fp8's; its absence fails only the history check.
+- tolerances.toml [kernel_paths.<dtype>]: optional as kv_fp8's; its absence fails only the kernel-path sweep."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from conformance import datafiles
 from conformance.datafiles import DataError
 from conformance.verdicts.compare import BlockLimits, LayerTolerance, LogprobTolerance, largest_stratum_median
 from conformance.verdicts.history import HistoryLimits
+from conformance.verdicts.kernel_paths import ForwardLimits
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Limits:
     kv_fp8: tuple[LogprobTolerance, int] | None  # fp8 KV cache against its quantised reference; None: not measured
     missing: Mapping[str, str]  # optional limits the dtype lacks: name -> the sentence a check needing one fails with
     history: HistoryLimits | None = None  # one request before and after traffic; None: not measured (see missing)
+    kernel_paths: ForwardLimits | None = None  # each forward of the kernel-path sweep; None: not measured (missing)
 
 
 def dtypes() -> list[str]:
@@ -94,13 +97,19 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
                                          f"tolerances.toml [history.{dtype}]")
     except DataError as exc:
         missing["history"] = str(exc)
+    kernel_paths = None
+    try:
+        kernel_paths = ForwardLimits.from_row(_row(tol, "kernel_paths", dtype, "tolerances.toml"),
+                                              f"tolerances.toml [kernel_paths.{dtype}]")
+    except DataError as exc:
+        missing["kernel_paths"] = str(exc)
     parity = _logprob_tolerance(logprobs, dtype)
     return Limits(dtype, (parity, int(logprobs["top_k"])), (_logprob_tolerance(depth), int(depth["top_k"])),
                   _diagnosis(_row(tol, "diagnosis", dtype, "tolerances.toml"), parity, dtype),
                   _layers(tol, dtype, float(moe["router_tie_ulps"][dtype])), MappingProxyType(_rope(dtype)),
                   float(moe[dtype]),
                   float(moe["router_tie_ulps"][dtype]), int(divergences[dtype]), kv_fp8, MappingProxyType(missing),
-                  history)
+                  history, kernel_paths)
 
 
 def refusal(requested: str | None, dtype: str, exact: str | None) -> str | None:

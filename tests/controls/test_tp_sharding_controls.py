@@ -269,6 +269,36 @@ def test_real_vllm_cpu_tp2_shards_judged_against_the_reference(tiny, tmp_path):
         proc.close()
 
 
+@pytest.mark.slow
+def test_vllm_tp_kernel_path_check_fails_on_a_moe_wrong_above_512_tokens(tiny, tmp_path):
+    """A real vLLM-CPU engine at TP 2 whose every rank's MoE is wrong in forwards of more than 512 tokens
+    (faults.py moe_wrong_above_512_tokens): the TP kernel-path check fails naming 513 and not 512."""
+    from conformance.distributed.tp_engine import TPEngineProcess, tp_settings
+    from conformance.engines.worker import EngineError
+
+    overrides, env, reason = tp_settings("cpu", 0)
+    if reason:
+        pytest.skip(reason)
+    table = run_target.data()
+    options = dict(table["cpu"]["vllm"]) | {"dtype": "float32", "planted_fault": "moe_wrong_above_512_tokens"}
+    log = tmp_path / "engine-tp2-moe-switch.log"
+    try:
+        proc = TPEngineProcess(str(tiny.path), options | overrides, dict(table["cpu"]["env"]), log,
+                               start_timeout_s=max(400.0, float(table["timeouts"]["engine_start_s"])),
+                               start_method=table["cpu"]["engine_start"], run_time_env=env)
+    except EngineError as exc:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log.is_file() else ""
+        pytest.fail(f"{exc}\n{tail}", pytrace=False)
+    cpu = SimpleNamespace(engine="vllm", profile=SimpleNamespace(backend=SimpleNamespace(name="cpu")))
+    try:
+        with pytest.raises(FAILED, match=r"vLLM TP=2 vs fp64 reference over \d+ forwards .*: forwards of 513 "
+                                         r"\(prefill\), .* tokens disagree .*; forwards of 1-512 tokens agree"):
+            tp_sharding.test_vllm_tp_forwards_match_reference_across_kernel_thresholds(
+                (proc, 2), cpu, Reference(tiny.path), limits_for("float32"), 300.0, Figures())
+    finally:
+        proc.close()
+
+
 class _TPProc:
     """TPEngineProcess stand-in: a TP=2 engine whose greedy tokens differ from TP=1."""
 
