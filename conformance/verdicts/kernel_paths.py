@@ -109,8 +109,9 @@ class SweepPrompts:
     """The groups `forward_sweep` runs, and where each request's prompt comes from: the i-th prompt of a prefill group
     is a prefix of base i (`base_of`: its index; -1 for a decode group's own short prompt). Prompts that share a base
     share its reference: the fp64 reference runs each base once and every prefix reads its rows (a causal model's
-    logprobs of a prefix are the prefix of its logprobs), so the reference scores about 5,000 positions for the CPU
-    default's 25,000-token sweep; sequences of one forward come from different bases, so no two rows are the same.
+    logprobs of a prefix are the prefix of its logprobs), so the reference scores about 4,400 positions and 33 short
+    decode paths for the CPU default's 25,000-token sweep; sequences of one forward come from different bases (or
+    pool prompts), so no two rows of a forward are the same.
     (vLLM reads no prefix cache for a request that asks for prompt logprobs: every prefix is computed in full.)"""
 
     groups: list[tuple[list[list[int]], int]]
@@ -126,11 +127,15 @@ class SweepPrompts:
         longest = [max((p.lengths[i] for p in plan if p.kind != "decode" and len(p.lengths) > i), default=0)
                    for i in range(width)]
         bases = [torch.randint(0, vocab - 8, (n,), generator=gen).tolist() for n in longest]
+        # a decode group of b sequences takes the first b of one pool: distinct within a forward, the same paths
+        # across groups (the reference scores each once)
+        decode = [p for p in plan if p.kind == "decode"]
+        pool = [torch.randint(0, vocab - 8, (n,), generator=gen).tolist()
+                for n in max((p.lengths for p in decode), key=len, default=())]
         groups, base_of = [], []
         for p in plan:
             if p.kind == "decode":
-                groups.append(([torch.randint(0, vocab - 8, (n,), generator=gen).tolist() for n in p.lengths],
-                               p.max_tokens))
+                groups.append(([pool[i][:n] for i, n in enumerate(p.lengths)], p.max_tokens))
                 base_of += [-1] * len(p.lengths)
             else:
                 groups.append(([bases[i][:n] for i, n in enumerate(p.lengths)], p.max_tokens))
@@ -147,8 +152,13 @@ def reference_paths(completions: list[Completion], prompts: SweepPrompts, refere
 
     scored_bases = reference.score_all([Completion(list(b), [0]) for b in prompts.bases], top_k)
     rows = [c.prompt_steps + c.steps for c in scored_bases]  # rows[b][t]: the distribution after position t
-    own = [i for i, b in enumerate(prompts.base_of) if b < 0]
-    scored_own = dict(zip(own, reference.score_all([completions[i] for i in own], top_k)))
+    paths: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}  # each distinct path once
+    for i, b in enumerate(prompts.base_of):
+        if b < 0:
+            paths.setdefault((tuple(completions[i].prompt_ids), tuple(completions[i].token_ids)), i)
+    scored = dict(zip(paths, reference.score_all([completions[i] for i in paths.values()], top_k)))
+    scored_own = {i: scored[(tuple(completions[i].prompt_ids), tuple(completions[i].token_ids))]
+                  for i, b in enumerate(prompts.base_of) if b < 0}
     out = []
     for i, (c, b) in enumerate(zip(completions, prompts.base_of)):
         if b < 0:
