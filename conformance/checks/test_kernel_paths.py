@@ -55,7 +55,8 @@ def test_forwards_match_reference_across_kernel_thresholds(engine, target, refer
     several prompts in one forward); the scheduler's own record says which forward computed which positions. Every
     forward is judged against the fp64 reference on the positions it computed, the failure naming the token counts
     whose forwards disagree; a planned forward the engine ran otherwise fails too (the threshold was not crossed).
-    On the CPU default: 45 forwards of 1-4096 tokens (plus the 4097 chunked), 41 token counts, in one engine call.
+    On the CPU default: 49 groups, 64 forwards of 1-4096 tokens at 42 token counts (4097 offered once: chunked),
+    25,482 positions, in one engine call; at TP 2 the TP engine's budget (8192) adds forwards up to 8192.
 
     Catches: a kernel path taken at some token counts only — a fused-MoE tile config, padding or kernel chosen by M
     (vllm-project/vllm#44679: AITER dispatching another MoE kernel at another shape, GSM8K 0.896 -> 0.684), an
