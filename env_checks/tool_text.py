@@ -16,12 +16,18 @@ def normalise_gfx(name: str | None) -> str | None:
     return f"gfx{found.group(1).lower()}" if found else None
 
 
+_BRACKET_PROMPT = re.compile(r"\[[^\]\s]+@[^\]\n]+\][$#] ")
+
+
 def json_start(text: str) -> int:
     """Where a JSON document starts, if the first non-blank, non-warning line opens one; else -1."""
     for match in re.finditer(r"^[ \t]*(\S)", text, re.MULTILINE):
+        end = text.find("\n", match.start(1))
+        line = text[match.start(1):end if end >= 0 else None]
+        if _BRACKET_PROMPT.match(line):  # `[user@host dir]$ amd-smi ...` is a shell prompt, not a JSON list
+            continue
         if match.group(1) in "[{":
             return match.start(1)
-        line = text[match.start(1):text.find("\n", match.start(1)) if "\n" in text[match.start(1):] else None]
         if not re.match(r"(WARNING|INFO|NOTE|\$|~\$|#|\S*[$#] |sudo |amd-smi|rocm-smi)", line):
             return -1
     return -1

@@ -6,7 +6,9 @@ read by `env_checks.pasted.amd_smi_tables`.
 Facts: models, gfx targets, device ids, driver/VBIOS/ROCm/AMD SMI versions, partitions, virtualization, VRAM, ECC and
 bad-page counts, the GPU count; then the PCI BDFs and every firmware block (`firmware`, and `firmware_by_gpu` per GPU);
 then compute units, socket power per GPU (a POWER section; a LIMIT section's cap is not a reading), process ids and
-names, and the AMD SMI library and HSMP driver versions.
+names, and the AMD SMI library and HSMP driver versions; the render node of each GPU (`list -e`), the VRAM total of each
+row of `monitor` (partitioned GPUs print one row per partition), and the VBIOS version of a `VBIOS:` block pasted
+without its `GPU: n` line (`amd-smi static | grep -A 4 VBIOS`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def read_amd_smi(text: str) -> Reading:
         r.unread.append("The output elides devices ('...'), so only a lower bound of the GPU count is known.")
     _bdfs_and_firmware(text, r)
     _units_power_processes_versions(text, r)
+    _render_nodes([gpu for gpu in gpus if isinstance(gpu, dict)], r)
+    _vbios_block(text, r)
     return r
 
 
@@ -170,10 +174,18 @@ def _monitor_or_topology(text: str, r: Reading, complete: bool) -> None:
         columns = lines[header].split()
         r.put("monitor_columns", columns)
         r.count(len({row.split()[0] for row in rows}), None if complete else False)
-        if "VRAM_TOTAL" in columns and rows:
-            total = re.findall(r"(\d+)\s*MB\s*$", rows[0])
-            if total:
-                r.put("vram_total_mib", int(total[0]))
+        totals = {}
+        for row in rows:
+            cells = dict(zip(columns, _MONITOR_CELL.findall(row)))
+            usage = re.fullmatch(r"[\d.]+/\s*([\d.]+ [KMG]B)", cells.get("VRAM_USAGE", ""))
+            total = usage.group(1) if usage else cells.get("VRAM_TOTAL", "")
+            if re.fullmatch(r"[\d.]+ [KMG]B", total):
+                totals.setdefault(row.split()[0], total)
+        if totals:
+            r.put("vram_total_by_gpu", totals)
+            first = next(iter(totals.values()))
+            if first.endswith(" MB") and first[:-3].isdigit():
+                r.put("vram_total_mib", int(first[:-3]))
         return
     bdfs = {m for m in re.findall(r"^\s*(?:GPU\d+\s+)?([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f])\s",
                                   text, re.MULTILINE | re.IGNORECASE)}
@@ -181,6 +193,42 @@ def _monitor_or_topology(text: str, r: Reading, complete: bool) -> None:
         r.count(len(bdfs), None if complete else False)
         if re.search(r"\bXGMI\b", text):
             r.put("gpu_links", "XGMI")
+
+
+# a monitor cell: `0.5/ 24.0 GB` (used/total), a value with its unit (`201 W`, `46 °C`, `16185 MB`), or one token
+_MONITOR_CELL = re.compile(r"[\d.]+/\s*[\d.]+ [KMG]B|\S+(?: (?:W|°C|C|MHz|GHz|%|[KMG]B|B))?(?=\s|$)")
+
+
+def _render_nodes(gpus: list[dict[str, Any]], r: Reading) -> None:
+    """`amd-smi list -e`: each GPU's DRM render node (RENDER: renderD128); N/A leaves it unstated."""
+    unmapped: list[tuple[str, str]] = []
+    for gpu in gpus:
+        node = gpu.get("render")
+        if isinstance(node, dict):
+            node = node.get("value")
+        if node is None or "gpu" not in gpu:
+            continue
+        if re.fullmatch(r"renderD\d+", str(node).strip()):
+            r.facts.setdefault("render_nodes", {}).setdefault(str(gpu["gpu"]), str(node).strip())
+        else:
+            unmapped.append((str(gpu["gpu"]), str(node).strip()))
+    if unmapped:
+        printed = " or ".join(sorted({value for _, value in unmapped}))
+        gpus_shown = ", ".join(index for index, _ in unmapped)
+        r.unread.append(f"RENDER is {printed} for GPU {gpus_shown}, so "
+                        f"{'its render node is' if len(unmapped) == 1 else 'their render nodes are'} not stated.")
+
+
+def _vbios_block(text: str, r: Reading) -> None:
+    """A `VBIOS:` block pasted without its `GPU: n` line (`amd-smi static | grep -A 4 VBIOS`)."""
+    if "vbios_version" in r.facts or re.search(r"^\s*GPU: \d+\s*$", text, re.MULTILINE):
+        return
+    block = re.search(r"^\s*VBIOS:\s*\n((?:[ \t]+[A-Z_]+:.*\n?)+)", text, re.MULTILINE)
+    version = re.search(r"^\s*VERSION:\s*(\S.*?)\s*$", block.group(1), re.MULTILINE) if block else None
+    if version:
+        r.put("vbios_version", version.group(1))
+        r.unread.append("The VBIOS block is pasted without its 'GPU: n' line, so which GPU it belongs to (and how many "
+                        "GPUs there are) is not stated.")
 
 
 def _bdfs_and_firmware(text: str, r: Reading) -> None:

@@ -1,4 +1,5 @@
-"""amd-smi's table views, pasted: the default view (`amd-smi` with no subcommand, ROCm 7.x), `amd-smi partition`
+"""amd-smi's table views, pasted: the default view (`amd-smi` with no subcommand, ROCm 7.x, with the versions on
+separate header lines or on one, and the VBIOS version line), `amd-smi partition`
 (`--current`, `--memory`, `--accelerator`; the ROCm 6.3/6.4 layout and the later one), `amd-smi process --csv` (raw
 or through `column -t -s,`) and `--json`, and the `amd-smi xgmi` tables of ROCm 6.1-7.x (LINK METRIC TABLE with full
 or short BDFs, XGMI LINK STATUS as a GPU-by-GPU matrix or U/D/X letters, GPU LINK PORT STATUS). The per-GPU views are
@@ -11,7 +12,7 @@ import json
 import re
 import textwrap
 
-from env_checks.pasted.reading import BDF, ELIDED, Reading, json_pairs
+from env_checks.pasted.reading import BDF, ELIDED, Reading, is_version, json_pairs
 from env_checks.tool_text import json_start
 
 SHORT_BDF = r"[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
@@ -36,10 +37,22 @@ def read_amd_smi_default(text: str) -> Reading:
     """`amd-smi` with no subcommand (ROCm 7.x): a version header, two table rows per GPU, then Processes."""
     r = Reading("amd-smi (default view)")
     header = {key.lower(): value for key, value in re.findall(
-        r"^\|\s*(AMD-SMI|amdgpu Version:|ROCm Version:|Platform:)\s+(.+?)\s*\|\s*$", text, re.MULTILINE)}
+        r"^\|\s*(AMD-SMI|amdgpu Version:|ROCm Version:|VBIOS Version:|Platform:)\s+(.+?)\s*\|\s*$", text,
+        re.MULTILINE | re.IGNORECASE)}
+    # ROCm 7.1/7.2 put three fields on the first line: `| AMD-SMI 26.2.0+021c61fc  amdgpu version: 6.16.6  ROCm
+    # version: 7.1.1 |`, then `| VBIOS version: ... |`
+    one_line = re.match(r"(\S+)\s+amdgpu version:\s*(.*?)\s+ROCm version:\s*(\S+)$", header.get("amd-smi", ""))
+    if one_line:
+        header["amd-smi"], header["amdgpu version:"], header["rocm version:"] = one_line.groups()
     r.put("amd_smi_version", header.get("amd-smi"))
-    r.put("driver_version", header.get("amdgpu version:"))
+    amdgpu = header.get("amdgpu version:", "")
+    if is_version(amdgpu):
+        r.put("driver_version", amdgpu)
+    elif amdgpu and amdgpu.upper() != "N/A":
+        r.unread.append(f"The 'amdgpu version' field reads '{amdgpu}', not a version number (the tool printed the "
+                        "start of the kernel's build string), so the driver version could not be read.")
     r.put("rocm_version", header.get("rocm version:"))
+    r.put("vbios_version", header.get("vbios version:"))
     r.put("platform", header.get("platform:"))
     first = re.findall(rf"^\|\s*({BDF})\s+(.+?)\s*\|", text, re.MULTILINE)
     second = re.findall(r"^\|\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s*\|.*?(?:(\d+)/(\d+) MB)?\s*\|\s*$", text, re.MULTILINE)
@@ -47,7 +60,7 @@ def read_amd_smi_default(text: str) -> Reading:
         r.add("pci_bdfs", bdf)
         r.add("gpu_models", name)
     for _index, _hip, _oam, mode, _used, total in second:
-        if "/" in mode:
+        if "/" in mode and mode.upper() != "N/A":
             compute, memory = mode.split("/", 1)
             r.put("compute_partition", compute)
             r.put("memory_partition", memory)

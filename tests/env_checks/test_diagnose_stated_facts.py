@@ -20,7 +20,8 @@ TOOLS = REPO / "fixtures" / "tools"
 VERBATIM = ("kfd_version", "hsa_runtime_ext_version", "isa_names", "amdsmi_library_version", "amd_hsmp_version",
             "timed_out_rings", "ring_resets_failed", "ring_resets_succeeded", "mes_unanswered_messages",
             "gpu_reset_methods", "gfx_version_as_printed", "collect_env_sections", "gpu_link_weights",
-            "gpu_link_hops", "device_ids", "process_ids", "process_names", "compute_units", "vllm_version")
+            "gpu_link_hops", "device_ids", "process_ids", "process_names", "compute_units", "vllm_version",
+            "render_nodes", "vbios_version", "vram_total_by_gpu")
 ALL = sorted(p for p in TOOLS.rglob("*") if p.is_file() and p.name != "SOURCES.md" and "isa" not in p.parts)
 
 
