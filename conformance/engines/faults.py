@@ -133,9 +133,30 @@ def moe_switch(threshold: int, scale: float, model: Any) -> None:
         mlp.forward = switched
 
 
+# RoPE that goes wrong only deep into a sequence (rope_clamped_past_16k): every cos/sin row of vLLM's table from
+# ROPE_CLAMPED_FROM on repeats the row before it, as a table built or indexed for a shorter context would; the rows
+# below are vLLM's own, untouched, so a check whose prompts stop short of 16384 tokens sees the exact engine.
+ROPE_CLAMPED_FROM = 16384
+DEPTH_FAULTS = ("rope_clamped_past_16k",)
+
+
+def rope_clamped(start: int, model: Any) -> None:
+    """Each layer's RoPE table of `model` clamped at position `start` - 1, in place (captured graphs and compiled code
+    read this very storage). A module function of its arguments alone: vLLM pickles it to every rank at TP > 1."""
+    for layer in model.model.layers:
+        cache = layer.attn.rotary_emb.cos_sin_cache
+        with torch.inference_mode():
+            cache[start:].copy_(cache[start - 1].expand_as(cache[start:]).clone())
+
+
 def _vllm(engine: Any, name: str) -> None:
     if name in SAMPLER_FAULTS:
         return _vllm_sampler(name)
+    if name in DEPTH_FAULTS:
+        import functools
+
+        engine.llm.apply_model(functools.partial(rope_clamped, ROPE_CLAMPED_FROM))
+        return None
     if name in HISTORY_FAULTS:
         return _vllm_history_drift(engine)
     if name in SHAPE_FAULTS:

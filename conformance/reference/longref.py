@@ -1,10 +1,11 @@
-"""The fp64 reference at depth (8k-32k tokens) and with a quantised KV cache.
+"""The fp64 reference at depth (8k tokens to the profile's max_model_len) and with a quantised KV cache.
 
 `Reference._attention` builds the whole [heads, T, T] score matrix: 8 GiB of fp64 at 16k tokens. This
 subclass computes the same formulas a block of queries at a time against only the keys it may see (the
 window for sliding layers), so memory stays O(T x block) and sliding layers cost O(T x window); and the
-last layer runs only at the positions that are scored. Everything else (RoPE tables, MoE, norms, sinks,
-the `Math` mutants) is the parent's.
+last layer runs only at the positions that are scored (`score_at`: a sample of the prompt's positions, at
+max_model_len; the layers before it still run at every position, the full-attention ones in O(T^2)). Everything
+else (RoPE tables, MoE, norms, sinks, the `Math` mutants) is the parent's.
 
 `kv_quant` applies the engine's fp8 KV cache to the reference: K (after RoPE, as vLLM stores it) and V are
 rounded to fp8 with a per-tensor scale of 1.0 (vLLM's default without calibrated scales: the value is
@@ -233,5 +234,28 @@ class LongReference(Reference):
         prompt_steps = [StepLogprobs.from_row(lp[t - start], top_k, chosen=prompt[t + 1])
                         for t in range(start, len(prompt) - 1)]
         steps = [StepLogprobs.from_row(lp[len(prompt) - 1 + t - start], top_k, chosen=continuation[t])
+                 for t in range(len(continuation))]
+        return Completion(list(prompt), list(continuation), steps, prompt_steps)
+
+    def score_at(self, prompt: list[int], continuation: list[int], top_k: int, positions: list[int]) -> Completion:
+        """`Reference.score` at sampled prompt positions: prompt_steps holds the step at each of `positions`
+        (sorted; the step at position p predicts token p + 1), then the continuation's steps. Every layer but the
+        last runs at every position (the keys and values the last one attends to), the last only at these rows."""
+        from conformance.reference import cache
+
+        return cache.completion(self.model_dir, self.variant(),
+                                ["score_at", list(prompt), list(continuation), top_k, list(positions)],
+                                lambda: self._score_at(prompt, continuation, top_k, positions))
+
+    def _score_at(self, prompt: list[int], continuation: list[int], top_k: int, positions: list[int]) -> Completion:
+        if list(positions) != sorted(set(positions)) or (positions and not 0 <= positions[0] <= positions[-1]
+                                                         < len(prompt) - 1):
+            raise LongReferenceError(f"sampled positions must be sorted, distinct and below {len(prompt) - 1}")
+        ids = prompt + continuation[:-1] if continuation else prompt
+        decode = [len(prompt) - 1 + t for t in range(len(continuation))]
+        rows = list(positions) + decode
+        lp = self.logprobs_at(ids, rows)  # rows come back sorted: positions, then the decode steps after them
+        prompt_steps = [StepLogprobs.from_row(lp[i], top_k, chosen=prompt[p + 1]) for i, p in enumerate(positions)]
+        steps = [StepLogprobs.from_row(lp[len(positions) + t], top_k, chosen=continuation[t])
                  for t in range(len(continuation))]
         return Completion(list(prompt), list(continuation), steps, prompt_steps)

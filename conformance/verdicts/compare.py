@@ -232,7 +232,9 @@ def position_band(t: int, edges: tuple[int, ...] = POSITION_BANDS) -> str:
 
 
 def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTolerance,
-                   names: tuple[str, str] = ("engine", "reference"), greedy_rule: bool = True) -> ParityReport:
+                   names: tuple[str, str] = ("engine", "reference"), greedy_rule: bool = True,
+                   prompt_positions: list[int] | None = None,
+                   bands: tuple[int, ...] = POSITION_BANDS) -> ParityReport:
     """vLLM's check_logprobs_close rule plus figures: greedy tokens may differ only where each side's
     token is in the other's top-k, and comparison of a sequence stops at its first divergence.
     Prompt (prefill) steps are compared too, position by position; a side with fewer prefill steps, a NaN,
@@ -240,7 +242,9 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
     (`strata`), and the distribution limits apply to every stratum: a fault that lives past position 256
     or in the prefill alone moves its stratum, not only the global median. `greedy_rule=False` (two noisy
     engines, `LogprobTolerance.pairwise_greedy`): top-k sets with no common token and greedy tokens outside each
-    other's top-k end that sequence's comparison as a counted divergence instead of failing; NaN still fails."""
+    other's top-k end that sequence's comparison as a counted divergence instead of failing; NaN still fails.
+    `prompt_positions`: the position each prompt step stands at where the steps are a sample of the prompt's
+    (longctx.sampled_parity), not every position from 0; `bands`: the edges of the strata's position bands."""
     report = ParityReport(tol, names)
     if len(got) != len(want):
         report.problems.append(f"{names[0]} returned {len(got)} completions, {names[1]} {len(want)}")
@@ -249,12 +253,13 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
             report.problems.append(f"prompt {n}: {names[0]} has {len(g.prompt_steps)} prefill steps, {names[1]} "
                                    f"{len(w.prompt_steps)}: prefill parity would silently become decode-only")
         for t, (gs, ws) in enumerate(zip(g.prompt_steps, w.prompt_steps)):
-            problem = _step_problem(gs, ws, f"prompt {n} prefill position {t + 1}", names, greedy_rule)
+            pos = t if prompt_positions is None else prompt_positions[t]
+            problem = _step_problem(gs, ws, f"prompt {n} prefill position {pos + 1}", names, greedy_rule)
             if problem:
                 report.problems.append(problem)
             d = _step_deltas(gs, ws)
             report.deltas.extend(d)
-            report.add_stratum(("prefill", position_band(t + 1)), d)
+            report.add_stratum(("prefill", position_band(pos + 1, bands)), d)
             report.compared_steps += 1
             report.prefill_steps += 1
         if len(g.steps) != len(w.steps):
@@ -266,7 +271,7 @@ def logprobs_close(got: list[Completion], want: list[Completion], tol: LogprobTo
                 report.problems.append(problem)
             d = _step_deltas(gs, ws)
             report.deltas.extend(d)
-            report.add_stratum(("decode", position_band(len(g.prompt_ids) + t)), d)
+            report.add_stratum(("decode", position_band(len(g.prompt_ids) + t, bands)), d)
             if gs.token != ws.token:
                 if (gs.token in ws.top and ws.token in gs.top) or not greedy_rule:
                     report.divergences += 1

@@ -4,7 +4,7 @@ The plugin resolves the run's `Limits` at configure (a dtype without a needed ta
 before any engine starts) and the `limits` fixture hands it to the checks (conformance/run/fixtures.py); a check
 reads `limits.<name>`, never a data file keyed by the dtype. The tables:
 
-- tolerances.toml [logprobs.<dtype>], [depth.<dtype>], [diagnosis.<dtype>], [layers.<dtype>]
+- tolerances.toml [logprobs.<dtype>], [depth.<dtype>], [depth_at_limit.<dtype>], [diagnosis.<dtype>], [layers.<dtype>]
 - gpt_oss.toml [tolerances.rope.<dtype>], [tolerances.moe] (the dtype's key and router_tie_ulps)
 - perf.toml [graph_mode.max_greedy_divergences]
 - profiles.toml [kv_fp8.tolerance.<dtype>]: optional (measured for the dtypes an fp8 KV cache was run in); its
@@ -65,6 +65,8 @@ class Limits:
     missing: Mapping[str, str]  # optional limits the dtype lacks: name -> the sentence a check needing one fails with
     history: HistoryLimits | None = None  # one request before and after traffic; None: not measured (see missing)
     kernel_paths: ForwardLimits | None = None  # each forward of the kernel-path sweep; None: not measured (missing)
+    # the depth limits at the profile's max_model_len, sampled positions over the whole prompt (long-context checks)
+    depth_at_limit: tuple[LogprobTolerance, int] | None = None
 
 
 def dtypes() -> list[str]:
@@ -77,6 +79,7 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
     naming the file and the table."""
     tol = _data("tolerances.toml")
     logprobs, depth = _row(tol, "logprobs", dtype, "tolerances.toml"), _row(tol, "depth", dtype, "tolerances.toml")
+    at_limit = _row(tol, "depth_at_limit", dtype, "tolerances.toml")
     moe = _data("gpt_oss.toml").get("tolerances", {}).get("moe", {})
     divergences = _data("perf.toml").get("graph_mode", {}).get("max_greedy_divergences", {})
     for table, where in ((moe, "gpt_oss.toml [tolerances.moe]"),
@@ -109,7 +112,7 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
                   _layers(tol, dtype, float(moe["router_tie_ulps"][dtype])), MappingProxyType(_rope(dtype)),
                   float(moe[dtype]),
                   float(moe["router_tie_ulps"][dtype]), int(divergences[dtype]), kv_fp8, MappingProxyType(missing),
-                  history, kernel_paths)
+                  history, kernel_paths, (_logprob_tolerance(at_limit), int(at_limit["top_k"])))
 
 
 def refusal(requested: str | None, dtype: str, exact: str | None) -> str | None:

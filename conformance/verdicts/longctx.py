@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from conformance.engines.base import Completion
 from conformance.verdicts import compare
 
-BANDS = ((0, 4096), (4096, 8192), (8192, 16384), (16384, 32768), (32768, 1 << 30))
+BANDS = ((0, 4096), (4096, 8192), (8192, 16384), (16384, 32768), (32768, 65536), (65536, 131072), (131072, 1 << 30))
+# the position bands past compare.POSITION_BANDS' last (4096) that the strata at max_model_len are named by
+LIMIT_BANDS = (8192, 16384, 32768, 65536, 131072)
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,89 @@ def band_figures(got: Completion, want: Completion, start: int) -> dict[str, flo
     out: dict[str, float] = {}
     for pos, (gs, ws) in enumerate(zip(got.prompt_steps[start:], want.prompt_steps), start=start):
         d = max((abs(gs.top[t] - ws.top[t]) for t in gs.top if t in ws.top), default=float("nan"))
-        lo, hi = next(b for b in BANDS if b[0] <= pos < b[1])
-        key = f"max_abs_dlogprob_{lo // 1024}k_{hi // 1024}k" if hi < 1 << 30 else f"max_abs_dlogprob_{lo // 1024}k_"
+        key = _band_key(pos)
         out[key] = max(out.get(key, 0.0), d)
     return out
 
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """The requests at the profile's max_model_len (data/profiles.toml [long_context_checks.at_limit])."""
+
+    decode_tokens: int
+    sampled_positions: int
+    boundaries: tuple[int, ...]
+    seed: int
+    unchunked_kv_factor: int
+
+
+def limit_settings() -> LimitSettings:
+    from conformance.verdicts import profiles
+
+    row = profiles.data()["long_context_checks"]["at_limit"]
+    return LimitSettings(int(row["decode_tokens"]), int(row["sampled_positions"]),
+                         tuple(int(b) for b in row["boundaries"]), int(row["seed"]), int(row["unchunked_kv_factor"]))
+
+
+def limit_prompt(vocab_size: int, max_model_len: int, ls: LimitSettings) -> list[int]:
+    """The prompt that fills max_model_len but the tokens the request decodes."""
+    return deep_prompt(vocab_size, max_model_len - ls.decode_tokens, ls.seed)
+
+
+def sampled_positions(prompt_tokens: int, ls: LimitSettings) -> list[int]:
+    """The prompt positions judged against the reference (each one's next-token logprobs, predicting the token after
+    it): one at random (seeded) in each of `sampled_positions` equal strata of [0, prompt_tokens - 1), so they spread
+    over the whole length at offsets that vary against any block or chunk size, and both sides of each boundary the
+    prompt crosses (the original context, the powers of two where tables and kernels switch)."""
+    import random
+
+    last = prompt_tokens - 1  # position last - 1 predicts the prompt's final token
+    rng = random.Random(ls.seed)
+    count = min(ls.sampled_positions, last)
+    picked = {int(i * last / count) + rng.randrange(max(1, int((i + 1) * last / count) - int(i * last / count)))
+              for i in range(count)}
+    picked |= {p for b in ls.boundaries for p in (b - 1, b) if 0 <= p < last}
+    return sorted(picked)
+
+
+def _band_key(pos: int) -> str:
+    lo, hi = next(b for b in BANDS if b[0] <= pos < b[1])
+    return f"max_abs_dlogprob_{lo // 1024}k_{hi // 1024}k" if hi < 1 << 30 else f"max_abs_dlogprob_{lo // 1024}k_"
+
+
+def at_positions(got: Completion, positions: list[int]) -> Completion:
+    """The engine's completion with only the prompt steps at `positions` (as LongReference.score_at returns them)."""
+    steps = got.prompt_steps
+    return Completion(got.prompt_ids, got.token_ids, got.steps,
+                      [steps[p] for p in positions if p < len(steps)])
+
+
+def sampled_parity(got: list[Completion], want: list[Completion], positions: list[int],
+                   tol: compare.LogprobTolerance, names: tuple[str, str] = ("engine", "reference")
+                   ) -> compare.ParityReport:
+    """compare.logprobs_close over the prompt steps at the sampled `positions` and every decode step; `want` comes
+    from LongReference.score_at(..., positions). The strata are named by the positions themselves."""
+    report = compare.logprobs_close([at_positions(g, positions) for g in got], want, tol, names,
+                                    prompt_positions=positions, bands=compare.POSITION_BANDS + LIMIT_BANDS)
+    short = [g for g in got if len(g.prompt_steps) < len(g.prompt_ids) - 1]
+    if short:
+        report.problems.append(f"{names[0]} returned {len(short[0].prompt_steps)} prompt steps for a "
+                               f"{len(short[0].prompt_ids)}-token prompt")
+    return report
+
+
+def sampled_band_figures(got: Completion, want: Completion, positions: list[int]) -> dict[str, float]:
+    """max |Δlogprob| per band of the sampled prompt positions, then of the decode steps (`max_abs_dlogprob_decode`):
+    where along the length an error appears."""
+    out: dict[str, float] = {}
+    for pos, gs, ws in zip(positions, [got.prompt_steps[p] for p in positions], want.prompt_steps):
+        d = max((abs(gs.top[t] - ws.top[t]) for t in gs.top if t in ws.top), default=float("nan"))
+        out[_band_key(pos)] = max(out.get(_band_key(pos), 0.0), d)
+    for gs, ws in zip(got.steps, want.steps):
+        d = max((abs(gs.top[t] - ws.top[t]) for t in gs.top if t in ws.top), default=float("nan"))
+        out["max_abs_dlogprob_decode"] = max(out.get("max_abs_dlogprob_decode", 0.0), d)
+    return out
 
 
 def max_len_problems(limits: dict, want_len: int, out: list[Completion], decode: int) -> list[str]:

