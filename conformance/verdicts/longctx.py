@@ -128,6 +128,10 @@ def sampled_parity(got: list[Completion], want: list[Completion], positions: lis
     if short:
         report.problems.append(f"{names[0]} returned {len(short[0].prompt_steps)} prompt steps for a "
                                f"{len(short[0].prompt_ids)}-token prompt")
+    elif report.problems and got and want:  # where along the length it goes wrong
+        bands = sampled_band_figures(got[0], want[0], positions)
+        report.problems.append("max |Δlogprob| by position band: " + ", ".join(
+            f"{k.removeprefix('max_abs_dlogprob_')} {v:.3g}" for k, v in bands.items()))
     return report
 
 
