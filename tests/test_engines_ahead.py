@@ -160,8 +160,9 @@ def test_the_check_modules_plans_name_their_own_checks(tiny, tmp_path):
     run = run_ctx("cpu", run_dir=tmp_path)
     config = json.loads((tiny.path / "config.json").read_text())
     model = ModelUnderTest("tiny", tiny.path, None, config, 0)
-    engines = SimpleNamespace(target=run.target, model=model, options=EngineFactory(run, model).options,
-                              default_info=lambda: {"block_size": 128})
+    factory = EngineFactory(run, model)
+    engines = SimpleNamespace(target=run.target, model=model, options=factory.options,
+                              default_info=lambda: {"block_size": 128}, wait_built=factory.wait_built)
     for module in modules:
         entries = list(module.engines_ahead(engines))
         assert entries, module.__name__
