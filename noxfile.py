@@ -454,7 +454,7 @@ def establish(session: nox.Session) -> None:
                        env=_stack_env(), external=True)
 
 
-# ------------------------------------------------------------------------ bench: where the time goes (issue 22)
+# ------------------------------------------------------------------------ bench: where the time goes
 
 @nox.session(python=False, requires=["stack"], default=False)
 def bench(session: nox.Session) -> None:

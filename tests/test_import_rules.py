@@ -49,7 +49,7 @@ DOORS = {("conformance/run/cli.py", "reports"), ("conformance/checks/test_servin
 # Modules that import the standard library only (and their own package) when they are imported.
 STDLIB_ONLY = ("env_checks", "conformance.datafiles", "conformance.tooling")
 BACKPORTS = {"tomli"}  # tomllib's backport, imported on Python 3.10 only
-# Breaches that work under way removes (issue #37 item 3, the reference packs of #38), by file and what it imports;
+# Breaches that work under way removes, by file and what it imports;
 # they are left out of the rules above, and an entry that names no import any more fails, so the list only shrinks.
 PENDING: dict[tuple[str, str], str] = {}
 

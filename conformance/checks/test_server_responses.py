@@ -1,4 +1,4 @@
-"""What a request promises an OpenAI-API client of vLLM's server (issue #36): stop strings end the text before
+"""What a request promises an OpenAI-API client of vLLM's server: stop strings end the text before
 them, streamed or not; max_tokens is exact; usage adds up and streams alike; n choices are n separate replies,
 whatever else the server is serving. Asked of the suite's one server (conformance/run/serving_fixtures.py)."""
 

@@ -84,7 +84,7 @@ def process_usage(engine: Any) -> dict[str, float]:
     return usage
 
 
-# --- Quantized loading (issue 7): which quantization method and kernel the engine chose per layer. ---
+# --- Quantized loading: which quantization method and kernel the engine chose per layer. ---
 def _describe(value: Any) -> str:
     if isinstance(value, type):
         return value.__name__

@@ -183,7 +183,7 @@ class VllmOffline:
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
 
-    # Engine conformance probes (issue 5): the KV layout, per-request blocks, stepwise runs.
+    # Engine conformance probes: the KV layout, per-request blocks, stepwise runs.
     def kv_layout(self) -> KVLayout:
         """The paged KV cache as the engine built it, with the budget it was built from."""
         core = self._core()

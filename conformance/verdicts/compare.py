@@ -362,7 +362,7 @@ def kv_blocks_released(during: KVState, after: KVState, min_used_during: int) ->
     return report
 
 
-# --- Engine conformance (issue 5): KV accounting, scheduling, prefix cache, bad requests. ---
+# --- Engine conformance: KV accounting, scheduling, prefix cache, bad requests. ---
 
 
 @dataclass

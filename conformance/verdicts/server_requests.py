@@ -1,4 +1,4 @@
-"""What an OpenAI-API client is promised by the request it sends (issue #36): a stop string ends the text before
+"""What an OpenAI-API client is promised by the request it sends: a stop string ends the text before
 it, max_tokens is exact, usage adds up and streams alike, and n choices are n separate replies, each its own.
 
 Each probe takes a client and returns a `VerdictReport`, so a check and its negative control (a stub server with

@@ -1,4 +1,4 @@
-"""`conformance diagnose` on the outputs of issue 39: families it used to refuse (the amd-smi default view,
+"""`conformance diagnose` on public outputs it once refused: families it used to refuse (the amd-smi default view,
 amd-smi partition, part of a rocminfo agent block, rocm-smi --showvoltage, amdgpu_firmware_info,
 update-alternatives --display rocm, vLLM's newer collect_env layout) and facts it used to leave unread (PCI BDFs,
 chip/device ids, per-block firmware, VBIOS, MIOpen, full gfx target ids). Sources: fixtures/tools/SOURCES.md.

@@ -1,4 +1,4 @@
-"""The second recordings of issue 39 and the fault facts: amdgpu page faults (hub, device, process, UTCL2 client),
+"""Second recordings per family and the fault facts: amdgpu page faults (hub, device, process, UTCL2 client),
 RAS/ACA uncorrectable errors, probe and IP-discovery failures with their error code, HIP's NoBinaryForGpu with the
 target's xnack suffix, hipconfig's paths; and a second real recording of amd-smi list/firmware/version, hipconfig and
 modinfo. Sources: fixtures/tools/SOURCES.md ("second recordings"); every value asserted here is stated verbatim in

@@ -1,4 +1,4 @@
-"""The rest of issue 39's outputs: `amd-smi process --csv/--json`, `amd-smi static --json | jq` fragments, a CUDA 13
+"""Newer layouts: `amd-smi process --csv/--json`, `amd-smi static --json | jq` fragments, a CUDA 13
 torch's collect_env, KFD topology mem_banks properties, the newer `amd-smi xgmi` layouts; and the contradictions
 diagnose reports when it reads several files of one machine. Sources: fixtures/tools/SOURCES.md (every fact asserted
 here is stated verbatim in its recording; test_diagnose_families_and_facts.py checks that for the string facts of
