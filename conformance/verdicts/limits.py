@@ -15,7 +15,7 @@ reads `limits.<name>`, never a data file keyed by the dtype. The tables:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -87,25 +87,26 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
                          (divergences, "perf.toml [graph_mode.max_greedy_divergences]")):
         if dtype not in table:
             raise DataError(f"{where} has no {dtype}: measure that limit on a clean stack and add it first.")
-    kv_fp8, missing = None, {}
-    try:
+    missing: dict[str, str] = {}
+
+    def optional(name: str, read: Callable[[], Any]) -> Any:
+        """A limit only some checks need: None, and the sentence they fail with, where the data lacks it."""
+        try:
+            return read()
+        except DataError as exc:
+            missing[name] = str(exc)
+            return None
+
+    def kv_fp8_row() -> tuple[LogprobTolerance, int]:
         row = _row(_data("profiles.toml"), "kv_fp8.tolerance", dtype, "profiles.toml")
         row = row | _data("profiles.toml")["kv_fp8"].get(target or "", {}).get("tolerance", {}).get(dtype, {})
-        kv_fp8 = LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
-    except DataError as exc:
-        missing["kv_fp8"] = str(exc)
-    history = None
-    try:
-        history = HistoryLimits.from_row(_row(tol, "history", dtype, "tolerances.toml"),
-                                         f"tolerances.toml [history.{dtype}]")
-    except DataError as exc:
-        missing["history"] = str(exc)
-    kernel_paths = None
-    try:
-        kernel_paths = ForwardLimits.from_row(_row(tol, "kernel_paths", dtype, "tolerances.toml"),
-                                              f"tolerances.toml [kernel_paths.{dtype}]")
-    except DataError as exc:
-        missing["kernel_paths"] = str(exc)
+        return LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
+
+    kv_fp8 = optional("kv_fp8", kv_fp8_row)
+    history = optional("history", lambda: HistoryLimits.from_row(_row(tol, "history", dtype, "tolerances.toml"),
+                                                                 f"tolerances.toml [history.{dtype}]"))
+    kernel_paths = optional("kernel_paths", lambda: ForwardLimits.from_row(
+        _row(tol, "kernel_paths", dtype, "tolerances.toml"), f"tolerances.toml [kernel_paths.{dtype}]"))
     parity = _logprob_tolerance(logprobs, dtype)
     return Limits(dtype, (parity, int(logprobs["top_k"])), (_logprob_tolerance(depth), int(depth["top_k"])),
                   _diagnosis(_row(tol, "diagnosis", dtype, "tolerances.toml"), parity, dtype),
