@@ -131,6 +131,7 @@ class EngineProcess:
         self._started = False  # its start answered, with its info
         self._closing = False  # asked to close (begin_close)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()  # by the parent, as it decides to launch: the log's existence dates the launch, not the child
         self.started_at = time.perf_counter()
         spec = registry.kind(kind)  # data/engines.toml: the child builds its adapter
         if spec.inspects_model:  # its start counts the wait: it would wait for the forkserver's imports anyway
