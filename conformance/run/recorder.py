@@ -255,7 +255,7 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None), ctx.ledger.not_run(),
                                 bool(ctx.resolved().problems)),
         "evidence_problems": evidence_problems(ctx, complete, exit_status),
-        "not_run": ctx.ledger.not_run(),  # every check of the tiers that did not run (coverage.py)
+        "not_run": ctx.ledger.not_run(),  # every check of the tiers that did not run (runrecord.Ledger)
         "profile": ctx.profile,
         "profile_settings": ctx.target.profile.record() if ctx.target.profile is not None else None,
         "tiers": sorted({r.tier for r in records}),

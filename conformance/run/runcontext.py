@@ -53,8 +53,8 @@ class RunContext:
     # (what, seconds) of each engine or server start-up: where a run's time goes (the summary's last lines)
     startups: list[tuple[str, float]] = field(default_factory=list)
     engine_factory: Any = None  # the run's EngineFactory while the engines fixture is set up (fixtures.py)
-    shortfall: str | None = None  # what the run lacks of data/run_minimum.toml (run_minimum.py), set at its end
-    ledger: Ledger = field(default_factory=Ledger)  # the tiers' checks against what ran (coverage.py)
+    shortfall: str | None = None  # what the run lacks of data/run_minimum.toml (recorder.shortfall), set at its end
+    ledger: Ledger = field(default_factory=Ledger)  # the tiers' checks against what ran (runrecord.Ledger)
     # set by the plugin as a signal stops the run: what runs in the background (the server's prestart) launches
     # nothing after it
     stopping: threading.Event = field(default_factory=threading.Event)
