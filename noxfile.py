@@ -234,7 +234,7 @@ def _run_interruptible(session: nox.Session, *args: str, **kwargs: Any) -> None:
     try:
         session.run(*args, interrupt_timeout=RECORD_GRACE_S, terminate_timeout=10.0, **kwargs)
     except KeyboardInterrupt:
-        session.warn("interrupted: the run is written with complete: false")
+        session.warn("interrupted (exit 2): a run stopped before its end is written with complete: false")
         raise SystemExit(2) from None  # the run's own exit code (nox's would be 130)
     except nox.command.CommandFailed as exc:
         if exc.return_code in PASSED_ON:  # nox would exit 1, the code of a failed check, for each of them

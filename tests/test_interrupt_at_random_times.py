@@ -65,8 +65,9 @@ def _signal_once(work: Path, n: int, delay_s: float) -> dict:
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
-    if proc.returncode == 0 and json.loads((run_dir / "results.json").read_text()).get("complete") is True:
-        # the signal raced the end: the run had written its whole record and nox was exiting, so it exits 0
+    if json.loads((run_dir / "results.json").read_text()).get("complete") is True:
+        # the signal raced the end: the run had written its whole record (a signal during the run makes it
+        # incomplete), and nox was exiting: it exits 0, or 2 where the signal reached nox before its child's exit
         return {"n": n, "delay": delay_s, "how": how, "finished_first": True, "out": "".join(lines)}
     started_after = _started(reports) - started_before
     return {"n": n, "delay": delay_s, "how": how, "finished_first": False, "code": proc.returncode, "took": took,
