@@ -118,6 +118,8 @@ class SharedEngines:
         self.live: OrderedDict[str, EngineProcess] = OrderedDict()
 
     def get(self, model_dir, kind: str = "vllm", **overrides) -> EngineProcess:
+        if overrides.get("dtype") == "float32":  # start_cpu_engine's default: one engine whether named or not
+            del overrides["dtype"]
         key = json.dumps([kind, str(model_dir), overrides], sort_keys=True)
         if key in self.live:
             self.live.move_to_end(key)

@@ -20,11 +20,6 @@ DTYPES = ["float32", "bfloat16"]
 CPU = SimpleNamespace(engine="vllm", profile=SimpleNamespace(backend=SimpleNamespace(name="cpu")))
 
 
-def engine_of(shared_engines, model, dtype: str, **planted):
-    dtyped = {} if dtype == "float32" else {"dtype": dtype}  # float32 is start_cpu_engine's: the keys others use
-    return shared_engines.get(model, **(dtyped | planted))
-
-
 def run_check(engine, reference, dtype: str) -> Figures:
     figures = Figures()
     checks.test_forwards_match_reference_across_kernel_thresholds(engine, CPU, reference, limits_for(dtype), 300.0,
@@ -34,7 +29,7 @@ def run_check(engine, reference, dtype: str) -> Figures:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_path_check_passes_a_clean_engine(dtype, tiny, reference, shared_engines):
-    figures = run_check(engine_of(shared_engines, tiny.path, dtype), reference, dtype).values
+    figures = run_check(shared_engines.get(tiny.path, dtype=dtype), reference, dtype).values
     plan = kernel_paths.sweep_plan(kernel_paths.thresholds_for("cpu"), {
         "max_num_seqs": 256, "max_num_batched_tokens": 4096, "enable_chunked_prefill": True, "max_model_len": 1024,
         "block_size": 128})
@@ -47,7 +42,7 @@ def test_kernel_path_check_passes_a_clean_engine(dtype, tiny, reference, shared_
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_path_check_fails_on_a_moe_wrong_above_512_tokens(dtype, tiny, reference, shared_engines):
-    engine = engine_of(shared_engines, tiny.path, dtype, planted_fault="moe_wrong_above_512_tokens")
+    engine = shared_engines.get(tiny.path, dtype=dtype, planted_fault="moe_wrong_above_512_tokens")
     with pytest.raises(FAILED, match=r"forwards of 513 \(prefill\), 1023 \(prefill\), .*4096 \(prefill\) tokens "
                                      r"disagree \(a kernel path wrong at those token counts\); forwards of .*511-512 "
                                      r"tokens agree") as err:

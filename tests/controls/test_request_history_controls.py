@@ -18,8 +18,7 @@ DTYPES = ["float32", "bfloat16", "float16"]
 
 def engines_of(shared_engines, model, dtype: str, **planted):
     """The `engines` fixture over the session's shared CPU engines, in `dtype`, with `planted` in every engine."""
-    dtyped = {} if dtype == "float32" else {"dtype": dtype}  # float32 is start_cpu_engine's: the keys others use
-    return SimpleNamespace(get=lambda **options: shared_engines.get(model, **(dtyped | planted | options)))
+    return SimpleNamespace(get=lambda **options: shared_engines.get(model, **({"dtype": dtype} | planted | options)))
 
 
 def run_check(engines, prompts, dtype: str) -> Figures:
