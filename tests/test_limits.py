@@ -31,6 +31,8 @@ def test_the_limits_of_each_dtype_are_the_numbers_of_its_tables(dtype):
         parity.get("noise_ratio"), parity.get("widen_by_band", False),
         decode_noise_depth=parity.get("decode_noise_depth")), parity["top_k"])
     assert got.depth == (LogprobTolerance(depth["max_abs"], depth.get("p99"), depth.get("median")), depth["top_k"])
+    assert (got.logprobs[0].source, got.depth[0].source) == (f"tolerances.toml logprobs.{dtype}",
+                                                             f"tolerances.toml depth.{dtype}")
     rule = tol["diagnosis"][dtype]
     assert (got.diagnosis.distance, got.diagnosis.ratio) == (rule["distance"], rule["ratio"])
     assert got.diagnosis.noise == {"max": parity["max_abs"], "stratum_median": parity.get("stratum_median")}[

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import re
@@ -32,6 +34,13 @@ def only_run(reports: Path) -> dict:
     return record
 
 
+def names_limits(check_id: str) -> bool:
+    """Whether the check's docstring has a `Limits:` line."""
+    path, name = check_id.split("::")
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    return "\nLimits:" in "\n" + (inspect.getdoc(getattr(module, name.split("[")[0])) or "")
+
+
 def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_factory):
     """The whole P0 through the CLI, with secrets planted in its environment: it passes, its record is valid,
     and no secret reaches anything it writes (engine and server logs, fingerprint, junit), its output, or the
@@ -59,6 +68,9 @@ def test_p0_on_the_cpu_default_passes_and_writes_a_valid_run(tmp_path, tmp_path_
     parity = next(c for c in record["checks"] if c["id"].endswith("test_greedy_logprobs_match_reference"))
     assert parity["figures"]["max_abs_dlogprob"] < 2e-3 and parity["area"] == "model-math"
     assert parity["reference"].startswith("docs/model.md")
+    # a check that names its limits (`Limits:` in its docstring) records the limits it was judged by
+    assert [c["id"] for c in record["checks"] if c["outcome"] == "passed" and names_limits(c["id"])
+            and not c["limits"]] == []
     assert_no_secret_in(tmp_path, proc.stdout + proc.stderr, tmp_path_factory.mktemp("dashboard"))
     # a second run never touches the first, and reads the first's fp64 reference results from the cache; given a
     # fleet's compile cache, the engine it starts writes vLLM's cache there (the CPU target compiles nothing, but

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from conformance.checks import test_sampling as checks
 from conformance.verdicts import sampling
 
@@ -52,6 +54,9 @@ def test_a_batch_flip_is_explained_only_by_moved_logits():
     assert "moved by 0" in sampling.flip_explained(alone, unmoved, 1.0, 0.5)
     assert "not both among" in sampling.flip_explained(alone, {"token_ids": [5, 3, 8], "logprobs": [{5: -1.0},
                                                                    {3: -1.0}, {8: -1.0}]}, 1.0, 0.5)
+    # the figure a check records and holds to the noise: the largest move over its pairs (none parted: 0)
+    assert sampling.largest_flip_move([(alone, same), (alone, moved)], 1.0) == pytest.approx(0.25)
+    assert sampling.largest_flip_move([(alone, same)], 1.0) == 0.0
 
 
 def test_a_min_p_cut_in_a_flat_tail_is_neither_chosen_nor_judged_blind():

@@ -8,7 +8,7 @@ import pytest
 
 from conformance.engines.engine_configs import WITH_TOKENIZER
 from conformance.verdicts import compare
-from conformance.verdicts.verdict import fail
+from conformance.verdicts.verdict import fail, record_figures
 
 AREA = "bad-requests"
 REJECT_WITHIN_S = 1.0   # validation is arithmetic on the request; anything slower is waiting on the engine
@@ -99,7 +99,8 @@ def test_bad_request_rejected_while_serving(label, target, engines, prompts, mod
     rejected = compare.rejected_clearly(served.intruders[0], REJECT_WITHIN_S, words)
     undisturbed = compare.completions_equivalent(served.completions, alone, tol,
                                                  ("beside the bad request", "without it"))
-    record_figure("reject_s", rejected.measured["reject_s"])
+    record_figures(record_figure, rejected)
+    record_figures(record_figure, undisturbed, prefix="beside_vs_alone_")
     record_figure("good_requests_unfinished", served.unfinished)
     record_figure("steps_to_serve_good_requests", served.steps)
     rejected.raise_if_failed()

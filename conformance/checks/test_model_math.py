@@ -127,7 +127,7 @@ def test_attention_sinks_at_extremes(variant, engines, prompts, tolerance, call_
         fail(str(exc))
     ref = Reference(path)
     report = compare.logprobs_close(got, ref.score_all(got, top_k + 5), tol)
-    record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -157,7 +157,7 @@ def test_sliding_window_boundary(chunked, engines, reference, model_under_test, 
     except EngineError as exc:
         fail(str(exc))
     report = compare.logprobs_close(got, reference.score_all(got, top_k + 5), tol)
-    record_figure("max_abs_dlogprob", report.max_abs_dlogprob)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -206,6 +206,8 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
                     f"{rule.distance}) from the reference on this model: {dtype} cannot name one")
     name, near = mathcheck.nearest(mutants)
     record_figure("distance_to_nearest_mutant", near)
+    record_limit(record_figure, "distance_to_nearest_mutant", FigureLimit(
+        true * rule.ratio, "min", f"tolerances.toml diagnosis.{dtype}.ratio x the distance to the reference"))
     if not (true * rule.ratio < near):
         fail(f"the stack is {true:.3g} from the reference but only {near:.3g} from the mutant {name} "
              f"({rule.distance} |Δlogprob|, {dtype}): it behaves like {name}")

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from conformance.verdicts import compare
-from conformance.verdicts.verdict import fail
+from conformance.verdicts.verdict import fail, record_figures, record_limit
 
 AREA = "prefix-cache"
 HITS = "vllm:prefix_cache_hits"  # in-process name; Prometheus adds _total (docs/vllm-cpu.md "Gotchas" 7)
@@ -39,6 +39,13 @@ def _generate(proc, prompt, top_k, timeout_s, record_figure, name: str):
     after = proc.call("metrics", timeout_s=timeout_s)
     record_figure(f"counter_hits_{name}", after.get(HITS, float("nan")) - before.get(HITS, 0.0))
     return out
+
+
+def _record_as(record_figure, name: str, report, figure: str) -> None:
+    """`report`'s `figure` recorded as `name` (-1 where it measured none), with the limit it was judged by."""
+    record_figure(name, report.measured.get(figure, -1))
+    if figure in report.limits():
+        record_limit(record_figure, name, report.limits()[figure])
 
 
 @pytest.mark.p1
@@ -70,9 +77,11 @@ def test_repeated_prefix_hits_cache_with_identical_outputs(engines, model_under_
                compare.cached_tokens("the same prefix, another suffix", shared, minimum=bs),
                compare.completions_equivalent(warm, cold, tol, ("cached", "uncached")),
                compare.completions_equivalent(shared, cold2, tol, ("cached prefix", "uncached"))]
-    record_figure("prefix_hit_tokens_same_prompt", reports[1].measured.get("cached_tokens", -1))
-    record_figure("prefix_hit_tokens_shared_prefix", reports[2].measured.get("cached_tokens", -1))
+    _record_as(record_figure, "prefix_hit_tokens_same_prompt", reports[1], "cached_tokens")
+    _record_as(record_figure, "prefix_hit_tokens_shared_prefix", reports[2], "cached_tokens")
     record_figure("max_abs_dlogprob", max(reports[3].max_abs_dlogprob, reports[4].max_abs_dlogprob))
+    if "max_abs_dlogprob" in reports[3].limits():
+        record_limit(record_figure, "max_abs_dlogprob", reports[3].limits()["max_abs_dlogprob"])
     for r in reports:
         r.raise_if_failed()
 
@@ -102,8 +111,9 @@ def test_prefix_cache_reset_forgets_blocks(engines, model_under_test, tolerance,
     reports = [compare.cached_tokens("the prompt again before the reset", warm, minimum=bs),
                compare.cached_tokens("the prompt again after the reset", cold, maximum=0),
                compare.completions_equivalent(cold, warm, tol, ("after reset", "cached"))]
-    record_figure("prefix_hit_tokens_before_reset", reports[0].measured.get("cached_tokens", -1))
-    record_figure("prefix_hit_tokens_after_reset", reports[1].measured.get("cached_tokens", -1))
+    _record_as(record_figure, "prefix_hit_tokens_before_reset", reports[0], "cached_tokens")
+    _record_as(record_figure, "prefix_hit_tokens_after_reset", reports[1], "cached_tokens")
+    record_figures(record_figure, reports[2], prefix="after_reset_vs_cached_")
     if not reset_ok:
         fail("reset_prefix_cache() returned False on an idle engine")
     for r in reports:

@@ -80,7 +80,8 @@ def _loads_and_matches(fmt: str, path: Path, reference_dir: Path, engine_kind: s
     ref = Reference(reference_dir)
     report = compare.logprobs_close(got, ref.score_all(got, top_k + 5), tolerance,
                                     names)
-    record_figures(record_figure, {**report.figures(), **applied.measured})
+    record_figures(record_figure, report)
+    record_figures(record_figure, applied)
     applied.raise_if_failed()
     report.raise_if_failed()
 

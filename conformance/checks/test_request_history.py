@@ -12,7 +12,7 @@ from conformance.engines.base import Completion
 from conformance.engines.engine_configs import SECOND_START, SMALL_KV_CACHE, preemptible_requests
 from conformance.verdicts import compare
 from conformance.verdicts.history import history_independent
-from conformance.verdicts.verdict import FigureLimit, Problems, fail, raise_all, record_figures
+from conformance.verdicts.verdict import Problems, fail, raise_all, record_figures
 
 AREA = "scheduling"
 CHECK = "test_greedy_request_answers_the_same_after_other_traffic"
@@ -105,7 +105,6 @@ def test_greedy_request_answers_the_same_after_other_traffic(engines, prompts, l
     end = _metrics(engine, call_timeout_s)
     after = _probe(engine, probe, max_tokens, bounds.top_k, call_timeout_s)
     preempted = compare.counter_delta("vllm:num_preemptions", start, end, minimum=1)
-    preempted.judged_by["num_preemptions_delta"] = FigureLimit(1.0, "min", "the check's traffic must preempt")
     left = sum(end.get(m, 0.0) for m in METRICS[1:3])
     drained = Problems([] if left == 0 else [f"{left:g} requests still running or waiting after the traffic"],
                        headline="traffic: ")

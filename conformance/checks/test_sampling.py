@@ -8,7 +8,7 @@ import pytest
 from conformance.checks import call_or_fail
 from conformance.engines.engine_configs import SMALL_KV_CACHE, preemptible_requests
 from conformance.verdicts import compare, sampling
-from conformance.verdicts.verdict import fail
+from conformance.verdicts.verdict import FigureLimit, fail, record_figures, record_limit
 
 AREA = "sampling"
 # Draws per case. Temperature alone: 6,000 give power 0.99 against a temperature 10 % off at the 1e-6 test (0.35 at
@@ -55,8 +55,7 @@ def test_sampled_tokens_follow_the_requested_distribution(engine, reference, pro
                             f"{sorted({len(o['token_ids']) for o in outs})} tokens")
             continue
         report = sampling.judge([(o["token_ids"][0], o["logprobs"][0]) for o in outs], case)
-        for name, value in report.figures().items():
-            record_figure(name, value)
+        record_figures(record_figure, report)
         if not report.ok:
             problems.append(report.failure_message())
     if problems:
@@ -73,6 +72,8 @@ def _raw_logprobs_are_the_model_s(greedy, reference, tol, record_figure) -> None
     bound = replace(tol, p99=None, median=None, stratum_median=None, widen_by_band=False)
     report = compare.greedy_parity([greedy], reference, bound, 20, figures.__setitem__, prefill=False)
     record_figure("raw_logprob_max_abs_err", figures.get("max_abs_dlogprob", float("inf")))
+    if "max_abs_dlogprob" in report.limits():
+        record_limit(record_figure, "raw_logprob_max_abs_err", report.limits()["max_abs_dlogprob"])
     if "noise_twin_max_abs_dlogprob" in figures:
         record_figure("raw_logprob_noise_twin_max_abs_err", figures["noise_twin_max_abs_dlogprob"])
     if not report.ok:
@@ -115,11 +116,15 @@ def test_seeded_requests_reproduce_alone_and_in_a_batch(engine, prompts, toleran
     four = draw(batch[:1] * 4, [1, 2, 3, 4])
     others = {tuple(o["token_ids"]) for o in four}
     record_figure("distinct_outputs_of_4_seeds", len(others))
+    record_limit(record_figure, "distinct_outputs_of_4_seeds", FigureLimit(2.0, "min", "four seeds give more than one "
+                                                                                       "output"))
     problems = _short(params["max_tokens"], [alone, again, batched, *four])
     if again["token_ids"] != alone["token_ids"]:
         problems.append(f"seed 7 sent twice gave {alone['token_ids']} then {again['token_ids']}")
-    tol, _ = tolerance
-    why = sampling.flip_explained(alone, batched, params["temperature"], tol.p99 or tol.max_abs)
+    noise, noise_limit = sampling.flip_noise(tolerance[0])
+    record_figure("batched_flip_gap_move", sampling.largest_flip_move([(alone, batched)], params["temperature"]))
+    record_limit(record_figure, "batched_flip_gap_move", noise_limit)
+    why = sampling.flip_explained(alone, batched, params["temperature"], noise)
     if why:
         problems.append(f"seed 7 alone gave {alone['token_ids']}, batched with two other requests "
                         f"{batched['token_ids']}: {why}")
@@ -198,12 +203,16 @@ def test_seeded_requests_reproduce_after_preemption_and_a_restart(engines, promp
     preempted = compare.counter_delta("vllm:num_preemptions", before,
                                       call_or_fail(small, "metrics", timeout_s=call_timeout_s), minimum=1)
     restarted = sample(engines.get(seed=12345))  # another global seed: a second start of the same config
-    tol, _ = tolerance
+    noise, noise_limit = sampling.flip_noise(tolerance[0])
     problems = _short(max_tokens, [*want, *preempted_outs, *restarted])
     for where, outs in (("preempted", preempted_outs), ("engine started again", restarted)):
         problems += [f"request {i} ({where}): {why}" for i, (a, b) in enumerate(zip(want, outs))
-                     if (why := sampling.flip_explained(a, b, 1.0, tol.p99 or tol.max_abs))]
+                     if (why := sampling.flip_explained(a, b, 1.0, noise))]
+    record_figure("largest_flip_gap_move", sampling.largest_flip_move(
+        [*zip(want, preempted_outs), *zip(want, restarted)], 1.0))
+    record_limit(record_figure, "largest_flip_gap_move", noise_limit)
     record_figure("requests_compared", float(len(reqs)))
+    record_figures(record_figure, preempted)
     preempted.raise_if_failed()
     if problems:
         fail("; ".join(problems))

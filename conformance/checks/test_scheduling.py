@@ -17,10 +17,6 @@ def engines_ahead(engines):
     yield "test_preemption_keeps_outputs", SMALL_KV_CACHE
 
 
-def _record(record_figure, report) -> None:
-    record_figures(record_figure, report)
-
-
 def _mixed_requests(prompts) -> tuple[list[list[int]], list[int], list[int]]:
     """Twelve requests: the prompt set and cuts of it, mixed output lengths, arriving in waves."""
     base = prompts.prompts
@@ -54,7 +50,7 @@ def test_concurrent_requests_match_each_alone(engine, prompts, tolerance, call_t
     batched = engine.call("run_stepwise", reqs, budgets, top_k, arrivals, timeout_s=call_timeout_s)
     alone = _alone(engine, reqs, budgets, top_k, call_timeout_s)
     report = compare.completions_equivalent(batched.completions, alone, tol, ("batched", "alone"))
-    _record(record_figure, report)
+    record_figures(record_figure, report)
     record_figure("max_running", batched.max_running)
     report.raise_if_failed()
 
@@ -74,7 +70,7 @@ def test_max_num_seqs_is_respected(engines, prompts, call_timeout_s, record_figu
     reqs = [p[:24] for p in prompts.prompts]
     got = proc.call("run_stepwise", reqs, 8, 1, timeout_s=call_timeout_s)
     report = compare.concurrency_within(got, LIMITED_SCHEDULER["max_num_seqs"])
-    _record(record_figure, report)
+    record_figures(record_figure, report)
     report.raise_if_failed()
 
 
@@ -110,7 +106,7 @@ def test_chunked_prefill_matches_unchunked(engines, prompts, tolerance, call_tim
                                    output_lag=lag[1])]
     report = compare.completions_equivalent(chunked.completions, whole.completions, tol,
                                             ("chunked", "unchunked"))
-    _record(record_figure, report)
+    record_figures(record_figure, report)
     record_figure("max_prefill_steps_chunked", steps[1].measured["max_prefill_steps"])
     for r in steps:
         r.raise_if_failed()
@@ -145,7 +141,7 @@ def test_preemption_keeps_outputs(engines, prompts, tolerance, call_timeout_s, r
     preempted = compare.counter_delta("vllm:num_preemptions", before, after, minimum=1)
     report = compare.completions_equivalent(got, want, tol, ("preempted", "large cache"))
     for r in (preempted, report):
-        _record(record_figure, r)
+        record_figures(record_figure, r)
     record_figure("kv_blocks_small_cache", small.call("kv_layout", timeout_s=call_timeout_s).num_blocks)
     unpreempted.raise_if_failed()
     preempted.raise_if_failed()

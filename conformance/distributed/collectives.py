@@ -19,6 +19,7 @@ import torch
 
 from conformance.distributed import RankContext
 from conformance.verdicts.compare import VerdictReport
+from conformance.verdicts.verdict import FigureLimit
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 FAULTS = ("rank_counted_twice", "chunks_rotated", "rank_sleeps", "rank_raises", "rank_dies")
@@ -192,6 +193,9 @@ def verdict(op: str, per_rank: list[list[dict[str, Any]]]) -> VerdictReport:
         key = "mismatches" if dtype == "int32" or op == "all_gather" else "max_err_over_bound"
         r.measured[f"{dtype}_{key}"] = float(sum(c.mismatches for c in mine)) if key == "mismatches" \
             else max(c.worst_ratio for c in mine)
+        r.judged_by[f"{dtype}_{key}"] = (
+            FigureLimit(0.0, "max", "bit-exact") if key == "mismatches" else
+            FigureLimit(1.0, "max", "distributed.toml collectives.tolerance: W x unit_roundoff x slack x sum|x|"))
     r.measured["cases"] = float(len(cases))
     r.measured["max_bytes"] = float(max(c.nbytes for c in cases))
     for c in cases:

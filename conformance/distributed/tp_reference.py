@@ -33,6 +33,7 @@ import torch
 from conformance.distributed import RankContext
 from conformance.reference.gpt_oss import Reference, WeightStore, dequant_mxfp4
 from conformance.verdicts.compare import VerdictReport
+from conformance.verdicts.verdict import FigureLimit
 
 MX_BLOCK = 32
 MUTATIONS = ("gate_up_halves", "o_proj_not_reduced", "tail_block_dropped", "o_proj_bias_every_rank",
@@ -251,6 +252,7 @@ def recombined_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
         if not rel <= rel_tol:
             report.problems.append(f"{name}: max |Δ| / max |unsharded| = {rel:.3g} exceeds {rel_tol:.3g}")
     report.measured = {f"{k}_max_rel_err": v for k, v in worst.items()}
+    report.judged_by = {f"{k}_max_rel_err": FigureLimit(rel_tol, "max", "distributed.toml tp.rel_tol") for k in worst}
     return report
 
 

@@ -51,6 +51,8 @@ class LogprobTolerance:
     # depth")
     decode_noise_depth: float | None = None
     widened: bool = False  # set by above_noise: these limits are the noise twin's, not the table's
+    # the data row these limits come from, for the run's record (provenance: two equal limits are equal whatever it)
+    source: str = field(default="the check's own tolerance", compare=False)
 
     def decode_ratio(self, layers: int | None) -> float:
         """The ratio the decode bands widen by on a model of `layers` layers (`decode_noise_depth`)."""
@@ -157,8 +159,8 @@ class ParityReport(Verdict):
         return figs
 
     def limits(self) -> dict[str, FigureLimit]:
-        source = ("tolerances.toml logprobs, widened to noise_ratio x the noise twin's figures"
-                  if self.tolerance.widened else "tolerances.toml logprobs (or the check's own tolerance)")
+        source = self.tolerance.source + (", widened to noise_ratio x the noise twin's figures"
+                                          if self.tolerance.widened else "")
         return {name: FigureLimit(value, "max", source)
                 for name, value in figure_limits(self.figures(), self.tolerance).items()}
 
@@ -498,6 +500,13 @@ def completions_equivalent(got: list[Completion], want: list[Completion], tol: L
     return report
 
 
+def _bounded(r: VerdictReport, name: str, minimum: float | None, maximum: float | None, source: str) -> None:
+    """`r`'s figure `name` is judged against `minimum` or `maximum`: the limit it was held to, for its record."""
+    for bound, kind in ((minimum, "min"), (maximum, "max")):
+        if bound is not None:
+            r.judged_by[name] = FigureLimit(float(bound), kind, source)
+
+
 def cached_tokens(label: str, completions: list[Completion], minimum: int | None = None,
                   maximum: int | None = None) -> VerdictReport:
     """The prompt tokens the engine served from its prefix cache for these requests, by its own per-request count,
@@ -511,6 +520,7 @@ def cached_tokens(label: str, completions: list[Completion], minimum: int | None
         return r
     total = sum(int(n) for n in counts if n is not None)
     r.measured = {"cached_tokens": float(total)}
+    _bounded(r, "cached_tokens", minimum, maximum, "the check's own bound on prompt tokens served from the cache")
     if minimum is not None and not total >= minimum:
         r.problems.append(f"{label}: {total} prompt tokens served from the prefix cache, expected at least {minimum}")
     if maximum is not None and not total <= maximum:
@@ -526,7 +536,9 @@ def counter_delta(metric: str, before: dict[str, float], after: dict[str, float]
         r.problems.append(f"the engine reports no metric {metric} (has: {', '.join(sorted(after)[:12])} ...)")
         return r
     delta = after[metric] - before.get(metric, 0.0)
-    r.measured = {metric.split(":")[-1] + "_delta": delta}
+    name = metric.split(":")[-1] + "_delta"
+    r.measured = {name: delta}
+    _bounded(r, name, minimum, maximum, f"the check's own bound on {metric}")
     if minimum is not None and not delta >= minimum:
         r.problems.append(f"{metric} moved by {delta:g}, expected at least {minimum:g}")
     if maximum is not None and not delta <= maximum:
@@ -573,6 +585,7 @@ def rejected_clearly(outcome: SubmitOutcome, max_seconds: float, words: tuple[st
     """The engine refused the request at submission, quickly, with a message that names the problem."""
     r = VerdictReport(f"bad request '{outcome.label}'")
     r.measured = {"reject_s": outcome.seconds}
+    _bounded(r, "reject_s", None, max_seconds, "the check's bound on how long a rejection may take")
     r.details = [f"{outcome.error_type or 'accepted'}: {outcome.message[:300]}"]
     if outcome.accepted:
         r.problems.append("it was accepted" + (" (the probe aborted it at once)" if outcome.aborted else ""))

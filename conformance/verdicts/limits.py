@@ -100,20 +100,23 @@ def limits_for(dtype: str, target: str | None = None) -> Limits:
     def kv_fp8_row() -> tuple[LogprobTolerance, int]:
         row = _row(_data("profiles.toml"), "kv_fp8.tolerance", dtype, "profiles.toml")
         row = row | _data("profiles.toml")["kv_fp8"].get(target or "", {}).get("tolerance", {}).get(dtype, {})
-        return LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"])
+        return LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median"),
+                                source=f"profiles.toml kv_fp8 tolerance.{dtype}"), int(row["top_k"])
 
     kv_fp8 = optional("kv_fp8", kv_fp8_row)
     history = optional("history", lambda: HistoryLimits.from_row(_row(tol, "history", dtype, "tolerances.toml"),
                                                                  f"tolerances.toml [history.{dtype}]"))
     kernel_paths = optional("kernel_paths", lambda: ForwardLimits.from_row(
         _row(tol, "kernel_paths", dtype, "tolerances.toml"), f"tolerances.toml [kernel_paths.{dtype}]"))
-    parity = _logprob_tolerance(logprobs, dtype)
-    return Limits(dtype, (parity, int(logprobs["top_k"])), (_logprob_tolerance(depth), int(depth["top_k"])),
+    parity = _logprob_tolerance(logprobs, f"tolerances.toml logprobs.{dtype}", dtype)
+    return Limits(dtype, (parity, int(logprobs["top_k"])),
+                  (_logprob_tolerance(depth, f"tolerances.toml depth.{dtype}"), int(depth["top_k"])),
                   _diagnosis(_row(tol, "diagnosis", dtype, "tolerances.toml"), parity, dtype),
                   _layers(tol, dtype, float(moe["router_tie_ulps"][dtype])), MappingProxyType(_rope(dtype)),
                   float(moe[dtype]),
                   float(moe["router_tie_ulps"][dtype]), int(divergences[dtype]), kv_fp8, MappingProxyType(missing),
-                  history, kernel_paths, (_logprob_tolerance(at_limit), int(at_limit["top_k"])))
+                  history, kernel_paths,
+                  (_logprob_tolerance(at_limit, f"tolerances.toml depth_at_limit.{dtype}"), int(at_limit["top_k"])))
 
 
 def refusal(requested: str | None, dtype: str, exact: str | None) -> str | None:
@@ -146,15 +149,15 @@ def _row(data: dict[str, Any], table: str, dtype: str, where: str) -> dict[str, 
     return data[dtype]
 
 
-def _logprob_tolerance(row: dict[str, Any], dtype: str | None = None) -> LogprobTolerance:
-    """A [logprobs.<dtype>]-shaped row; `dtype` given (greedy parity's own row), its `noise_ratio` names the noise
-    twin of that dtype."""
+def _logprob_tolerance(row: dict[str, Any], source: str, dtype: str | None = None) -> LogprobTolerance:
+    """A [logprobs.<dtype>]-shaped row (`source` names it); `dtype` given (greedy parity's own row), its
+    `noise_ratio` names the noise twin of that dtype."""
     ratio = row.get("noise_ratio") if dtype else None
     decode = row.get("decode_noise_depth") if ratio else None
     return LogprobTolerance(row["max_abs"], row.get("p99"), row.get("median"), row.get("stratum_median"),
                             bool(row.get("pairwise_greedy", True)), dtype if ratio else None,
                             float(ratio) if ratio else None, widen_by_band=bool(row.get("widen_by_band", False)),
-                            decode_noise_depth=float(decode) if decode else None)
+                            decode_noise_depth=float(decode) if decode else None, source=source)
 
 
 def _diagnosis(row: dict[str, Any], parity: LogprobTolerance, dtype: str) -> Diagnosis:

@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 from conformance import datafiles
-from conformance.verdicts.verdict import Verdict, record_figures
+from conformance.verdicts.verdict import FigureLimit, Verdict, record_figures
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,11 @@ class FloorVerdict(Verdict):
 
     def figures(self) -> dict[str, float]:
         return dict(self.measured)
+
+    def limits(self) -> dict[str, FigureLimit]:
+        f = self.floor
+        return {f"{f.figure}_vs_floor": FigureLimit(1.0, "min", f"perf_floors.toml {f.sku} {f.model} {f.input_len}/"
+                                                               f"{f.output_len} c{f.concurrency}: {f.floor:g}")}
 
     def failure_message(self) -> str:
         return "; ".join(self.problems) + "\n  " + "\n  ".join(self.details)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conformance.verdicts.verdict import Verdict
+from conformance.verdicts.verdict import FigureLimit, Verdict
 
 
 @dataclass
 class SoakReport(Verdict):
     samples: list[dict[str, float]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    judged_by: dict[str, FigureLimit] = field(default_factory=dict)
+
+    def limits(self) -> dict[str, FigureLimit]:
+        return dict(self.judged_by)
 
     def figures(self) -> dict[str, float]:
         if not self.samples:
@@ -27,7 +31,13 @@ def soak_verdict(samples: list[dict[str, float]], warmup: int, max_rss_mib: floa
                  max_vram_mib: float | None = None) -> SoakReport:
     """samples: one per round after its requests finished: rss_mib, open_fds, kv_used (and vram_mib on a GPU,
     judged when `max_vram_mib` is given: a GPU soak that cannot read VRAM fails closed)."""
-    report = SoakReport(samples[warmup:])
+    soak = "targets.toml soak"
+    report = SoakReport(samples[warmup:], judged_by={
+        "rss_growth_mib": FigureLimit(max_rss_mib, "max", f"{soak} max_rss_growth_mib"),
+        "fd_growth": FigureLimit(max_fds, "max", f"{soak} max_fd_growth"),
+        "max_kv_used_after_round": FigureLimit(0.0, "max", "every block free after each round")})
+    if max_vram_mib is not None:
+        report.judged_by["vram_growth_mib"] = FigureLimit(max_vram_mib, "max", f"{soak} max_vram_growth_mib")
     if len(report.samples) < 2:
         report.problems.append(f"only {len(report.samples)} rounds after warm-up: nothing to compare")
         return report

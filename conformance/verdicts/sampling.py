@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
-from conformance.verdicts.verdict import Verdict
+from conformance.verdicts.verdict import FigureLimit, Verdict
 
 ALPHA = 1e-6          # false-failure rate of the goodness-of-fit test per case
 MIN_EXPECTED = 10.0   # expected count under which tokens are pooled (the chi-square tail holds from there)
@@ -102,12 +103,23 @@ class SamplingReport(Verdict):
     p_value: float = 1.0
     bins: list[tuple[str, int, float]] = field(default_factory=list)   # (token or "rare", observed, expected)
     problems: list[str] = field(default_factory=list)
+    alpha: float = ALPHA           # the p-value under which the draws fail
+    min_samples: int = 0           # the usable draws (plus impossible ones) a verdict needs
 
     def figures(self) -> dict[str, float]:
         c = self.case.name
         return {f"{c}_chi2": self.chi2, f"{c}_dof": float(self.dof), f"{c}_p_value": self.p_value,
                 f"{c}_samples": float(self.samples), f"{c}_impossible": float(self.impossible),
                 f"{c}_support_unseen": float(self.support_unseen)}
+
+    def limits(self) -> dict[str, FigureLimit]:
+        c = self.case.name
+        judged = {f"{c}_p_value": FigureLimit(self.alpha, "min", "the goodness-of-fit test's false-failure rate per "
+                                                                 "case (verdicts/sampling.py ALPHA)"),
+                  f"{c}_samples": FigureLimit(float(self.min_samples), "min", "the usable draws a verdict needs")}
+        if self.case.truncated:
+            judged[f"{c}_impossible"] = FigureLimit(0.0, "max", "a draw outside a truncated support")
+        return judged
 
     def failure_message(self) -> str:
         table = ", ".join(f"{tok}: {o} seen / {e:.1f} expected" for tok, o, e in self.bins[:8])
@@ -117,7 +129,7 @@ class SamplingReport(Verdict):
 def judge(draws: list[tuple[int, dict[int, float]]], case: Case, k: int = 20, min_samples: int = 500,
           alpha: float = ALPHA) -> SamplingReport:
     """Goodness of fit of `draws` (each: the token drawn and the raw top-k logprobs it was drawn from)."""
-    report = SamplingReport(case)
+    report = SamplingReport(case, alpha=alpha, min_samples=min_samples)
     observed: Counter[int] = Counter()
     want: dict[int, float] = defaultdict(float)
     memo: dict[tuple, dict[int, float]] = {}  # the draws of one position share their logprobs
@@ -203,13 +215,41 @@ def flip_explained(alone: dict, other: dict, temperature: float, noise: float) -
     if step is None:
         return None if len(a_ids) == len(b_ids) else f"{len(a_ids)} tokens against {len(b_ids)}"
     a, b = a_ids[step], b_ids[step]
-    la, lb = alone["logprobs"][step], other["logprobs"][step]
-    if not all(t in lp for t in (a, b) for lp in (la, lb)):
+    moved = flip_move(alone, other, temperature)
+    if moved is None:
         return f"at step {step} the draws {a} and {b} are not both among each other's top logprobs"
-    moved = ((la[a] - la[b]) - (lb[a] - lb[b])) / temperature
     if not 0.0 < moved <= noise:
         return (f"at step {step} the draw flipped from {a} to {b} while their logprob gap moved by {moved:.3g} "
                 f"(a seeded draw flips only if it moves by more than 0 and, within the dtype's noise, at most "
                 f"{noise:g})")
     return None
+
+
+def flip_noise(tol: Any) -> tuple[float, FigureLimit]:
+    """The most a seeded draw's logprob gap may move for a flip to be the dtype's noise (`tol`, a LogprobTolerance:
+    its p99, else its max_abs), and that bound as the limit of a check's largest flip move (`largest_flip_move`)."""
+    noise = tol.p99 or tol.max_abs
+    return noise, FigureLimit(noise, "max", f"{tol.source} {'p99' if tol.p99 else 'max_abs'}: the most a seeded "
+                                            "draw's logprob gap may move for a flip on noise")
+
+
+def largest_flip_move(pairs: list[tuple[dict, dict]], temperature: float) -> float:
+    """The largest `flip_move` over pairs of outputs of one seeded request (0.0 where none part); a pair whose move
+    cannot be told is left out here, and `flip_explained` fails it."""
+    return max((m for a, b in pairs if (m := flip_move(a, b, temperature)) is not None), default=0.0)
+
+
+def flip_move(alone: dict, other: dict, temperature: float) -> float | None:
+    """How far the logprob gap l_a - l_b of the tokens a (`alone`'s) and b (`other`'s) drawn at the first step where
+    two outputs of one seeded request part shrank from one to the other, over the temperature: the figure
+    `flip_explained` holds to the dtype's noise. 0.0 where they do not part; None where a or b is missing from
+    either side's top logprobs."""
+    step = next((i for i, (a, b) in enumerate(zip(alone["token_ids"], other["token_ids"])) if a != b), None)
+    if step is None:
+        return 0.0
+    a, b = alone["token_ids"][step], other["token_ids"][step]
+    la, lb = alone["logprobs"][step], other["logprobs"][step]
+    if not all(t in lp for t in (a, b) for lp in (la, lb)):
+        return None
+    return ((la[a] - la[b]) - (lb[a] - lb[b])) / temperature
 

@@ -308,14 +308,16 @@ def _unexplained_flips(alone: Reply, other: Reply, temperature: float, noise: fl
     return out
 
 
-def n_choices(client: ServerClient, model: str, timeout_s: float, noise: float, n: int = 3, requests: int = 4,
+def n_choices(client: ServerClient, model: str, timeout_s: float, tol: Any, n: int = 3, requests: int = 4,
               max_tokens: int = 8) -> VerdictReport:
     """Seeded requests with n choices, each sent alone, then all at once, then the first streamed: n choices with
     indices 0..n-1, one finish_reason each, usage that counts them all, distinct response ids, the same choices
     whether a request was sent alone, among others or streamed, and not every request's choices all alike. Among
     others a kernel may compute the logits a little otherwise (bf16 on a GPU): a choice may part from the lone one
-    only where its logprob gap moved enough to flip that very draw, by no more than `noise`."""
+    only where its logprob gap moved enough to flip that very draw, by no more than `tol`'s noise
+    (`sampling.flip_noise`)."""
     probe = VerdictReport(f"n={n} choices (/v1/completions)")
+    noise, probe.judged_by["largest_flip_gap_move"] = sampling.flip_noise(tol)
     bodies = [request(COMPLETIONS, model, prompt=f"Request {i}: {PROMPT}", n=n, max_tokens=max_tokens, logprobs=5,
                       temperature=1.0, seed=SEED + i, return_token_ids=True) for i in range(requests)]
     alone = [send(client, COMPLETIONS, b, timeout_s, f"request {i} (n={n}) sent alone") for i, b in enumerate(bodies)]
@@ -325,10 +327,12 @@ def n_choices(client: ServerClient, model: str, timeout_s: float, noise: float, 
     streamed = send_streamed(client, COMPLETIONS, bodies[0], timeout_s, f"request 0 (n={n}) streamed")
     for reply in (*alone, *together, streamed):
         probe.problems += _choices_problems(reply, n, max_tokens)
-    flips = 0
+    flips, moved = 0, 0.0
     for i, (a, t) in enumerate(zip(alone, together)):
         if not a.problems and not t.problems:
             flips += sum(t.texts.get(k) != v for k, v in a.texts.items())
+            moved = max(moved, sampling.largest_flip_move([(a.draws[k], t.draws[k]) for k in a.draws
+                                                           if a.draws[k] and t.draws.get(k)], 1.0))
             probe.problems += [f"request {i} (n={n}, seed {SEED + i}) among {requests} concurrent requests: {why}"
                                for why in _unexplained_flips(a, t, 1.0, noise)]
     if not alone[0].problems and not streamed.problems and streamed.texts != alone[0].texts:
@@ -342,5 +346,5 @@ def n_choices(client: ServerClient, model: str, timeout_s: float, noise: float, 
     if repeated:
         probe.problems.append(f"response ids repeat across {2 * requests} requests: {repeated[:4]}")
     probe.measured |= {"n_choices": float(n), "n_requests": float(2 * requests + 1),
-                      "choices_flipped_on_noise": float(flips)}
+                      "choices_flipped_on_noise": float(flips), "largest_flip_gap_move": moved}
     return probe

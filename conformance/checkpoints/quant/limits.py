@@ -39,9 +39,9 @@ def _table() -> dict:
     return datafiles.load_toml(datafiles.DATA / "quant.toml")
 
 
-def _limits(fmt: str, row: dict) -> FormatLimits:
-    return FormatLimits(fmt, str(row.get("dtype", "bfloat16")),
-                        LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median")), int(row["top_k"]),
+def _limits(fmt: str, row: dict, source: str) -> FormatLimits:
+    tolerance = LogprobTolerance(float(row["max_abs"]), row.get("p99"), row.get("median"), source=source)
+    return FormatLimits(fmt, str(row.get("dtype", "bfloat16")), tolerance, int(row["top_k"]),
                         {k: list(v) for k, v in row.get("quantized_layers", {}).items()},
                         dict(row.get("engine_dtype", {})), {k: list(v) for k, v in row.get("serves", {}).items()})
 
@@ -50,7 +50,7 @@ def format_limits(fmt: str) -> FormatLimits:
     table = _table().get("format", {})
     if fmt not in table:
         raise datafiles.DataError(f"quant.toml has no [format.{fmt}] table: add its dtype and limits first.")
-    return _limits(fmt, table[fmt])
+    return _limits(fmt, table[fmt], f"quant.toml format.{fmt}")
 
 
 def format_not_served(config: dict | None, engine: str, dtype: str) -> str | None:
@@ -77,7 +77,7 @@ def numerics_label(fmt: str, methods: dict[str, str]) -> NumericsLabel | None:
             continue
         if any(p.lower() in m.lower() for p in row.get("backends", []) for m in methods.values()):
             return NumericsLabel(name, str(row["text"]), bool(row.get("reference_numerics", False)),
-                                 _limits(fmt, row))
+                                 _limits(fmt, row, f"quant.toml label.{name}"))
     return None
 
 
