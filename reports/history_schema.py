@@ -108,5 +108,8 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN suite TEXT;
     ALTER TABLE runs ADD COLUMN test_model TEXT;
     """,
+    # 9: a record whose checks do not add up to its own summary (cut short or edited) is no evidence. No column
+    #    changes: rows stored before (`derived_by` < 9) are read again from their run directories and judged again.
+    "",
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,6 +1,7 @@
 """What the history store hands out: a stored run (`RunInfo`) and a stored check (`CheckRow`), and the rule that says
-whether a run is platform evidence (`not_evidence`): complete, judged, of the target and combination its fingerprint
-shows (reports/claims.py), every check of its tiers run; and whether its model is a test model (`why_test_model`).
+whether a run is platform evidence (`not_evidence`): complete, whole (its checks add up to its own summary), judged,
+of the target and combination its fingerprint shows (reports/claims.py), every check of its tiers run; and whether
+its model is a test model (`why_test_model`).
 
 A run belongs to two series. Its **platform lineage** (`RunInfo.lineage`: platform, engine under test and combo,
 ``cuda H200 · vllm · installed``) is what the serving baselines key on, together with the model. The dashboard's
@@ -12,6 +13,7 @@ the fp32 run before it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from reports.claims import CertifiedCombo, certified_combos, combo_contradiction, target_contradiction
@@ -40,6 +42,9 @@ def not_evidence(record: dict, combos: tuple[CertifiedCombo, ...] | None = None)
     fingerprint (reports/claims.py) and the combinations of ci/matrix.toml (`combos`; None: the checkout's)."""
     if not record["complete"]:
         return "interrupted (complete: false)"
+    mismatch = summary_mismatch(record)
+    if mismatch:
+        return mismatch
     if record.get("planted_fault"):
         return f"a negative control: fault {record['planted_fault']} planted in the engine"
     if record.get("narrowed_by"):
@@ -64,6 +69,18 @@ def not_evidence(record: dict, combos: tuple[CertifiedCombo, ...] | None = None)
     except ValueError as exc:  # an unreadable matrix: a record filed under a combo cannot be checked against it
         return f"combo {record['combo']} cannot be checked: {exc}" if record.get("combo") else None
     return combo_contradiction(record, matrix)
+
+
+def summary_mismatch(record: dict) -> str | None:
+    """Why a record's checks do not add up to its own summary, or None: the writer counts the summary from the very
+    checks it lists, so a record whose list is shorter or other was cut short or edited, and its checks are not the
+    run's (a dropped check would read as never run, or a failure as never happened)."""
+    summary = record.get("summary") or {}
+    listed = Counter(c["outcome"] for c in record["checks"])
+    differ = [f"{outcome} {summary.get(outcome, 0)} in its summary, {listed.get(outcome, 0)} listed"
+              for outcome in sorted(set(summary) | set(listed)) if summary.get(outcome, 0) != listed.get(outcome, 0)]
+    return ("its checks do not add up to its own summary (" + "; ".join(differ) + "): the record was cut short or "
+            "edited") if differ else None
 
 
 def why_test_model(model: dict) -> str | None:

@@ -14,7 +14,7 @@ import pytest
 from reports.claims import certified_combos, combo_contradiction, target_contradiction
 from reports.flaky import WINDOW, flaky_checks
 from reports.history import History
-from reports.records import not_evidence, why_test_model
+from reports.records import not_evidence, summary_mismatch, why_test_model
 from reports.results import summarize, write_run
 from reports.sitedata import collect
 from reports.verdict import NEVER_RAN, NO_EVIDENCE, NOT_SAFE, SAFE, TEST_MODEL, Verdict
@@ -227,3 +227,18 @@ def test_a_record_that_names_its_checks_not_run_or_says_it_is_no_evidence_is_non
     assert not_evidence(cpu | {"evidence": False, "evidence_problems": ["--combo cpu-vllm0.31.0 with vLLM 0.32.0"]}) \
         == "--combo cpu-vllm0.31.0 with vLLM 0.32.0"
     assert not_evidence(cpu | {"not_run": [], "evidence": True}) is None
+
+
+def test_a_record_whose_checks_do_not_add_up_to_its_summary_is_no_evidence(tmp_path: Path) -> None:
+    """A record cut short or edited (checks dropped from its list, its summary left as the run wrote it) would read as
+    a whole run of fewer checks, every one passed: it is refused as evidence, naming what does not add up, and its
+    lineage has no counted run. The writer counts the summary from the very checks it lists (results.summarize)."""
+    cpu = load_fixture(CPU_KEPT, CPU_RUNS)
+    assert summary_mismatch(cpu) is None and summarize(cpu["checks"]) == cpu["summary"]
+    cut = copy.deepcopy(cpu) | {"run_id": f"{CPU_KEPT[:-6]}cut001", "evidence": True, "not_run": []}
+    cut["checks"] = [c for c in cut["checks"] if c["outcome"] == "passed"][:10]
+    why = not_evidence(cut)
+    assert why is not None and why.startswith("its checks do not add up to its own summary (passed ") and \
+        "10 listed" in why and why.endswith("the record was cut short or edited")
+    (lineage,) = [v for v in _decide(tmp_path, cut, samples=False).values() if v.any_run is not None]
+    assert lineage.state == NO_EVIDENCE and lineage.run is None and lineage.not_counted[0].not_evidence == why
