@@ -142,6 +142,7 @@ class RunSession:
         self.taken = False
         self.handlers: dict[int, Any] = {}  # the handlers before the run's, put back at its end
         self.close_graces: tuple[float, float] | None = None  # the engines' and servers' close waits before a stop
+        self.server_url = os.environ.get(SERVER_URL_ENV)  # as before the run: --server sets it for this run only
 
     def catch_interrupts(self) -> None:
         self.handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self.interrupt)
@@ -174,11 +175,15 @@ class RunSession:
         raise KeyboardInterrupt(why)
 
     def release(self) -> None:
-        """The run's end: the signal handlers and the close waits as they were before it."""
+        """The run's end: the signal handlers, the close waits and the user's server as they were before it."""
         from conformance.engines import worker
 
         while self.handlers:
             signal.signal(*self.handlers.popitem())
+        if self.server_url is None:  # a later run in this process (tests call `conformance run` in-process) starts
+            os.environ.pop(SERVER_URL_ENV, None)  # its own server again, unless it names one
+        else:
+            os.environ[SERVER_URL_ENV] = self.server_url
         if self.close_graces is not None:
             worker.CLOSE_TIMEOUT_S, vllm_server.CLOSE_GRACE_S = self.close_graces
 

@@ -208,22 +208,43 @@ def _relative_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
 
 
 def evidence_of(complete: bool, exit_status: int, planted_fault: str | None, not_run: list[str],
-                refused: bool = False) -> bool:
+                refused: bool = False, foreign_server: str | None = None) -> bool:
     """Whether a run is platform evidence: complete, judged (exit 0 or 1, not interrupted), of the target it claims
     (not refused: `--rocm` on a CUDA torch is a usage mistake, no ROCm result), of the stack as it is (no planted
-    fault) and of every check of its tiers: `not_run` (coverage.Ledger, computed from what ran, whatever narrowed
-    the run) is empty."""
-    return bool(complete and exit_status in (0, 1) and not planted_fault and not not_run and not refused)
+    fault), of every check of its tiers: `not_run` (coverage.Ledger, computed from what ran, whatever narrowed
+    the run) is empty, and of this machine's stack only (`foreign_server`: why a user's server the serving checks
+    judged is not it, `foreign_server_of`)."""
+    return bool(complete and exit_status in (0, 1) and not planted_fault and not not_run and not refused
+                and not foreign_server)
 
 
-def evidence_problems(ctx: RunContext, complete: bool, exit_status: int) -> list[str]:
+def foreign_server_of(ctx: RunContext, fp: dict[str, Any]) -> str | None:
+    """Why the server the run's serving checks judged is not the stack its fingerprint describes, or None (the
+    suite's own server, or none judged). A server the user runs (`--server`, $CONFORMANCE_SERVER_URL) may be any
+    stack anywhere: it counts only where it reports, at vLLM's GET /version, the vLLM release this machine has."""
+    server = getattr(ctx, "external_server", None)
+    if server is None:
+        return None
+    theirs, mine = server.get("vllm"), (fp.get("packages") or {}).get("vllm")
+    how = "a server the suite did not start (--server or $CONFORMANCE_SERVER_URL)"
+    if theirs is None:
+        return (f"the serving checks judged {how} that reports no vLLM version at GET /version: its stack cannot be "
+                "held to this machine's fingerprint")
+    if str(theirs).split("+")[0] != str(mine).split("+")[0]:  # a local label (+cpu, +hopper) is the same release
+        return (f"the serving checks judged {how} that reports vLLM {theirs}, while this machine's fingerprint has "
+                f"vLLM {mine}: its results are another stack's")
+    return None
+
+
+def evidence_problems(ctx: RunContext, complete: bool, exit_status: int, fp: dict[str, Any]) -> list[str]:
     """Why the run is not platform evidence, one sentence each ([] when it is)."""
     out = [] if complete and exit_status != 2 else ["the run was interrupted (complete: false)"]
     if getattr(ctx, "planted_fault", None):
         out.append(f"a negative control: fault {ctx.planted_fault} was planted in the engine")
     if ctx.resolved().problems:
         out.append("refused: " + "; ".join(ctx.resolved().problems))
-    return out + ctx.ledger.problems(ctx.narrowed_by)
+    foreign = foreign_server_of(ctx, fp)
+    return out + ([foreign] if foreign else []) + ctx.ledger.problems(ctx.narrowed_by)
 
 
 def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any]) -> dict[str, Any]:
@@ -253,8 +274,8 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "narrowed_by": getattr(ctx, "narrowed_by", None),
         # what a release decision may count: a whole, uninterrupted run of the stack as installed
         "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None), ctx.ledger.not_run(),
-                                bool(ctx.resolved().problems)),
-        "evidence_problems": evidence_problems(ctx, complete, exit_status),
+                                bool(ctx.resolved().problems), foreign_server_of(ctx, fp)),
+        "evidence_problems": evidence_problems(ctx, complete, exit_status, fp),
         "not_run": ctx.ledger.not_run(),  # every check of the tiers that did not run (runrecord.Ledger)
         "profile": ctx.profile,
         "profile_settings": ctx.target.profile.record() if ctx.target.profile is not None else None,
@@ -289,7 +310,9 @@ def model_record(meta: dict[str, Any]) -> dict[str, Any]:
 def write(ctx: RunContext, exit_status: int, complete: bool) -> None:
     from env_checks.record.results import write_run
 
-    fp = _relative_fingerprint(ctx.fingerprint if ctx.fingerprint is not None else fingerprint(ctx))
+    if ctx.fingerprint is None:  # no check collected it: collected now, once (the summary reads it too)
+        ctx.fingerprint = fingerprint(ctx)
+    fp = _relative_fingerprint(ctx.fingerprint)
     write_run(ctx.run_dir, build(ctx, exit_status, complete, fp), None, fp)
     # pytest's junit.xml (written before this trylast hook) names skip locations by absolute path, and holds only the
     # checks that ran: each check of the tiers that did not run is added as an error, so a CI reading JUnit alone
@@ -387,7 +410,8 @@ def print_summary(tr: Any, ctx: RunContext) -> None:
     if not records:  # a -k / -m that selects none is refused before this (preflight.selection)
         tr.write_line("no check ran: nothing was judged", red=True)
     not_run = ctx.ledger.not_run()
-    for sentence in ctx.ledger.problems(ctx.narrowed_by):  # recorded with evidence false, not_run named
+    foreign = foreign_server_of(ctx, ctx.fingerprint or {})
+    for sentence in [*([foreign] if foreign else []), *ctx.ledger.problems(ctx.narrowed_by)]:  # evidence false
         tr.write_line(f"not a platform result: {sentence}", yellow=True)
     verdict = "PASS" if records and counts["failed"] + counts["error"] == 0 and not machine_health.failed() \
         and not shortfall else "FAIL"

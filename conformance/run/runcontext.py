@@ -54,6 +54,9 @@ class RunContext:
     startups: list[tuple[str, float]] = field(default_factory=list)
     engine_factory: Any = None  # the run's EngineFactory while the engines fixture is set up (fixtures.py)
     shortfall: str | None = None  # what the run lacks of data/run_minimum.toml (recorder.shortfall), set at its end
+    # a server the user runs, as the serving checks used it ({"vllm": the version its GET /version reports, or None});
+    # None: the suite's own server, or none was judged (recorder.foreign_server_of)
+    external_server: dict[str, Any] | None = None
     ledger: Ledger = field(default_factory=Ledger)  # the tiers' checks against what ran (runrecord.Ledger)
     # set by the plugin as a signal stops the run: what runs in the background (the server's prestart) launches
     # nothing after it

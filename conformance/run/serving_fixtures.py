@@ -4,7 +4,9 @@ HF tokenizer, the tiktoken and openai-harmony references, and ONE vLLM server pe
 Without `--model`, the served model is the tiny gpt-oss with the real o200k_harmony tokenizer
 (models.tiny_gpt_oss_with_tokenizer); with it, the user's checkpoint and its own tokenizer. A
 server the user runs is used instead when $CONFORMANCE_SERVER_URL is set (key in
-$CONFORMANCE_SERVER_API_KEY). Where no vocabulary can be had, the checks skip naming what is missing.
+$CONFORMANCE_SERVER_API_KEY); the run then counts as platform evidence only where that server reports this
+machine's vLLM release at GET /version (recorder.foreign_server_of). Where no vocabulary can be had, the checks
+skip naming what is missing.
 """
 
 from __future__ import annotations
@@ -191,6 +193,16 @@ def external_server(url: str, api_key: str | None = None) -> ServerUnderTest:
     return ServerUnderTest(client, str(data[0].get("id")), api_key, False, None, None, None)
 
 
+def reported_vllm(client: ServerClient) -> str | None:
+    """The vLLM version a server reports at GET /version (vLLM's OpenAI server), or None where it reports none."""
+    try:
+        reply = client.get("/version")
+        version = reply.json().get("version") if reply.status == 200 else None
+    except (ServerError, ValueError, AttributeError):
+        return None
+    return str(version) if version else None
+
+
 def new_server(target: RunTarget, model: ServedModel, vocab_dir: Path, log_path: Path) -> VllmServer:
     """A vLLM server for the model under the target's engine settings, the run's profile and its backend row (not
     started yet), with a fresh key. First contact on the H200 in fp16: the server, left on vLLM's own attention
@@ -215,6 +227,7 @@ def server(run: RunContext, request: pytest.FixtureRequest) -> Iterator[ServerUn
             user_server = external_server(url, openai_api.server_api_key(os.environ))
         except ServerError as exc:
             pytest.fail(str(exc), pytrace=False)
+        run.external_server = {"vllm": reported_vllm(user_server.client)}
         yield user_server
         return
     capabilities.require(run.target, "server")  # data/engines.toml
