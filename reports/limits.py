@@ -29,6 +29,7 @@ class Limit:
     value: float
     kind: str
     source: str
+    headroom: bool = True  # False: a threshold only; a move towards it is no regression (reports/upgrade_diff.py)
 
     def holds(self, figure: float) -> bool:
         return figure <= self.value if self.kind == "max" else figure >= self.value
@@ -37,7 +38,8 @@ class Limit:
         return f"{'≤' if self.kind == 'max' else '≥'} {self.value:g} ({self.source})"
 
     def as_record(self) -> dict[str, object]:
-        return {"value": self.value, "kind": self.kind, "source": self.source}
+        out: dict[str, object] = {"value": self.value, "kind": self.kind, "source": self.source}
+        return out if self.headroom else out | {"headroom": False}
 
 
 class HasLimits(Protocol):
@@ -60,7 +62,8 @@ def parse_limits(raw: object) -> dict[str, Limit] | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or kind not in LIMIT_KINDS:
             continue
-        out[str(figure)] = Limit(float(value), str(kind), str(entry.get("source") or "source not recorded"))
+        out[str(figure)] = Limit(float(value), str(kind), str(entry.get("source") or "source not recorded"),
+                                 entry.get("headroom") is not False)
     return out
 
 

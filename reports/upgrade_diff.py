@@ -12,8 +12,10 @@ Per check:
 * **figure shifts**: a figure with a recorded limit (results.json `checks[].limits`, AFTER's where it has one, else
   BEFORE's) is a regression when AFTER breaks the limit BEFORE held, or when its headroom (distance to the limit, on
   the side the limit allows) shrank by more than `LIMIT_NOISE_BAND` of the limit's value; a move inside that band is
-  not. A figure without a recorded limit (runs written before records carried limits) is listed when it moved by
-  more than `INFORMATIONAL_SHIFT` of its BEFORE value, and is never a regression by itself;
+  not, and neither is any move towards a limit recorded as a threshold only (`headroom: false`: a p-value floor, a
+  count's or a time's bound), which regresses only when broken. A figure without a recorded limit (runs written
+  before records carried limits) is listed when it moved by more than `INFORMATIONAL_SHIFT` of its BEFORE value, and
+  is never a regression by itself;
 * **stack**: every run option and fingerprint field that differs (`reports.records.diff_runs`), and the suite that
   judged each run (`suite`: version, commit, data_hash).
 """
@@ -234,7 +236,7 @@ def figure_shift(check_id: str, name: str, before: CheckResult, after: CheckResu
         shrink = headroom(b, limit) - headroom(a, limit)
         if not limit.holds(a) and limit.holds(b):
             kind, regression = BREAKS, True
-        elif shrink > LIMIT_NOISE_BAND * abs(limit.value):
+        elif limit.headroom and shrink > LIMIT_NOISE_BAND * abs(limit.value):
             kind, regression = TOWARDS, True
         elif not limit.holds(a):
             kind, regression = STILL_BEYOND, False

@@ -20,9 +20,9 @@ def test_a_sampling_verdict_names_its_p_value_floor_its_draws_and_a_truncated_su
     truncated = sampling.Case("top_k", 1.0, top_k=2)
     report = sampling.judge([(1000, raw)] * 300 + [(1002, raw)], truncated, k=3, min_samples=200)
     limits = report.limits()
-    assert limits["top_k_p_value"] == FigureLimit(sampling.ALPHA, "min", limits["top_k_p_value"].source)
+    assert limits["top_k_p_value"] == FigureLimit(sampling.ALPHA, "min", limits["top_k_p_value"].source, False)
     assert limits["top_k_samples"].value == 200 and limits["top_k_samples"].kind == "min"
-    assert limits["top_k_impossible"] == FigureLimit(0.0, "max", "a draw outside a truncated support")
+    assert limits["top_k_impossible"] == FigureLimit(0.0, "max", "a draw outside a truncated support", False)
     assert report.figures()["top_k_impossible"] == 1 and not report.ok  # one draw past the limit fails
     assert "temperature_impossible" not in sampling.judge([(1000, raw)] * 300, sampling.Case("temperature", 1.0),
                                                           k=3).limits()
@@ -41,7 +41,7 @@ def test_a_floor_names_the_ratio_it_must_reach_and_the_floor_behind_it():
     floor = perf_floors.floor_for("H200", "gpt-oss-120b", 1024, 1024, 8)
     verdict = perf_floors.judge(floor, {"output_tok_s": floor.floor})
     assert verdict.ok and verdict.limits() == {"output_tok_s_vs_floor": FigureLimit(
-        1.0, "min", f"perf_floors.toml H200 gpt-oss-120b 1024/1024 c8: {floor.floor:g}")}
+        1.0, "min", f"perf_floors.toml H200 gpt-oss-120b 1024/1024 c8: {floor.floor:g}", headroom=False)}
     assert not perf_floors.judge(floor, {"output_tok_s": floor.floor * 0.999}).ok
 
 
@@ -62,7 +62,8 @@ def test_cached_tokens_and_a_rejection_name_their_bounds():
     refused = SubmitOutcome(label="empty_prompt", accepted=False, aborted=False, seconds=0.5,
                             error_type="ValueError", message="the prompt is empty")
     report = compare.rejected_clearly(refused, 2.0, ("empty",))
-    assert report.ok and report.limits()["reject_s"] == FigureLimit(2.0, "max", report.limits()["reject_s"].source)
+    assert report.ok and report.limits()["reject_s"] == FigureLimit(2.0, "max", report.limits()["reject_s"].source,
+                                                                    headroom=False)
 
 
 def test_tp_recombination_names_its_relative_tolerance():
@@ -89,3 +90,18 @@ def test_a_seeded_flip_is_held_to_the_dtype_s_noise_from_its_row():
     assert noise == 0.5 and (limit.value, limit.kind) == (0.5, "max") and limit.source.startswith(
         "tolerances.toml logprobs.bfloat16 p99")
     assert sampling.flip_noise(compare.LogprobTolerance(2e-3))[0] == 2e-3  # no p99: its max_abs
+
+
+def test_a_threshold_is_recorded_as_one_and_read_back_as_one():
+    """A p-value floor, a count's or a time's bound passes or breaks: recorded with `headroom: false`, which the
+    history store keeps and `conformance compare` reads (only breaking it is a regression); error limits keep the
+    headroom rule and are recorded as before."""
+    from reports.limits import limits_from_json, limits_json
+
+    raw = {"x_p_value": sampling.SamplingReport(sampling.Case("x", 1.0)).limits()["x_p_value"].as_dict(),
+           "max_abs_dlogprob": FigureLimit(2e-3, "max", "tolerances.toml logprobs.float32").as_dict()}
+    assert raw["x_p_value"]["headroom"] is False and "headroom" not in raw["max_abs_dlogprob"]
+    kept = limits_from_json(limits_json(raw))
+    assert kept["x_p_value"].headroom is False and kept["max_abs_dlogprob"].headroom is True
+    assert compare.counter_delta("m:n", {}, {"m:n": 2.0}, minimum=1).limits()["n_delta"].headroom is False
+

@@ -207,7 +207,8 @@ def test_stack_is_nearest_to_true_reference(engine_greedy, reference, model_unde
     name, near = mathcheck.nearest(mutants)
     record_figure("distance_to_nearest_mutant", near)
     record_limit(record_figure, "distance_to_nearest_mutant", FigureLimit(
-        true * rule.ratio, "min", f"tolerances.toml diagnosis.{dtype}.ratio x the distance to the reference"))
+        true * rule.ratio, "min", f"tolerances.toml diagnosis.{dtype}.ratio x the distance to the reference",
+        headroom=False))
     if not (true * rule.ratio < near):
         fail(f"the stack is {true:.3g} from the reference but only {near:.3g} from the mutant {name} "
              f"({rule.distance} |Δlogprob|, {dtype}): it behaves like {name}")

@@ -194,7 +194,7 @@ def verdict(op: str, per_rank: list[list[dict[str, Any]]]) -> VerdictReport:
         r.measured[f"{dtype}_{key}"] = float(sum(c.mismatches for c in mine)) if key == "mismatches" \
             else max(c.worst_ratio for c in mine)
         r.judged_by[f"{dtype}_{key}"] = (
-            FigureLimit(0.0, "max", "bit-exact") if key == "mismatches" else
+            FigureLimit(0.0, "max", "bit-exact", headroom=False) if key == "mismatches" else
             FigureLimit(1.0, "max", "distributed.toml collectives.tolerance: W x unit_roundoff x slack x sum|x|"))
     r.measured["cases"] = float(len(cases))
     r.measured["max_bytes"] = float(max(c.nbytes for c in cases))

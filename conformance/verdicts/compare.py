@@ -501,10 +501,11 @@ def completions_equivalent(got: list[Completion], want: list[Completion], tol: L
 
 
 def _bounded(r: VerdictReport, name: str, minimum: float | None, maximum: float | None, source: str) -> None:
-    """`r`'s figure `name` is judged against `minimum` or `maximum`: the limit it was held to, for its record."""
+    """`r`'s figure `name` is judged against `minimum` or `maximum`: the limit it was held to, for its record (a
+    threshold: a count or a time that passes or breaks it, its distance to it no measure of the stack)."""
     for bound, kind in ((minimum, "min"), (maximum, "max")):
         if bound is not None:
-            r.judged_by[name] = FigureLimit(float(bound), kind, source)
+            r.judged_by[name] = FigureLimit(float(bound), kind, source, headroom=False)
 
 
 def cached_tokens(label: str, completions: list[Completion], minimum: int | None = None,

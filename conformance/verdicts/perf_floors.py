@@ -39,7 +39,8 @@ class FloorVerdict(Verdict):
     def limits(self) -> dict[str, FigureLimit]:
         f = self.floor
         return {f"{f.figure}_vs_floor": FigureLimit(1.0, "min", f"perf_floors.toml {f.sku} {f.model} {f.input_len}/"
-                                                               f"{f.output_len} c{f.concurrency}: {f.floor:g}")}
+                                                               f"{f.output_len} c{f.concurrency}: {f.floor:g}",
+                                                    headroom=False)}
 
     def failure_message(self) -> str:
         return "; ".join(self.problems) + "\n  " + "\n  ".join(self.details)

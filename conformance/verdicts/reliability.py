@@ -33,11 +33,12 @@ def soak_verdict(samples: list[dict[str, float]], warmup: int, max_rss_mib: floa
     judged when `max_vram_mib` is given: a GPU soak that cannot read VRAM fails closed)."""
     soak = "targets.toml soak"
     report = SoakReport(samples[warmup:], judged_by={
-        "rss_growth_mib": FigureLimit(max_rss_mib, "max", f"{soak} max_rss_growth_mib"),
-        "fd_growth": FigureLimit(max_fds, "max", f"{soak} max_fd_growth"),
-        "max_kv_used_after_round": FigureLimit(0.0, "max", "every block free after each round")})
+        "rss_growth_mib": FigureLimit(max_rss_mib, "max", f"{soak} max_rss_growth_mib", headroom=False),
+        "fd_growth": FigureLimit(max_fds, "max", f"{soak} max_fd_growth", headroom=False),
+        "max_kv_used_after_round": FigureLimit(0.0, "max", "every block free after each round", headroom=False)})
     if max_vram_mib is not None:
-        report.judged_by["vram_growth_mib"] = FigureLimit(max_vram_mib, "max", f"{soak} max_vram_growth_mib")
+        report.judged_by["vram_growth_mib"] = FigureLimit(max_vram_mib, "max", f"{soak} max_vram_growth_mib",
+                                                          headroom=False)
     if len(report.samples) < 2:
         report.problems.append(f"only {len(report.samples)} rounds after warm-up: nothing to compare")
         return report

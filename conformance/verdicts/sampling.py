@@ -115,10 +115,11 @@ class SamplingReport(Verdict):
     def limits(self) -> dict[str, FigureLimit]:
         c = self.case.name
         judged = {f"{c}_p_value": FigureLimit(self.alpha, "min", "the goodness-of-fit test's false-failure rate per "
-                                                                 "case (verdicts/sampling.py ALPHA)"),
-                  f"{c}_samples": FigureLimit(float(self.min_samples), "min", "the usable draws a verdict needs")}
+                                                                 "case (verdicts/sampling.py ALPHA)", headroom=False),
+                  f"{c}_samples": FigureLimit(float(self.min_samples), "min", "the usable draws a verdict needs",
+                                              headroom=False)}
         if self.case.truncated:
-            judged[f"{c}_impossible"] = FigureLimit(0.0, "max", "a draw outside a truncated support")
+            judged[f"{c}_impossible"] = FigureLimit(0.0, "max", "a draw outside a truncated support", headroom=False)
         return judged
 
     def failure_message(self) -> str:
@@ -230,7 +231,7 @@ def flip_noise(tol: Any) -> tuple[float, FigureLimit]:
     its p99, else its max_abs), and that bound as the limit of a check's largest flip move (`largest_flip_move`)."""
     noise = tol.p99 or tol.max_abs
     return noise, FigureLimit(noise, "max", f"{tol.source} {'p99' if tol.p99 else 'max_abs'}: the most a seeded "
-                                            "draw's logprob gap may move for a flip on noise")
+                                            "draw's logprob gap may move for a flip on noise", headroom=False)
 
 
 def largest_flip_move(pairs: list[tuple[dict, dict]], temperature: float) -> float:

@@ -23,14 +23,18 @@ class CheckFailed(AssertionError):
 class FigureLimit:
     """The limit a figure was judged against, as the run judged it: `kind` "max" (the figure must stay at or below
     `value`) or "min" (at or above), and where the value came from. Recorded beside the figure (results.json
-    `checks[].limits`), so a kept run reads later exactly as it was judged."""
+    `checks[].limits`), so a kept run reads later exactly as it was judged. `headroom` False: a threshold (a p-value
+    floor, a count's or a time's bound) that the figure passes or breaks, whose distance to the figure says nothing of
+    the stack (`conformance compare` then calls only a broken limit a regression, never a figure that moved closer)."""
 
     value: float
     kind: str
     source: str
+    headroom: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {"value": float(self.value), "kind": self.kind, "source": self.source}
+        out: dict[str, Any] = {"value": float(self.value), "kind": self.kind, "source": self.source}
+        return out if self.headroom else out | {"headroom": False}
 
 
 class Verdict:

@@ -106,6 +106,7 @@ def _copy_with_limit(tmp_path: Path, name: str, check_id: str, figure: str, valu
 
 MAX_LIMIT = {"value": 25.4, "kind": "max", "source": "tolerances.toml logprobs.bfloat16.max_abs"}
 MIN_LIMIT = {"value": 10.0, "kind": "min", "source": "a floor"}
+THRESHOLD = {"value": 1e-6, "kind": "min", "source": "a p-value floor", "headroom": False}  # passes or breaks
 BAND_MAX = LIMIT_NOISE_BAND * 25.4
 BAND_MIN = LIMIT_NOISE_BAND * 10.0
 
@@ -123,8 +124,11 @@ BAND_MIN = LIMIT_NOISE_BAND * 10.0
     (ENGINE, "output_tokens_per_s", 18.0, 18.0 - 0.5 * BAND_MIN, MIN_LIMIT, WITHIN_BAND, False),
     # no recorded limit (an older run): a large move is listed and is no regression
     (GREEDY, "max_abs_dlogprob", 17.0, 40.0, None, NO_LIMIT, False),
+    # a threshold only (headroom: false): a p-value from 0.6 to 0.02 is no regression; under the floor it is
+    (ENGINE, "output_tokens_per_s", 0.6, 0.02, THRESHOLD, WITHIN_BAND, False),
+    (ENGINE, "output_tokens_per_s", 0.6, 1e-9, THRESHOLD, BREAKS, True),
 ], ids=["breaks-max", "towards-max", "inside-band-max", "away", "still-beyond", "further-beyond", "lost",
-        "breaks-min", "towards-min", "inside-band-min", "no-limit"])
+        "breaks-min", "towards-min", "inside-band-min", "no-limit", "threshold-moves", "threshold-breaks"])
 def test_figure_shifts_are_judged_against_the_recorded_limit(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], check_id: str, figure: str, before: float,
         after: float | None, limit: dict | None, kind: str, regression: bool) -> None:
