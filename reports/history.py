@@ -20,8 +20,8 @@ from typing import Any
 
 from reports.history_schema import MIGRATIONS, SCHEMA_VERSION
 from reports.limits import Limit, limits_from_json, limits_json
-from reports.records import CheckRow, RunInfo, not_evidence, why_test_model
-from reports.results import OUTCOMES, RESULTS_FILE, ResultsError, load_run, parse_time
+from reports.records import CheckRow, RunInfo, log_mismatch, not_evidence, why_test_model
+from reports.results import CHECKS_LOG, OUTCOMES, RESULTS_FILE, ResultsError, load_run, parse_time
 from reports.stack import identify
 
 # Re-exported: the reports and env_checks.baselines import these from here.
@@ -238,6 +238,10 @@ class History:
             except ResultsError as exc:
                 report.skipped.append((str(run_dir), str(exc)))
                 continue
+            mismatch = log_mismatch(record, _logged(run_dir / CHECKS_LOG)) if record["complete"] else None
+            if mismatch:  # held as the run said it is not evidence; its files are left as they are
+                record = record | {"evidence": False,
+                                   "evidence_problems": [*(record.get("evidence_problems") or []), mismatch]}
             stored = self.ingest_record(record, source=name)
             (report.ingested if stored else report.already).append(record["run_id"])
         return report
@@ -328,6 +332,23 @@ class History:
                 parsed[limits] = limits_from_json(limits)
             out.append((check_id, name, run_id, started_at, value, (parsed[limits] or {}).get(name)))
         return out
+
+
+def _logged(path: Path) -> list[dict]:
+    """The entries of a run's checks.jsonl that can be read (none where it has no log: runs kept without it)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    out = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut off as the node went down: the record itself decides
+        if isinstance(entry, dict) and "id" in entry:
+            out.append(entry)
+    return out
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

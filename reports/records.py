@@ -83,6 +83,19 @@ def summary_mismatch(record: dict) -> str | None:
             "edited") if differ else None
 
 
+def log_mismatch(record: dict, logged: list[dict]) -> str | None:
+    """Why a record's checks are not what its run logged as each check ended (`logged`: its checks.jsonl), or None:
+    a check the log names that the record lacks, or one the log has failing that the record has passing, means the
+    record was cut short or edited after the run."""
+    listed = {c["id"]: c["outcome"] for c in record["checks"]}
+    lacking = sorted({str(c.get("id")) for c in logged} - set(listed))
+    turned = sorted(str(c.get("id")) for c in logged if c.get("outcome") in ("failed", "error")
+                    and listed.get(c.get("id")) in ("passed", "xpassed"))
+    problems = ([f"{len(lacking)} check(s) its checks.jsonl logged are missing from it ({lacking[0]} …)"] if lacking
+                else []) + ([f"{len(turned)} check(s) logged failing read passed ({turned[0]} …)"] if turned else [])
+    return "; ".join(problems) + ": the record was cut short or edited" if problems else None
+
+
 def why_test_model(model: dict) -> str | None:
     """Why the record's model is a test model and not the real gpt-oss (the suite's tiny model, random weights at the
     real dimensions, too few parameters, or the record says so); None when nothing says it is one."""

@@ -4,6 +4,7 @@ which writes the runs); this module re-exports it for the history store, the das
 from __future__ import annotations
 
 from env_checks.record.results import (
+    CHECKS_LOG,
     FINGERPRINT_FILE,
     JUNIT_FILE,
     OUTCOMES,
@@ -18,5 +19,5 @@ from env_checks.record.results import (
     write_run,
 )
 
-__all__ = ["FINGERPRINT_FILE", "JUNIT_FILE", "OUTCOMES", "RESULTS_FILE", "SCHEMA_PATH", "ResultsError", "load_run",
-           "new_run_id", "parse_time", "summarize", "validate", "write_run"]
+__all__ = ["CHECKS_LOG", "FINGERPRINT_FILE", "JUNIT_FILE", "OUTCOMES", "RESULTS_FILE", "SCHEMA_PATH", "ResultsError",
+           "load_run", "new_run_id", "parse_time", "summarize", "validate", "write_run"]

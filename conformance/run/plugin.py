@@ -31,6 +31,7 @@ from conformance.monitor.cpu_features import amx as _cpu_amx
 from conformance.run import capabilities, cli, phases, recorder, run_target, runrecord
 from conformance.run.runcontext import RUN_KEY, RunContext, ctx_of
 from conformance.run.runrecord import CheckRecord
+from env_checks.record.results import CHECKS_LOG
 
 # -- run options -----------------------------------------------------------------------------------------------------
 
@@ -425,7 +426,7 @@ def _progress(config: pytest.Config, rec: CheckRecord) -> None:
             tw.write_line(f"    {rec.message.strip().splitlines()[0][:300]}", **colour)
     # each check's record as it finished: a run whose node is lost before results.json keeps what it judged
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    with (ctx.run_dir / "checks.jsonl").open("a", encoding="utf-8") as fh:
+    with (ctx.run_dir / CHECKS_LOG).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec.as_dict(), default=str) + "\n")
 
 

@@ -39,6 +39,7 @@ SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
 RESULTS_FILE = "results.json"
 FINGERPRINT_FILE = "fingerprint.json"
 JUNIT_FILE = "junit.xml"
+CHECKS_LOG = "checks.jsonl"  # each check's entry, appended as it finished (what a run cut off keeps)
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 _SAFE_TARGET = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -7,6 +7,7 @@ evidence."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,30 @@ def test_a_record_whose_checks_do_not_add_up_to_its_summary_is_no_evidence(tmp_p
         "10 listed" in why and why.endswith("the record was cut short or edited")
     (lineage,) = [v for v in _decide(tmp_path, cut, samples=False).values() if v.any_run is not None]
     assert lineage.state == NO_EVIDENCE and lineage.run is None and lineage.not_counted[0].not_evidence == why
+
+
+def test_a_record_that_lacks_or_passes_a_check_its_log_has_failing_is_no_evidence(tmp_path: Path) -> None:
+    """The run appends each check to checks.jsonl as it ends. A results.json edited after the run, its summary
+    counted again so that it adds up, still lacks what the log holds: a check dropped, or one logged failing that the
+    record has passing. Ingest holds such a run as no evidence, with why, and leaves its files as they are."""
+    cpu = load_fixture(CPU_KEPT, CPU_RUNS) | {"evidence": True, "not_run": []}
+    logged = [dict(c) for c in cpu["checks"]]
+    dropped = copy.deepcopy(cpu) | {"run_id": f"{CPU_KEPT[:-6]}drop01"}
+    dropped["checks"] = dropped["checks"][1:]
+    dropped["summary"] = summarize(dropped["checks"])
+    passed = [c for c in logged if c["outcome"] == "passed"][0]["id"]
+    flipped = copy.deepcopy(cpu) | {"run_id": f"{CPU_KEPT[:-6]}flip01"}
+    logged_failing = [c | {"outcome": "failed"} if c["id"] == passed else c for c in logged]
+    runs = tmp_path / "runs"
+    for rec, log in ((dropped, logged), (flipped, logged_failing)):
+        write_run(runs / rec["run_id"], rec, None, {})
+        (runs / rec["run_id"] / "checks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in log) + '{"id": "cut')
+    before = {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()}
+    with History.open(tmp_path / "h.sqlite") as history:
+        history.ingest_dir(runs)
+        why = {r.run_id: r.not_evidence for r in history.runs()}
+    assert why[dropped["run_id"]].startswith(f"1 check(s) its checks.jsonl logged are missing from it "
+                                             f"({logged[0]['id']} …)")
+    assert why[flipped["run_id"]] == f"1 check(s) logged failing read passed ({passed} …): the record was cut short " \
+                                     "or edited"
+    assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before
