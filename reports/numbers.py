@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def sci(value: float) -> str:
     """Scientific notation without padding: 1e-4, 2.5e-6, -3.1e7."""
@@ -10,8 +12,10 @@ def sci(value: float) -> str:
 
 
 def short_number(value: float) -> str:
-    """A figure in a few characters for table cells: 0.0029, 0.84, 861, 1.4k, 2.1e-6."""
+    """A figure in a few characters for table cells: 0.0029, 0.84, 861, 1.4k, 2.1e-6 (inf and nan as such)."""
     magnitude = abs(value)
+    if not math.isfinite(value):
+        return str(value)
     if magnitude == 0:
         return "0"
     if magnitude < 1e-3:

@@ -47,12 +47,18 @@ def _nice_ticks(low: float, high: float, count: int = 4) -> list[float]:
     return ticks
 
 
+def _on_axis(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
 def line_chart(series: list[Series], *, label: str, y_format: Callable[[float], str] = tick_number,
                y_range: tuple[float, float] | None = None, width: int = 520, height: int = 180,
                limits: list[tuple[float, str]] | None = None) -> str:
     """Render `series` as an inline <svg>; `label` is the accessible name (and the y-axis meaning). Each of `limits`
-    (value, text) is drawn as a dashed horizontal line the y-axis always includes."""
-    points = [(parse_time(t).timestamp(), v, s) for s in series for t, v in s.points if v is not None]
+    (value, text) is drawn as a dashed horizontal line the y-axis always includes. A value that is not finite (an
+    infinite error a failed check recorded, a NaN) has no place on an axis: it is left out of the plot, and its run's
+    page shows it."""
+    points = [(parse_time(t).timestamp(), v, s) for s in series for t, v in s.points if _on_axis(v)]
     if not points:
         return f'<p class="muted">No data for {escape(label)}.</p>'
     limits = limits or []
@@ -106,7 +112,7 @@ def line_chart(series: list[Series], *, label: str, y_format: Callable[[float], 
     out.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{top}" y2="{base}"/>'
                f'<line class="axis" x1="{left}" x2="{width - right}" y1="{base}" y2="{base}"/>')
     for line in series:
-        pts = sorted((parse_time(t).timestamp(), v) for t, v in line.points if v is not None)
+        pts = sorted((parse_time(t).timestamp(), v) for t, v in line.points if _on_axis(v))
         if not pts:
             continue
         coords = " ".join(f"{x_at(x):.1f},{y_at(v):.1f}" for x, v in pts)

@@ -92,6 +92,25 @@ def test_run_text_is_escaped(tmp_path: Path) -> None:
     assert html.count("<script>") == 1  # only the page's own
 
 
+def test_a_figure_that_is_not_finite_is_left_off_its_trend_and_the_site_still_builds(tmp_path: Path) -> None:
+    """A failed check may record an infinite error (a run of a suite that wrote `inf` for a figure it could not
+    measure); once a later run records the limit of that figure, the figure gets a trend, which drew `inf` on a log
+    axis and stopped the whole dashboard (OverflowError). The point is left off the chart; its run's page shows it."""
+    check = "checks/test_s.py::test_raw_logprobs"
+    old = make_record(run_id="20250101T000000Z-cpu-0000aa", checks=[
+        {"id": check, "outcome": "failed", "figures": {"raw_logprob_max_abs_err": float("inf")}}])
+    new = make_record(run_id="20250102T000000Z-cpu-0000bb", started_at="2025-01-02T00:00:00Z", checks=[
+        {"id": check, "outcome": "passed", "figures": {"raw_logprob_max_abs_err": 1.7e-5},
+         "limits": {"raw_logprob_max_abs_err": {"value": 0.002, "kind": "max", "source": "tolerances.toml"}}}])
+    runs = tmp_path / "runs"
+    for rec in (old, new):
+        write_run(runs / rec["run_id"], rec, None, {})
+    assert build(runs, tmp_path / "h.sqlite", tmp_path / "site").ingest.skipped == []
+    html = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    card = html.split('data-figure="raw_logprob_max_abs_err"', 1)[1].split("</svg>", 1)[0]
+    assert 'data-limit="0.002"' in card and card.count("<circle") == 1  # the finite point alone
+
+
 def test_page_is_self_contained(tmp_path: Path) -> None:
     _, index = run_main(tmp_path)
     html = index.read_text(encoding="utf-8")
@@ -136,3 +155,10 @@ def test_a_check_failed_on_a_shared_gpu_or_slower_host_shows_its_class_and_count
     assert f'<span class="badge c-{failure_class}">{label}</span>' in pages
     assert re.search(r"Open failures.{0,200}?>1<", (tmp_path / "site" / "index.html").read_text(encoding="utf-8"),
                      re.S)
+
+
+def test_a_figure_that_is_not_finite_is_written_as_such() -> None:
+    from reports.numbers import short_number
+
+    assert [short_number(v) for v in (float("inf"), float("-inf"), float("nan"), 0.0029, 1400.0)] == [
+        "inf", "-inf", "nan", "0.0029", "1.4k"]
