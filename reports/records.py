@@ -13,11 +13,11 @@ the fp32 run before it.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from reports.claims import CertifiedCombo, certified_combos, combo_contradiction, target_contradiction
 from reports.limits import Limit
+from reports.results import summarize
 from reports.stack import FingerprintChange, diff_fingerprints
 
 TORCH_BUILD_CHECK = "test_torch_build_matches_target"
@@ -76,7 +76,7 @@ def summary_mismatch(record: dict) -> str | None:
     checks it lists, so a record whose list is shorter or other was cut short or edited, and its checks are not the
     run's (a dropped check would read as never run, or a failure as never happened)."""
     summary = record.get("summary") or {}
-    listed = Counter(c["outcome"] for c in record["checks"])
+    listed = summarize(record["checks"])
     differ = [f"{outcome} {summary.get(outcome, 0)} in its summary, {listed.get(outcome, 0)} listed"
               for outcome in sorted(set(summary) | set(listed)) if summary.get(outcome, 0) != listed.get(outcome, 0)]
     return ("its checks do not add up to its own summary (" + "; ".join(differ) + "): the record was cut short or "

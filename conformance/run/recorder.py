@@ -236,19 +236,19 @@ def foreign_server_of(ctx: RunContext, fp: dict[str, Any]) -> str | None:
     return None
 
 
-def evidence_problems(ctx: RunContext, complete: bool, exit_status: int, fp: dict[str, Any]) -> list[str]:
-    """Why the run is not platform evidence, one sentence each ([] when it is)."""
+def evidence_problems(ctx: RunContext, complete: bool, exit_status: int, foreign: str | None) -> list[str]:
+    """Why the run is not platform evidence, one sentence each ([] when it is); `foreign`: foreign_server_of's."""
     out = [] if complete and exit_status != 2 else ["the run was interrupted (complete: false)"]
     if getattr(ctx, "planted_fault", None):
         out.append(f"a negative control: fault {ctx.planted_fault} was planted in the engine")
     if ctx.resolved().problems:
         out.append("refused: " + "; ".join(ctx.resolved().problems))
-    foreign = foreign_server_of(ctx, fp)
     return out + ([foreign] if foreign else []) + ctx.ledger.problems(ctx.narrowed_by)
 
 
 def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any]) -> dict[str, Any]:
     records = list(ctx.records.values())
+    foreign = foreign_server_of(ctx, fp)
     for r in records:
         if r.duration_s == 0 and r.outcome == "error" and not r.message:
             r.message = "did not run (the run was interrupted or stopped first)"
@@ -274,8 +274,8 @@ def build(ctx: RunContext, exit_status: int, complete: bool, fp: dict[str, Any])
         "narrowed_by": getattr(ctx, "narrowed_by", None),
         # what a release decision may count: a whole, uninterrupted run of the stack as installed
         "evidence": evidence_of(complete, exit_status, getattr(ctx, "planted_fault", None), ctx.ledger.not_run(),
-                                bool(ctx.resolved().problems), foreign_server_of(ctx, fp)),
-        "evidence_problems": evidence_problems(ctx, complete, exit_status, fp),
+                                bool(ctx.resolved().problems), foreign),
+        "evidence_problems": evidence_problems(ctx, complete, exit_status, foreign),
         "not_run": ctx.ledger.not_run(),  # every check of the tiers that did not run (runrecord.Ledger)
         "profile": ctx.profile,
         "profile_settings": ctx.target.profile.record() if ctx.target.profile is not None else None,

@@ -212,7 +212,7 @@ def flip_explained(alone: dict, other: dict, temperature: float, noise: float) -
     `other` chose b at the first step they differ, the gap l_a - l_b must have shrunk from one run to the other
     (by more than nothing, by no more than `noise`): unchanged logits cannot flip a seeded draw."""
     a_ids, b_ids = alone["token_ids"], other["token_ids"]
-    step = next((i for i, (a, b) in enumerate(zip(a_ids, b_ids)) if a != b), None)
+    step = _parting(alone, other)
     if step is None:
         return None if len(a_ids) == len(b_ids) else f"{len(a_ids)} tokens against {len(b_ids)}"
     a, b = a_ids[step], b_ids[step]
@@ -224,6 +224,11 @@ def flip_explained(alone: dict, other: dict, temperature: float, noise: float) -
                 f"(a seeded draw flips only if it moves by more than 0 and, within the dtype's noise, at most "
                 f"{noise:g})")
     return None
+
+
+def _parting(alone: dict, other: dict) -> int | None:
+    """The first step at which two outputs of one seeded request draw different tokens; None where they do not."""
+    return next((i for i, (a, b) in enumerate(zip(alone["token_ids"], other["token_ids"])) if a != b), None)
 
 
 def flip_noise(tol: Any) -> tuple[float, FigureLimit]:
@@ -245,7 +250,7 @@ def flip_move(alone: dict, other: dict, temperature: float) -> float | None:
     two outputs of one seeded request part shrank from one to the other, over the temperature: the figure
     `flip_explained` holds to the dtype's noise. 0.0 where they do not part; None where a or b is missing from
     either side's top logprobs."""
-    step = next((i for i, (a, b) in enumerate(zip(alone["token_ids"], other["token_ids"])) if a != b), None)
+    step = _parting(alone, other)
     if step is None:
         return 0.0
     a, b = alone["token_ids"][step], other["token_ids"][step]
